@@ -1,0 +1,51 @@
+//! `ember-driver`: keeps the executor registry and schedules tasks on executors' free cores.
+
+use clap::Parser;
+use ember::cli::{init_tracing, parse_duration, runtime, shutdown_signal};
+use ember::connect::NatsArgs;
+use ember::driver::{run, DriverConfig};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The Ember driver: executors register with it over NATS; it publishes listener events
+/// (ember.<cluster>.events.>) and offers free cores to waiting tasks. Run one per cluster.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    #[command(flatten)]
+    nats: NatsArgs,
+    /// Executors expected to register; counts down as they do (shown as pending_executors).
+    #[arg(long, env = "EMBER_EXPECT_EXECUTORS", default_value_t = 0)]
+    expect_executors: u64,
+    /// How often free cores are offered even when nothing else prompts it.
+    #[arg(long, env = "EMBER_REVIVE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    revive_interval: Duration,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "EMBER_LOG_JSON")]
+    log_json: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(args.log_json, ember::cli::SERVICE_LOG);
+    let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
+        rt.block_on(async {
+            let subjects = args.nats.subjects()?;
+            let client = args.nats.connect("ember-driver", None).await?;
+            let config = DriverConfig {
+                subjects,
+                expect_executors: args.expect_executors,
+                revive_interval: args.revive_interval,
+            };
+            run(client, config, shutdown_signal()).await?;
+            Ok(())
+        })
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ember-driver: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

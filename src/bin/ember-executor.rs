@@ -1,0 +1,93 @@
+//! `ember-executor`: registers with the driver and runs the tasks it is offered. Run many.
+
+use clap::Parser;
+use ember::cli::{init_tracing, parse_duration, parse_key_value, runtime, shutdown_signal, to_map};
+use ember::connect::NatsArgs;
+use ember::executor::{run, ExecutorConfig, ExecutorError, Handlers, EXIT_REGISTRATION_REFUSED};
+use ember::ids::{validate_host_port, ExecutorId};
+use ember::subjects::Subjects;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// An Ember executor: subscribes its inbox (ember.<cluster>.executor.<id>), registers with the
+/// driver, runs the tasks it is sent on its cores and reports their status. Exits 1 if the
+/// driver refuses it (a duplicate id, say) or none answers within --register-timeout; 0 on
+/// SIGINT/SIGTERM.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    #[command(flatten)]
+    nats: NatsArgs,
+    /// This executor's id: letters, digits, '_' and '-', at most 64 [default: a new UUID].
+    #[arg(long, env = "EMBER_EXECUTOR_ID", value_parser = |s: &str| ExecutorId::parse(s))]
+    executor_id: Option<ExecutorId>,
+    /// Cores to offer [default: this machine's].
+    #[arg(long, env = "EMBER_CORES", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    cores: Option<u32>,
+    /// host:port others can reach this executor at, shown in the registry [default: <hostname>:0].
+    #[arg(long, env = "EMBER_HOST_PORT")]
+    host_port: Option<String>,
+    /// A log URL, as NAME=URL (repeatable), e.g. --log-url stderr=http://host/logs/stderr.
+    #[arg(long = "log-url", value_parser = parse_key_value)]
+    log_urls: Vec<(String, String)>,
+    /// A free-form attribute, as KEY=VALUE (repeatable).
+    #[arg(long = "attribute", value_parser = parse_key_value)]
+    attributes: Vec<(String, String)>,
+    /// How long to keep trying to register while no driver answers.
+    #[arg(long, env = "EMBER_REGISTER_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    register_timeout: Duration,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "EMBER_LOG_JSON")]
+    log_json: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(args.log_json, ember::cli::SERVICE_LOG);
+    let executor_id = args.executor_id.clone().unwrap_or_else(ExecutorId::generate);
+    let host_port = args.host_port.clone().unwrap_or_else(default_host_port);
+    if let Err(message) = validate_host_port(&host_port) {
+        eprintln!("ember-executor: --host-port: {message}");
+        return ExitCode::from(2);
+    }
+    let cores = args.cores.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    });
+    let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
+        rt.block_on(async {
+            let subjects = args.nats.subjects()?;
+            let prefix = Subjects::executor_reply_prefix(&executor_id);
+            let client = args.nats.connect("ember-executor", Some(prefix)).await?;
+            let config = ExecutorConfig {
+                subjects,
+                executor_id,
+                host_port,
+                cores,
+                log_urls: to_map(&args.log_urls),
+                attributes: to_map(&args.attributes),
+                register_timeout: args.register_timeout,
+            };
+            run(client, config, Handlers::builtin(), shutdown_signal()).await?;
+            Ok(())
+        })
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ember-executor: {error:#}");
+            match error.downcast_ref::<ExecutorError>() {
+                Some(ExecutorError::Refused(_)) => ExitCode::from(EXIT_REGISTRATION_REFUSED as u8),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+fn default_host_port() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:0")
+}

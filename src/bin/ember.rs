@@ -1,0 +1,87 @@
+//! `ember`: the command line for people: start a local cluster, follow its events, look at the
+//! registry and jobs, submit and kill jobs.
+
+use clap::{Parser, Subcommand};
+use ember::cli::submit::{submit, SubmitArgs};
+use ember::cli::up::{up, UpArgs};
+use ember::cli::view::{follow_events, show_executors, show_jobs};
+use ember::cli::{init_tracing, runtime, shutdown_signal};
+use ember::client::EmberClient;
+use ember::connect::NatsArgs;
+use std::process::ExitCode;
+
+/// Ember: Spark's driver/executor loop on NATS. Start a cluster with `ember up`, or run
+/// ember-driver and ember-executor yourself; then follow `ember events` and `ember submit` jobs.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    #[command(flatten)]
+    nats: NatsArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a local nats-server, a driver and N executors; print events until Ctrl-C.
+    Up(UpArgs),
+    /// Follow the listener bus (ember.<cluster>.events.>).
+    Events {
+        /// Print each event as its wire JSON, one object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the executor registry and its totals.
+    Executors {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Submit a job, show its progress and wait for it; exits 0 only if it succeeded.
+    Submit(SubmitArgs),
+    /// List jobs with their state and counts.
+    Jobs {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Kill a running job: its waiting tasks are dropped and running ones killed.
+    Kill {
+        /// The job's id.
+        job_id: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(false, ember::cli::CLI_LOG);
+    let result = runtime().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(dispatch(cli)));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("ember: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
+    if let Command::Up(args) = &cli.command {
+        up(args, &cli.nats, shutdown_signal()).await?;
+        return Ok(true);
+    }
+    let subjects = cli.nats.subjects()?;
+    let nats = cli.nats.connect("ember", None).await?;
+    let client = EmberClient::new(nats.clone(), subjects.clone());
+    match cli.command {
+        Command::Up(_) => unreachable!("handled above"),
+        Command::Events { json } => follow_events(&nats, &subjects, json, shutdown_signal()).await?,
+        Command::Executors { json } => show_executors(&client, json).await?,
+        Command::Jobs { json } => show_jobs(&client, json).await?,
+        Command::Submit(args) => return submit(&client, &args).await,
+        Command::Kill { job_id } => {
+            client.kill(job_id).await?;
+            println!("job {job_id} killed");
+        }
+    }
+    Ok(true)
+}

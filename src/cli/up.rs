@@ -1,0 +1,89 @@
+//! `ember up`: a whole local cluster in one command: a nats-server, a driver and N executors as
+//! child processes, with the events printed until Ctrl-C stops them all.
+
+use super::view::follow_events;
+use crate::connect::NatsArgs;
+use crate::server::NatsServer;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+/// The local cluster to start.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// How many executors to start.
+    #[arg(long, default_value_t = 2)]
+    pub executors: u32,
+    /// Cores each executor offers [default: this machine's].
+    #[arg(long)]
+    pub cores: Option<u32>,
+    /// Port for the nats-server [default: 4222].
+    #[arg(long, default_value_t = 4222)]
+    pub port: u16,
+    /// nats-server config file [default: nats.conf in the project, if there].
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print events as wire JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Starts the cluster, prints its events, and stops everything when `shutdown` completes.
+pub async fn up(args: &UpArgs, nats: &NatsArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    let config = args.config.clone().or_else(|| {
+        let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("nats.conf");
+        default.is_file().then_some(default)
+    });
+    let mut extra: Vec<String> = Vec::new();
+    if let Some(config) = &config {
+        extra.extend(["-c".into(), config.display().to_string()]);
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let server = NatsServer::start_on(args.port, &extra)
+        .map_err(|e| anyhow::anyhow!("{e} (is port {} already in use? try --port)", args.port))?;
+    eprintln!("nats-server listening on {}", server.url());
+    let nats = NatsArgs { nats_url: server.url(), ..nats.clone() };
+    let client = nats.connect("ember-up", None).await?;
+    let subjects = nats.subjects()?;
+    let bin = std::env::current_exe()?.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut children = vec![spawn(&bin, "ember-driver", &nats, &[])?];
+    for i in 1..=args.executors {
+        let mut extra = vec!["--executor-id".to_string(), format!("exec-{i}")];
+        if let Some(cores) = args.cores {
+            extra.extend(["--cores".into(), cores.to_string()]);
+        }
+        children.push(spawn(&bin, "ember-executor", &nats, &extra)?);
+    }
+    eprintln!("driver and {} executors started on cluster {:?}; Ctrl-C stops them all", args.executors, nats.cluster);
+    let result = follow_events(&client, &subjects, args.json, shutdown).await;
+    stop_all(children).await;
+    drop(server);
+    eprintln!("stopped");
+    result
+}
+
+fn spawn(bin: &Path, name: &str, nats: &NatsArgs, extra: &[String]) -> anyhow::Result<Child> {
+    let path = bin.join(name);
+    Command::new(&path)
+        .args(["--nats-url", &nats.nats_url, "--cluster", &nats.cluster])
+        .args(extra)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("could not start {}: {e} (build it with `cargo build --release`)", path.display()))
+}
+
+/// SIGTERM to each child, then SIGKILL to any still running after 5 s.
+async fn stop_all(mut children: Vec<Child>) {
+    for child in &children {
+        if let Some(pid) = child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+    }
+    for child in &mut children {
+        if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+            let _ = child.kill().await;
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! `ember events`, `ember executors` and `ember jobs`: what the cluster is doing, for people
+//! (tables, one line per event) and for programs (`--json`).
+
+use super::format_time;
+use crate::client::EmberClient;
+use crate::events;
+use crate::subjects::Subjects;
+use async_nats::Client;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use futures::StreamExt;
+use std::future::Future;
+use std::io::Write;
+
+/// Follows the listener bus until `shutdown`: one line per event, or the wire JSON.
+pub async fn follow_events(
+    client: &Client,
+    subjects: &Subjects,
+    json: bool,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let subscriber = events::subscribe(client, subjects).await?;
+    client.flush().await?;
+    let mut stream = Box::pin(events::decoded(subscriber));
+    tokio::pin!(shutdown);
+    let mut out = std::io::stdout();
+    loop {
+        let (raw, event) = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            item = stream.next() => match item {
+                Some(item) => item,
+                None => anyhow::bail!("the event subscription closed"),
+            },
+        };
+        if json {
+            out.write_all(&raw)?;
+            out.write_all(b"\n")?;
+        } else {
+            match event {
+                Ok(event) => writeln!(out, "{}", events::describe(&event))?,
+                Err(error) => writeln!(out, "undecodable event: {error}")?,
+            }
+        }
+        out.flush()?;
+    }
+}
+
+/// Prints the registry as a table with its totals, or as JSON.
+pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<()> {
+    let snapshot = client.executors().await?;
+    if json {
+        println!("{}", serde_json::to_string(&snapshot)?);
+        return Ok(());
+    }
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header(["executor", "host:port", "cores free/total", "registered at"]);
+    for e in &snapshot.executors {
+        table.add_row([
+            e.executor_id.to_string(),
+            e.host_port.clone(),
+            format!("{}/{}", e.free_cores, e.total_cores),
+            format_time(e.registered_at_ms),
+        ]);
+    }
+    println!("{table}");
+    println!(
+        "{} executors registered, {} cores in total, {} pending",
+        snapshot.registered_executors, snapshot.total_cores, snapshot.pending_executors
+    );
+    Ok(())
+}
+
+/// Prints the jobs with their state and counts, or as JSON.
+pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
+    let jobs = client.jobs().await?;
+    if json {
+        println!("{}", serde_json::json!({ "jobs": jobs }));
+        return Ok(());
+    }
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header(["job", "name", "state", "tasks", "succeeded", "failed", "killed", "running", "submitted at"]);
+    for j in &jobs {
+        table.add_row([
+            j.job_id.to_string(),
+            j.name.clone(),
+            format!("{:?}", j.state).to_uppercase(),
+            j.tasks.to_string(),
+            j.succeeded.to_string(),
+            j.failed.to_string(),
+            j.killed.to_string(),
+            j.running.to_string(),
+            format_time(j.submitted_at_ms),
+        ]);
+    }
+    println!("{table}");
+    Ok(())
+}

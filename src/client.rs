@@ -1,0 +1,168 @@
+//! Jobs and queries for programs and the CLI: a thin typed wrapper over requests on the
+//! driver's api subject.
+
+use crate::ids::JobId;
+use crate::protocol::{
+    decode, encode, ApiReply, ApiRequest, Event, ExecutorsSnapshot, JobState, JobSummary,
+    SubmitJob, TaskOutcome,
+};
+use crate::subjects::Subjects;
+use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
+use async_nats::Client;
+use futures::StreamExt;
+use std::time::Duration;
+
+/// How often a waiting client asks for a job's progress (job.end events end the wait sooner).
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no driver answers on {0} (is ember-driver running on this cluster?)")]
+    NoDriver(String),
+    #[error("the driver did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("NATS request failed: {0}")]
+    Request(String),
+    #[error("the driver said: {0}")]
+    Driver(String),
+    #[error("the request is {size} bytes, over the server's limit of {limit} bytes; raise max_payload in nats.conf or send fewer, smaller tasks (use `repeat` for identical ones)")]
+    TooLarge { size: usize, limit: usize },
+    #[error("unexpected answer from the driver: {0}")]
+    Unexpected(String),
+    #[error("could not subscribe to events: {0}")]
+    Subscribe(String),
+}
+
+/// A handle for talking to a cluster's driver.
+#[derive(Debug, Clone)]
+pub struct EmberClient {
+    client: Client,
+    subjects: Subjects,
+}
+
+impl EmberClient {
+    pub fn new(client: Client, subjects: Subjects) -> Self {
+        Self { client, subjects }
+    }
+
+    pub fn nats(&self) -> &Client {
+        &self.client
+    }
+
+    /// Sends one api request and returns the driver's answer; `Error` answers become errors.
+    pub async fn call(&self, request: &ApiRequest) -> Result<ApiReply, ClientError> {
+        let payload = encode(request);
+        let limit = self.client.server_info().max_payload.saturating_sub(PAYLOAD_HEADROOM);
+        if payload.len() > limit {
+            return Err(ClientError::TooLarge { size: payload.len(), limit });
+        }
+        let subject = self.subjects.api();
+        let reply = tokio::time::timeout(REQUEST_TIMEOUT, self.client.request(subject.clone(), payload))
+            .await
+            .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))?
+            .map_err(|e| match e.kind() {
+                async_nats::RequestErrorKind::NoResponders => ClientError::NoDriver(subject),
+                async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(REQUEST_TIMEOUT),
+                _ => ClientError::Request(e.to_string()),
+            })?;
+        match decode::<ApiReply>(&reply.payload, usize::MAX) {
+            Ok(ApiReply::Error { message }) => Err(ClientError::Driver(message)),
+            Ok(answer) => Ok(answer),
+            Err(e) => Err(ClientError::Unexpected(e.to_string())),
+        }
+    }
+
+    /// The registry and its totals.
+    pub async fn executors(&self) -> Result<ExecutorsSnapshot, ClientError> {
+        match self.call(&ApiRequest::ListExecutors).await? {
+            ApiReply::Executors(snapshot) => Ok(snapshot),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Submits a job; the driver accepts it at once and queues it.
+    pub async fn submit(&self, job: SubmitJob) -> Result<JobId, ClientError> {
+        match self.call(&ApiRequest::SubmitJob(job)).await? {
+            ApiReply::JobAccepted { job_id } => Ok(job_id),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn job(&self, job_id: JobId) -> Result<JobSummary, ClientError> {
+        match self.call(&ApiRequest::GetJob { job_id }).await? {
+            ApiReply::Job { job } => Ok(job),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn jobs(&self) -> Result<Vec<JobSummary>, ClientError> {
+        match self.call(&ApiRequest::ListJobs).await? {
+            ApiReply::Jobs { jobs } => Ok(jobs),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn kill(&self, job_id: JobId) -> Result<(), ClientError> {
+        match self.call(&ApiRequest::KillJob { job_id }).await? {
+            ApiReply::JobKilled { .. } => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Every task's outcome, in index order, fetched page by page.
+    pub async fn results(&self, job_id: JobId) -> Result<Vec<TaskOutcome>, ClientError> {
+        let mut all = Vec::new();
+        let mut offset = 0;
+        loop {
+            let request = ApiRequest::GetResults { job_id, offset, limit: 10_000 };
+            let ApiReply::Results(page) = self.call(&request).await? else {
+                return Err(ClientError::Unexpected("not a page of results".into()));
+            };
+            all.extend(page.results);
+            match page.next_offset {
+                Some(next) if next > offset => offset = next,
+                _ => return Ok(all),
+            }
+        }
+    }
+
+    /// Submits a job and waits for its end, calling `progress` with each summary seen.
+    pub async fn run_job(
+        &self,
+        job: SubmitJob,
+        mut progress: impl FnMut(&JobSummary),
+    ) -> Result<JobSummary, ClientError> {
+        // Subscribed before the submission, so the job's end cannot slip past.
+        let mut ends = self
+            .client
+            .subscribe(self.subjects.event("job.end"))
+            .await
+            .map_err(|e| ClientError::Subscribe(e.to_string()))?;
+        let job_id = self.submit(job).await?;
+        let mut poll = tokio::time::interval(POLL_INTERVAL);
+        loop {
+            tokio::select! {
+                Some(message) = ends.next() => {
+                    if let Ok(Event::JobEnd { job_id: id, .. }) = decode::<Event>(&message.payload, usize::MAX) {
+                        if id == job_id {
+                            let summary = self.job(job_id).await?;
+                            progress(&summary);
+                            return Ok(summary);
+                        }
+                    }
+                }
+                _ = poll.tick() => {
+                    let summary = self.job(job_id).await?;
+                    progress(&summary);
+                    if summary.state != JobState::Running {
+                        return Ok(summary);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn unexpected(reply: ApiReply) -> ClientError {
+    ClientError::Unexpected(String::from_utf8_lossy(&encode(&reply)).chars().take(200).collect())
+}

@@ -1,0 +1,212 @@
+//! The actor that owns the driver [`Core`]: one task reads the driver's subscriptions and the
+//! revive timer, decodes, calls the core, answers, and sends the core's effects. Owning the core
+//! here, without a lock or a second task, keeps Spark's one-message-at-a-time semantics and
+//! costs no channel hop per message.
+
+use super::core::{Core, CoreConfig, Effect};
+use crate::protocol::{
+    decode, encode, ApiReply, ApiRequest, ExecutorMessage, RegisterReply, RegisterRequest,
+    StatusReply, StatusRequest,
+};
+use crate::subjects::Subjects;
+use crate::{now_ms, PAYLOAD_HEADROOM};
+use async_nats::{Client, Message, Subscriber};
+use futures::StreamExt;
+use std::future::Future;
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// How the driver runs.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub subjects: Subjects,
+    /// Executors expected to register (Spark's `numPendingExecutors` starts here).
+    pub expect_executors: u64,
+    /// How often free cores are offered even when nothing else prompts it.
+    pub revive_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("could not subscribe to {subject}: {source}")]
+    Subscribe {
+        subject: String,
+        source: async_nats::SubscribeError,
+    },
+    #[error("could not reach the NATS server: {0}")]
+    Flush(#[from] async_nats::client::FlushError),
+}
+
+/// Runs the driver on `client` until `shutdown` completes.
+pub async fn run(
+    client: Client,
+    config: DriverConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DriverError> {
+    let limit = client.server_info().max_payload.max(PAYLOAD_HEADROOM * 2);
+    let mut core = Core::new(CoreConfig {
+        driver_instance: uuid::Uuid::new_v4(),
+        expect_executors: config.expect_executors,
+        max_reply_bytes: limit - PAYLOAD_HEADROOM,
+    });
+    let subjects = config.subjects.clone();
+    let mut register = subscribe(&client, subjects.register_all()).await?;
+    let mut status = subscribe(&client, subjects.status_all()).await?;
+    let mut api = subscribe(&client, subjects.api()).await?;
+    client.flush().await?;
+    info!(cluster = subjects.prefix(), "driver ready");
+    let shell = Shell {
+        client: client.clone(),
+        subjects,
+        limit,
+    };
+    let mut revive = tokio::time::interval(config.revive_interval);
+    revive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(message) = register.next() => shell.on_register(&mut core, message).await,
+            Some(message) = status.next() => shell.on_status(&mut core, message).await,
+            Some(message) = api.next() => shell.on_api(&mut core, message).await,
+            _ = revive.tick() => core.tick(now_ms()),
+            else => break,
+        }
+        shell.send_effects(core.take_effects()).await;
+    }
+    info!("driver stopping");
+    client.flush().await?;
+    Ok(())
+}
+
+async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, DriverError> {
+    client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|source| DriverError::Subscribe { subject, source })
+}
+
+/// The thin NATS layer around the core: decoding, reply checks, sending.
+struct Shell {
+    client: Client,
+    subjects: Subjects,
+    /// The server's max_payload: the largest message anyone can send us.
+    limit: usize,
+}
+
+impl Shell {
+    async fn on_register(&self, core: &mut Core, message: Message) {
+        let claimed = Subjects::executor_id_of(&message.subject).to_string();
+        let Some(reply) = self.executor_reply(&message, &claimed) else {
+            return;
+        };
+        let answer = match decode::<RegisterRequest>(&message.payload, self.limit) {
+            Ok(RegisterRequest::RegisterExecutor(request)) => {
+                core.register(&claimed, request, now_ms())
+            }
+            Err(error) => RegisterReply::RegisterExecutorFailed {
+                message: format!("could not decode RegisterExecutor: {error}"),
+            },
+        };
+        match &answer {
+            RegisterReply::RegisteredExecutor { .. } => debug!(executor = %claimed, "registered"),
+            RegisterReply::RegisterExecutorFailed { message } => {
+                warn!(executor = %claimed, %message, "registration refused")
+            }
+        }
+        self.answer(reply, encode(&answer)).await;
+    }
+
+    async fn on_status(&self, core: &mut Core, message: Message) {
+        let claimed = Subjects::executor_id_of(&message.subject).to_string();
+        let Some(reply) = self.executor_reply(&message, &claimed) else {
+            return;
+        };
+        let answer = match decode::<StatusRequest>(&message.payload, self.limit) {
+            Ok(StatusRequest::StatusUpdates {
+                executor_id,
+                updates,
+            }) => core.status_updates(&claimed, &executor_id, updates, now_ms()),
+            Err(error) => StatusReply::Error {
+                message: format!("could not decode StatusUpdates: {error}"),
+            },
+        };
+        if let StatusReply::StatusAck { refused, .. } = &answer {
+            for r in refused {
+                warn!(executor = %claimed, task = r.task_id, attempt = r.attempt, reason = %r.reason, "status refused");
+            }
+        }
+        self.answer(reply, encode(&answer)).await;
+    }
+
+    async fn on_api(&self, core: &mut Core, message: Message) {
+        let Some(reply) = message.reply.clone() else {
+            debug!("api message without a reply subject dropped");
+            return;
+        };
+        let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
+            Ok(request) => core.api(request, now_ms()),
+            Err(error) => ApiReply::Error {
+                message: format!("could not decode the api request: {error}"),
+            },
+        };
+        self.answer(reply.to_string(), encode(&answer)).await;
+    }
+
+    /// The reply subject of a request on an executor's subject, if it is that executor's own.
+    /// NATS does not check where a requester points its reply, so a request that would have the
+    /// driver answer into someone else's inbox gets no answer at all.
+    fn executor_reply(&self, message: &Message, claimed: &str) -> Option<String> {
+        let Some(reply) = &message.reply else {
+            debug!(subject = %message.subject, "request without a reply subject dropped");
+            return None;
+        };
+        if !Subjects::reply_is_owned_by(reply, claimed) {
+            warn!(subject = %message.subject, reply = %reply, "reply subject outside the sender's inbox; refused");
+            return None;
+        }
+        Some(reply.to_string())
+    }
+
+    async fn answer(&self, reply: String, payload: bytes::Bytes) {
+        if let Err(error) = self.client.publish(reply, payload).await {
+            warn!(%error, "could not send a reply");
+        }
+    }
+
+    async fn send_effects(&self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Publish(event) => {
+                    let subject = self.subjects.event(event.kind());
+                    self.publish(subject, encode(&event)).await;
+                }
+                Effect::Send { to, message } => {
+                    let subject = self.subjects.executor_inbox(&to);
+                    self.send_to_executor(subject, message).await;
+                }
+            }
+        }
+    }
+
+    /// Sends to an executor's inbox, splitting a launch that would not fit in one message.
+    async fn send_to_executor(&self, subject: String, message: ExecutorMessage) {
+        let payload = encode(&message);
+        match message {
+            ExecutorMessage::LaunchTasks { mut tasks }
+                if payload.len() > self.limit - PAYLOAD_HEADROOM && tasks.len() > 1 =>
+            {
+                let rest = tasks.split_off(tasks.len() / 2);
+                Box::pin(self.send_to_executor(subject.clone(), ExecutorMessage::LaunchTasks { tasks })).await;
+                Box::pin(self.send_to_executor(subject, ExecutorMessage::LaunchTasks { tasks: rest })).await;
+            }
+            _ => self.publish(subject, payload).await,
+        }
+    }
+
+    async fn publish(&self, subject: String, payload: bytes::Bytes) {
+        if let Err(error) = self.client.publish(subject, payload).await {
+            warn!(%error, "could not publish");
+        }
+    }
+}

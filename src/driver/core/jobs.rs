@@ -1,0 +1,308 @@
+//! Jobs and their tasks: submission, kill, results, and the bookkeeping of each task's attempts.
+
+use super::Core;
+use crate::ids::{ExecutorId, JobId, TaskId};
+use crate::protocol::{
+    ApiReply, Event, ExecutorMessage, JobState, JobSummary, ResultsPage, SubmitJob, TaskOutcome,
+    TaskSpec, TaskState,
+};
+use serde_json::Value;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// The most tasks one job may have.
+pub const MAX_TASKS_PER_JOB: u64 = 10_000_000;
+/// The longest job name, in bytes.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// Where one task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskStatus {
+    Pending,
+    Running,
+    Finished,
+    Failed,
+    Killed,
+}
+
+/// One task's record; kept small because a job may hold millions.
+#[derive(Debug, Clone)]
+pub struct TaskRecord {
+    pub status: TaskStatus,
+    /// Attempts launched so far; the current attempt is `attempts - 1`.
+    pub attempts: u32,
+    pub failures: u32,
+    /// Where the current (or last) attempt ran.
+    pub executor: Option<ExecutorId>,
+    pub started_ms: u64,
+}
+
+/// A job: a set of tasks with a shared failure budget and cores per task.
+#[derive(Debug)]
+pub struct Job {
+    pub id: JobId,
+    pub name: String,
+    specs: Vec<Arc<TaskSpec>>,
+    pub first_task: TaskId,
+    pub max_failures: u32,
+    pub cpus_per_task: u32,
+    pub tasks: Vec<TaskRecord>,
+    /// Indexes of tasks waiting for cores; retries go to the front.
+    pub pending: VecDeque<u32>,
+    /// Where superseded attempts ran: (index, attempt) -> executor; for telling a late repeat
+    /// from a status that was never ours.
+    pub past_attempts: HashMap<(u32, u32), ExecutorId>,
+    pub results: HashMap<u32, Value>,
+    pub errors: HashMap<u32, String>,
+    pub state: JobState,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub killed: u32,
+    pub running: u32,
+    pub submitted_at_ms: u64,
+    pub ended_at_ms: Option<u64>,
+    pub reason: Option<String>,
+}
+
+impl Job {
+    pub fn len(&self) -> u32 {
+        self.tasks.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.state == JobState::Running
+    }
+
+    /// The spec of task `index`.
+    pub fn spec(&self, index: u32) -> &Arc<TaskSpec> {
+        &self.specs[index as usize % self.specs.len()]
+    }
+
+    /// Which executor ran `attempt` of task `index`, if it was launched at all.
+    pub fn executor_of(&self, index: u32, attempt: u32) -> Option<&ExecutorId> {
+        let record = &self.tasks[index as usize];
+        if attempt + 1 == record.attempts {
+            record.executor.as_ref()
+        } else {
+            self.past_attempts.get(&(index, attempt))
+        }
+    }
+
+    pub fn summary(&self) -> JobSummary {
+        JobSummary {
+            job_id: self.id,
+            name: self.name.clone(),
+            state: self.state,
+            tasks: self.len(),
+            succeeded: self.succeeded,
+            failed: self.failed,
+            killed: self.killed,
+            running: self.running,
+            submitted_at_ms: self.submitted_at_ms,
+            ended_at_ms: self.ended_at_ms,
+            reason: self.reason.clone(),
+        }
+    }
+
+    /// Task outcomes from `offset`, at most `limit` of them and about `max_bytes` in all.
+    pub fn results_page(&self, offset: u32, limit: u32, max_bytes: usize) -> ResultsPage {
+        let end = offset.saturating_add(limit.max(1)).min(self.len());
+        let mut results = Vec::new();
+        let mut bytes = 256;
+        let mut next = offset;
+        while next < end {
+            let outcome = self.outcome(next);
+            bytes += serde_json::to_vec(&outcome).map_or(0, |v| v.len()) + 1;
+            if bytes > max_bytes && !results.is_empty() {
+                break;
+            }
+            results.push(outcome);
+            next += 1;
+        }
+        ResultsPage {
+            job_id: self.id,
+            results,
+            next_offset: (next < self.len()).then_some(next),
+        }
+    }
+
+    fn outcome(&self, index: u32) -> TaskOutcome {
+        let record = &self.tasks[index as usize];
+        let state = match record.status {
+            TaskStatus::Pending => TaskState::Launching,
+            TaskStatus::Running => TaskState::Running,
+            TaskStatus::Finished => TaskState::Finished,
+            TaskStatus::Failed => TaskState::Failed,
+            TaskStatus::Killed => TaskState::Killed,
+        };
+        TaskOutcome {
+            index,
+            task_id: self.first_task + u64::from(index),
+            state,
+            attempts: record.attempts,
+            executor_id: record.executor.clone(),
+            result: self.results.get(&index).cloned(),
+            error: self.errors.get(&index).cloned(),
+        }
+    }
+}
+
+impl Core {
+    pub(super) fn on_submit_job(&mut self, submit: SubmitJob, now: u64) -> ApiReply {
+        if let Err(message) = validate_job(&submit, self.config.max_reply_bytes) {
+            return ApiReply::Error { message };
+        }
+        let count = submit.tasks.len() as u64 * u64::from(submit.repeat);
+        let id = self.next_job;
+        self.next_job += 1;
+        let first_task = self.next_task;
+        self.next_task += count;
+        let job = Job {
+            id,
+            name: submit.name,
+            specs: submit.tasks.into_iter().map(Arc::new).collect(),
+            first_task,
+            max_failures: submit.max_failures,
+            cpus_per_task: submit.cpus_per_task,
+            tasks: vec![
+                TaskRecord {
+                    status: TaskStatus::Pending,
+                    attempts: 0,
+                    failures: 0,
+                    executor: None,
+                    started_ms: 0,
+                };
+                count as usize
+            ],
+            pending: (0..count as u32).collect(),
+            past_attempts: HashMap::new(),
+            results: HashMap::new(),
+            errors: HashMap::new(),
+            state: JobState::Running,
+            succeeded: 0,
+            failed: 0,
+            killed: 0,
+            running: 0,
+            submitted_at_ms: now,
+            ended_at_ms: None,
+            reason: None,
+        };
+        self.publish(Event::JobStart {
+            time_ms: now,
+            job_id: id,
+            name: job.name.clone(),
+            tasks: job.len(),
+        });
+        self.first_tasks.insert(first_task, id);
+        self.jobs.insert(id, job);
+        self.queue.push_back(id);
+        self.make_offers(None, now);
+        ApiReply::JobAccepted { job_id: id }
+    }
+
+    pub(super) fn on_kill_job(&mut self, job_id: JobId, now: u64) -> ApiReply {
+        match self.jobs.get(&job_id) {
+            None => super::no_such_job(job_id),
+            Some(job) if !job.is_active() => ApiReply::Error {
+                message: format!("job {job_id} has already ended ({:?})", job.state),
+            },
+            Some(_) => {
+                self.end_job(job_id, JobState::Killed, Some("killed by request".into()), now);
+                ApiReply::JobKilled { job_id }
+            }
+        }
+    }
+
+    /// The job that task `task_id` belongs to, and its index there.
+    pub(super) fn locate(&self, task_id: TaskId) -> Option<(JobId, u32)> {
+        let (first, job_id) = self.first_tasks.range(..=task_id).next_back()?;
+        let job = self.jobs.get(job_id)?;
+        let index = task_id - first;
+        (index < u64::from(job.len())).then_some((*job_id, index as u32))
+    }
+
+    /// Ends a job that has not ended: pending tasks are dropped and running ones killed.
+    pub(super) fn end_job(&mut self, job_id: JobId, state: JobState, reason: Option<String>, now: u64) {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        let mut kills = Vec::new();
+        if state != JobState::Succeeded {
+            for index in std::mem::take(&mut job.pending) {
+                job.tasks[index as usize].status = TaskStatus::Killed;
+                job.killed += 1;
+            }
+            for (index, record) in job.tasks.iter().enumerate() {
+                if let (TaskStatus::Running, Some(executor)) = (record.status, &record.executor) {
+                    let task_id = job.first_task + index as u64;
+                    kills.push((executor.clone(), task_id, record.attempts - 1));
+                }
+            }
+        }
+        job.state = state;
+        job.ended_at_ms = Some(now);
+        job.reason = reason.clone();
+        let end = Event::JobEnd {
+            time_ms: now,
+            job_id,
+            state,
+            succeeded: job.succeeded,
+            failed: job.failed,
+            killed: job.killed + kills.len() as u32,
+            reason: reason.clone(),
+        };
+        self.queue.retain(|id| *id != job_id);
+        let reason = reason.unwrap_or_default();
+        for (executor, task_id, attempt) in kills {
+            let reason = format!("job {job_id} ended: {reason}");
+            self.send(executor, ExecutorMessage::KillTask { task_id, attempt, reason });
+        }
+        self.publish(end);
+    }
+}
+
+fn validate_job(submit: &SubmitJob, max_bytes: usize) -> Result<(), String> {
+    let count = submit.tasks.len() as u64 * u64::from(submit.repeat);
+    if count == 0 {
+        return Err("a job needs at least one task (tasks is empty or repeat is 0)".into());
+    }
+    if count > MAX_TASKS_PER_JOB {
+        return Err(format!(
+            "a job may have at most {MAX_TASKS_PER_JOB} tasks; this one has {count}"
+        ));
+    }
+    if submit.name.len() > MAX_NAME_LEN {
+        return Err(format!("job name is longer than {MAX_NAME_LEN} bytes"));
+    }
+    if submit.max_failures == 0 {
+        return Err("max_failures must be at least 1".into());
+    }
+    if submit.cpus_per_task == 0 || submit.cpus_per_task > super::registry::MAX_CORES {
+        return Err(format!(
+            "cpus_per_task must be between 1 and {}; got {}",
+            super::registry::MAX_CORES,
+            submit.cpus_per_task
+        ));
+    }
+    // A launch carries one spec and a little more; it must fit in one message.
+    let spec_limit = max_bytes.saturating_sub(1024);
+    for spec in &submit.tasks {
+        let size = crate::protocol::encode(spec).len();
+        if size > spec_limit {
+            return Err(format!(
+                "a task spec of {size} bytes exceeds the limit of {spec_limit} bytes \
+                 (the server's max_payload less headroom); raise max_payload in nats.conf"
+            ));
+        }
+        if let TaskSpec::Command { argv, .. } = spec {
+            if argv.is_empty() {
+                return Err("a command task needs a non-empty argv".into());
+            }
+        }
+    }
+    Ok(())
+}

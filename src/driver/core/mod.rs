@@ -1,0 +1,126 @@
+//! The driver's logic as a state machine that does no I/O and never reads the clock.
+//!
+//! Each request is a method that returns its one answer; what else it causes (listener events,
+//! messages to executors' inboxes) is queued as [`Effect`]s that the actor drains with
+//! [`Core::take_effects`] and sends. Time comes in as `now` (milliseconds since the epoch), so
+//! tests and simulations drive it with any clock they like.
+
+mod jobs;
+mod offers;
+mod registry;
+mod status;
+
+use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
+use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage};
+use std::collections::{BTreeMap, VecDeque};
+
+pub use jobs::Job;
+pub use registry::ExecutorData;
+
+/// Something the core wants sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Publish on the listener bus.
+    Publish(Event),
+    /// Send to an executor's inbox.
+    Send {
+        to: ExecutorId,
+        message: ExecutorMessage,
+    },
+}
+
+/// Settings of the core.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// The driver's instance id, returned in every `RegisteredExecutor`.
+    pub driver_instance: InstanceId,
+    /// Executors the operator expects (Spark's `numPendingExecutors` starts here).
+    pub expect_executors: u64,
+    /// The largest reply the core should build, in bytes (pages of results stop short of it).
+    pub max_reply_bytes: usize,
+}
+
+/// The driver's whole state: the executor registry, the jobs and the offer queue.
+#[derive(Debug)]
+pub struct Core {
+    config: CoreConfig,
+    executors: BTreeMap<ExecutorId, ExecutorData>,
+    total_cores: u64,
+    pending_executors: u64,
+    jobs: BTreeMap<JobId, Job>,
+    /// Jobs that may have tasks waiting, first submitted first.
+    queue: VecDeque<JobId>,
+    /// First task id of each job, to find a task's job by range.
+    first_tasks: BTreeMap<TaskId, JobId>,
+    next_job: JobId,
+    next_task: TaskId,
+    effects: Vec<Effect>,
+}
+
+impl Core {
+    pub fn new(config: CoreConfig) -> Self {
+        Self {
+            pending_executors: config.expect_executors,
+            config,
+            executors: BTreeMap::new(),
+            total_cores: 0,
+            jobs: BTreeMap::new(),
+            queue: VecDeque::new(),
+            first_tasks: BTreeMap::new(),
+            next_job: 1,
+            next_task: 1,
+            effects: Vec::new(),
+        }
+    }
+
+    /// Everything the core has asked to send since the last call, in order.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Answers one request on the driver api.
+    pub fn api(&mut self, request: ApiRequest, now: u64) -> ApiReply {
+        match request {
+            ApiRequest::ListExecutors => ApiReply::Executors(self.executors_snapshot()),
+            ApiRequest::SubmitJob(job) => self.on_submit_job(job, now),
+            ApiRequest::KillJob { job_id } => self.on_kill_job(job_id, now),
+            ApiRequest::ListJobs => ApiReply::Jobs {
+                jobs: self.jobs.values().map(Job::summary).collect(),
+            },
+            ApiRequest::GetJob { job_id } => match self.jobs.get(&job_id) {
+                Some(job) => ApiReply::Job { job: job.summary() },
+                None => no_such_job(job_id),
+            },
+            ApiRequest::GetResults {
+                job_id,
+                offset,
+                limit,
+            } => match self.jobs.get(&job_id) {
+                Some(job) => ApiReply::Results(job.results_page(
+                    offset,
+                    limit,
+                    self.config.max_reply_bytes,
+                )),
+                None => no_such_job(job_id),
+            },
+        }
+    }
+
+    /// The periodic revive: offers free cores even if nothing else prompted it.
+    pub fn tick(&mut self, now: u64) {
+        self.make_offers(None, now);
+    }
+
+    fn publish(&mut self, event: Event) {
+        self.effects.push(Effect::Publish(event));
+    }
+}
+
+fn no_such_job(job_id: JobId) -> ApiReply {
+    ApiReply::Error {
+        message: format!("no job with id {job_id}"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,124 @@
+//! Resource offers: Spark's `makeOffers()` and `makeOffers(executorId)`. Free cores are dealt
+//! round-robin across executors, one task at a time, so work spreads; each executor then gets
+//! one `LaunchTasks` for the whole round, and each job one `TaskStart` event.
+
+use super::jobs::TaskStatus;
+use super::Core;
+use crate::ids::{ExecutorId, JobId};
+use crate::protocol::{Event, ExecutorMessage, TaskDescription, TaskStarted};
+use std::collections::BTreeMap;
+
+/// How far past the head of a job's queue the scheduler looks for a task that did not last fail
+/// on the executor being offered.
+const AVOID_LOOKAHEAD: usize = 8;
+
+impl Core {
+    /// Offers free cores to waiting tasks: of every executor, or only of `only`.
+    pub(super) fn make_offers(&mut self, only: Option<&ExecutorId>, now: u64) {
+        self.queue.retain(|id| {
+            self.jobs
+                .get(id)
+                .is_some_and(|job| job.is_active() && !job.pending.is_empty())
+        });
+        if self.queue.is_empty() {
+            return;
+        }
+        let mut offers: Vec<ExecutorId> = match only {
+            Some(id) => self.executors.contains_key(id).then(|| id.clone()).into_iter().collect(),
+            None => self
+                .executors
+                .iter()
+                .filter(|(_, e)| e.free_cores > 0)
+                .map(|(id, _)| id.clone())
+                .collect(),
+        };
+        let spread = self.executors.len() > 1;
+        let mut launches: BTreeMap<ExecutorId, Vec<TaskDescription>> = BTreeMap::new();
+        let mut started: BTreeMap<JobId, Vec<TaskStarted>> = BTreeMap::new();
+        while !offers.is_empty() && !self.queue.is_empty() {
+            offers.retain(|executor| {
+                match self.launch_one(executor, spread, now) {
+                    Some((description, start)) => {
+                        started.entry(description.job_id).or_default().push(start);
+                        launches.entry(executor.clone()).or_default().push(description);
+                        true
+                    }
+                    None => false,
+                }
+            });
+            self.queue.retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
+        }
+        for (to, tasks) in launches {
+            self.send(to, ExecutorMessage::LaunchTasks { tasks });
+        }
+        for (job_id, tasks) in started {
+            self.publish(Event::TaskStart {
+                time_ms: now,
+                job_id,
+                tasks,
+            });
+        }
+    }
+
+    /// Launches one waiting task on `executor` if one fits; FIFO over jobs.
+    fn launch_one(
+        &mut self,
+        executor: &ExecutorId,
+        spread: bool,
+        now: u64,
+    ) -> Option<(TaskDescription, TaskStarted)> {
+        let free = self.executors.get(executor)?.free_cores;
+        let (job_id, position) = self.queue.iter().find_map(|id| {
+            let job = self.jobs.get(id)?;
+            if job.cpus_per_task > free {
+                return None;
+            }
+            let position = job
+                .pending
+                .iter()
+                .take(AVOID_LOOKAHEAD)
+                .position(|i| !(spread && last_failed_on(job, *i, executor)))?;
+            Some((*id, position))
+        })?;
+        let index = self.jobs.get_mut(&job_id)?.pending.remove(position)?;
+        let job = self.jobs.get_mut(&job_id)?;
+        let cpus = job.cpus_per_task;
+        let task_id = job.first_task + u64::from(index);
+        let record = &mut job.tasks[index as usize];
+        if let (Some(previous), true) = (record.executor.take(), record.attempts > 0) {
+            job.past_attempts.insert((index, record.attempts - 1), previous);
+        }
+        let record = &mut job.tasks[index as usize];
+        let attempt = record.attempts;
+        record.attempts += 1;
+        record.status = TaskStatus::Running;
+        record.executor = Some(executor.clone());
+        record.started_ms = now;
+        job.running += 1;
+        let spec = job.spec(index).clone();
+        let data = self.executors.get_mut(executor)?;
+        data.free_cores -= cpus;
+        data.running.insert(task_id, attempt);
+        let description = TaskDescription {
+            task_id,
+            job_id,
+            index,
+            attempt,
+            cpus,
+            spec,
+        };
+        let start = TaskStarted {
+            task_id,
+            index,
+            attempt,
+            executor_id: executor.clone(),
+        };
+        Some((description, start))
+    }
+}
+
+/// Whether task `index`'s last attempt failed on `executor` (a retry should prefer another).
+fn last_failed_on(job: &super::Job, index: u32, executor: &ExecutorId) -> bool {
+    let record = &job.tasks[index as usize];
+    record.failures > 0 && record.executor.as_ref() == Some(executor)
+}

@@ -1,0 +1,164 @@
+//! The executor registry: Spark's `executorDataMap` and its totals, and the registration
+//! handshake of `DriverEndpoint.receiveAndReply(RegisterExecutor)`.
+
+use super::{Core, Effect};
+use crate::ids::{validate_host_port, ExecutorId, InstanceId, TaskId};
+use crate::protocol::{
+    Event, ExecutorInfo, ExecutorSummary, ExecutorsSnapshot, RegisterExecutor, RegisterReply,
+};
+use std::collections::{BTreeMap, HashMap};
+
+/// The most cores one executor may declare.
+pub const MAX_CORES: u32 = 1 << 16;
+/// The most entries in `log_urls` or `attributes`, and the longest key or value.
+pub const MAX_MAP_ENTRIES: usize = 64;
+pub const MAX_MAP_TEXT: usize = 1024;
+
+/// What the driver knows of one registered executor (Spark's `ExecutorData`).
+#[derive(Debug, Clone)]
+pub struct ExecutorData {
+    pub instance_id: InstanceId,
+    pub info: ExecutorInfo,
+    pub free_cores: u32,
+    pub registered_at_ms: u64,
+    pub last_seen_ms: u64,
+    /// The attempts running there: task id -> attempt.
+    pub running: HashMap<TaskId, u32>,
+}
+
+impl Core {
+    /// Handles `RegisterExecutor` that arrived on the subject of `subject_id`.
+    pub fn register(&mut self, subject_id: &str, req: RegisterExecutor, now: u64) -> RegisterReply {
+        if let Err(message) = validate_registration(subject_id, &req) {
+            return RegisterReply::RegisterExecutorFailed { message };
+        }
+        if let Some(existing) = self.executors.get_mut(&req.executor_id) {
+            if existing.instance_id != req.instance_id {
+                return RegisterReply::RegisterExecutorFailed {
+                    message: format!("Duplicate executor ID: {}", req.executor_id),
+                };
+            }
+            // The same process asking again: its first answer was lost.
+            existing.last_seen_ms = now;
+            return self.registered(req.executor_id);
+        }
+        self.add_executor(req, now)
+    }
+
+    fn add_executor(&mut self, req: RegisterExecutor, now: u64) -> RegisterReply {
+        let id = req.executor_id;
+        let host = host_of(&req.host_port).to_string();
+        let info = ExecutorInfo {
+            host,
+            host_port: req.host_port,
+            total_cores: req.cores,
+            log_urls: req.log_urls,
+            attributes: req.attributes,
+        };
+        self.total_cores += u64::from(req.cores);
+        self.pending_executors = self.pending_executors.saturating_sub(1);
+        self.executors.insert(
+            id.clone(),
+            ExecutorData {
+                instance_id: req.instance_id,
+                info: info.clone(),
+                free_cores: req.cores,
+                registered_at_ms: now,
+                last_seen_ms: now,
+                running: HashMap::new(),
+            },
+        );
+        self.publish(Event::ExecutorAdded {
+            time_ms: now,
+            executor_id: id.clone(),
+            info,
+        });
+        let reply = self.registered(id);
+        self.make_offers(None, now);
+        reply
+    }
+
+    fn registered(&self, executor_id: ExecutorId) -> RegisterReply {
+        RegisterReply::RegisteredExecutor {
+            executor_id,
+            driver_instance: self.config.driver_instance,
+        }
+    }
+
+    /// The registry and its totals.
+    pub fn executors_snapshot(&self) -> ExecutorsSnapshot {
+        ExecutorsSnapshot {
+            executors: self
+                .executors
+                .iter()
+                .map(|(id, e)| ExecutorSummary {
+                    executor_id: id.clone(),
+                    host: e.info.host.clone(),
+                    host_port: e.info.host_port.clone(),
+                    free_cores: e.free_cores,
+                    total_cores: e.info.total_cores,
+                    log_urls: e.info.log_urls.clone(),
+                    attributes: e.info.attributes.clone(),
+                    registered_at_ms: e.registered_at_ms,
+                })
+                .collect(),
+            total_cores: self.total_cores,
+            registered_executors: self.executors.len() as u64,
+            pending_executors: self.pending_executors,
+        }
+    }
+
+    /// The registered executors, by id.
+    pub fn executors(&self) -> &BTreeMap<ExecutorId, ExecutorData> {
+        &self.executors
+    }
+
+    pub(super) fn send(&mut self, to: ExecutorId, message: crate::protocol::ExecutorMessage) {
+        self.effects.push(Effect::Send { to, message });
+    }
+}
+
+fn validate_registration(subject_id: &str, req: &RegisterExecutor) -> Result<(), String> {
+    if subject_id != req.executor_id.as_str() {
+        return Err(format!(
+            "executor id {:?} in the message does not match {subject_id:?} in the subject",
+            req.executor_id.as_str()
+        ));
+    }
+    if req.cores == 0 || req.cores > MAX_CORES {
+        return Err(format!(
+            "cores must be between 1 and {MAX_CORES}; got {}",
+            req.cores
+        ));
+    }
+    validate_host_port(&req.host_port)?;
+    validate_map("log_urls", &req.log_urls)?;
+    validate_map("attributes", &req.attributes)
+}
+
+fn validate_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), String> {
+    if map.len() > MAX_MAP_ENTRIES {
+        return Err(format!(
+            "{what} has {} entries; the limit is {MAX_MAP_ENTRIES}",
+            map.len()
+        ));
+    }
+    match map
+        .iter()
+        .find(|(k, v)| k.is_empty() || k.len() > MAX_MAP_TEXT || v.len() > MAX_MAP_TEXT)
+    {
+        Some((k, _)) => Err(format!(
+            "{what} entry {:?} has an empty or over-long key or value (limit {MAX_MAP_TEXT} bytes)",
+            k.chars().take(40).collect::<String>()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The host part of `host:port` (without brackets for IPv6).
+fn host_of(host_port: &str) -> &str {
+    let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}

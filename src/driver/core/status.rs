@@ -1,0 +1,199 @@
+//! Status updates from executors: Spark's `StatusUpdate` handling. A status counts only from the
+//! executor its attempt was launched on; a repeat of one already handled is acknowledged and
+//! changes nothing, so executors can resend until they hear back.
+
+use super::jobs::TaskStatus;
+use super::Core;
+use crate::ids::{ExecutorId, JobId};
+use crate::protocol::{
+    Event, JobState, RefusedStatus, StatusReply, StatusUpdate, TaskEnded, TaskState,
+};
+use std::collections::BTreeMap;
+
+/// The most updates one batch may carry.
+pub const MAX_UPDATES_PER_BATCH: usize = 100_000;
+
+/// What one update did.
+enum Applied {
+    /// It ended an attempt: cores were freed and an event is due.
+    Ended(JobId, TaskEnded),
+    /// It was accepted and changed nothing more (a RUNNING report, or a repeat).
+    Noted,
+}
+
+impl Core {
+    /// Handles a batch of status updates that arrived on the subject of `subject_id`.
+    pub fn status_updates(
+        &mut self,
+        subject_id: &str,
+        executor_id: &ExecutorId,
+        updates: Vec<StatusUpdate>,
+        now: u64,
+    ) -> StatusReply {
+        if subject_id != executor_id.as_str() {
+            return StatusReply::Error {
+                message: format!(
+                    "executor id {:?} in the message does not match {subject_id:?} in the subject",
+                    executor_id.as_str()
+                ),
+            };
+        }
+        if updates.len() > MAX_UPDATES_PER_BATCH {
+            return StatusReply::Error {
+                message: format!(
+                    "a batch may carry at most {MAX_UPDATES_PER_BATCH} updates; got {}",
+                    updates.len()
+                ),
+            };
+        }
+        let Some(executor) = self.executors.get_mut(executor_id) else {
+            return StatusReply::Error {
+                message: format!("executor {executor_id} is not registered"),
+            };
+        };
+        executor.last_seen_ms = now;
+        let mut accepted = 0;
+        let mut refused = Vec::new();
+        let mut ended: BTreeMap<JobId, Vec<TaskEnded>> = BTreeMap::new();
+        for update in updates {
+            match self.apply_status(executor_id, &update, now) {
+                Ok(Applied::Ended(job_id, end)) => {
+                    ended.entry(job_id).or_default().push(end);
+                    accepted += 1;
+                }
+                Ok(Applied::Noted) => accepted += 1,
+                Err(reason) => refused.push(RefusedStatus {
+                    task_id: update.task_id,
+                    attempt: update.attempt,
+                    reason,
+                }),
+            }
+        }
+        let freed = !ended.is_empty();
+        for (job_id, tasks) in ended {
+            self.publish(Event::TaskEnd {
+                time_ms: now,
+                job_id,
+                tasks,
+            });
+            self.end_job_if_done(job_id, now);
+        }
+        if freed {
+            self.make_offers(Some(executor_id), now);
+        }
+        StatusReply::StatusAck { accepted, refused }
+    }
+
+    fn apply_status(
+        &mut self,
+        from: &ExecutorId,
+        update: &StatusUpdate,
+        now: u64,
+    ) -> Result<Applied, String> {
+        let (job_id, index) = self
+            .locate(update.task_id)
+            .ok_or_else(|| format!("task {} is not known to this driver", update.task_id))?;
+        let job = &self.jobs[&job_id];
+        let record = &job.tasks[index as usize];
+        let current = record.attempts.checked_sub(1);
+        if job.executor_of(index, update.attempt) != Some(from) {
+            return Err(format!(
+                "task {} attempt {} was not launched on executor {from}",
+                update.task_id, update.attempt
+            ));
+        }
+        let live = current == Some(update.attempt) && record.status == TaskStatus::Running;
+        if !live || !update.state.is_terminal() {
+            return Ok(Applied::Noted);
+        }
+        Ok(self.end_attempt(job_id, index, from, update, now))
+    }
+
+    /// Ends the live attempt of task `index`: frees its cores and records the outcome.
+    fn end_attempt(
+        &mut self,
+        job_id: JobId,
+        index: u32,
+        from: &ExecutorId,
+        update: &StatusUpdate,
+        now: u64,
+    ) -> Applied {
+        let job = self.jobs.get_mut(&job_id).expect("located above");
+        let task_id = update.task_id;
+        if let Some(executor) = self.executors.get_mut(from) {
+            executor.free_cores += job.cpus_per_task;
+            executor.running.remove(&task_id);
+        }
+        job.running -= 1;
+        let active = job.is_active();
+        let record = &mut job.tasks[index as usize];
+        let duration_ms = now.saturating_sub(record.started_ms);
+        let mut error = update.error.clone();
+        let mut abort = None;
+        match update.state {
+            TaskState::Finished => {
+                record.status = TaskStatus::Finished;
+                job.succeeded += 1;
+                if let Some(result) = update.result.clone().filter(|r| !r.is_null()) {
+                    job.results.insert(index, result);
+                }
+            }
+            _ if !active => {
+                record.status = TaskStatus::Killed;
+                job.killed += 1;
+            }
+            TaskState::Failed => {
+                record.failures += 1;
+                let message = error.get_or_insert_with(|| "task failed".into()).clone();
+                job.errors.insert(index, message.clone());
+                if record.failures >= job.max_failures {
+                    record.status = TaskStatus::Failed;
+                    job.failed += 1;
+                    abort = Some(format!(
+                        "task {index} failed {} times; last error: {message}",
+                        record.failures
+                    ));
+                } else {
+                    record.status = TaskStatus::Pending;
+                    job.pending.push_front(index);
+                }
+            }
+            // Killed or lost while the job runs: not the task's fault, so run it again.
+            _ => {
+                record.status = TaskStatus::Pending;
+                job.pending.push_front(index);
+            }
+        }
+        if active && !job.pending.is_empty() && !self.queue.contains(&job_id) {
+            // Keep the queue in submission order: a retry does not jump ahead of older jobs.
+            let position = self.queue.partition_point(|id| *id < job_id);
+            self.queue.insert(position, job_id);
+        }
+        if let Some(reason) = abort {
+            self.end_job(job_id, JobState::Failed, Some(reason), now);
+        }
+        Applied::Ended(
+            job_id,
+            TaskEnded {
+                task_id,
+                index,
+                attempt: update.attempt,
+                executor_id: from.clone(),
+                state: update.state,
+                duration_ms,
+                error,
+            },
+        )
+    }
+
+    /// Marks job `job_id` SUCCEEDED if it runs and all its tasks have finished.
+    fn end_job_if_done(&mut self, job_id: JobId, now: u64) {
+        if self
+            .jobs
+            .get(&job_id)
+            .is_some_and(|j| j.is_active() && j.succeeded == j.len())
+        {
+            self.end_job(job_id, JobState::Succeeded, None, now);
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! The driver: a pure [`core`] owned by one actor task ([`run`]) that reads the driver's NATS
+//! subscriptions, feeds the core, and sends what it returns.
+
+pub mod actor;
+pub mod core;
+
+pub use actor::{run, DriverConfig, DriverError};

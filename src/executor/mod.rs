@@ -1,0 +1,13 @@
+//! An executor: Spark's `CoarseGrainedExecutorBackend`. It subscribes its inbox, registers with
+//! the driver (retrying while no driver answers), then runs what arrives in the inbox and reports
+//! each attempt's status in batches until it is told to stop.
+
+mod backend;
+mod runner;
+pub mod tasks;
+
+pub use backend::{run, ExecutorConfig, ExecutorError};
+pub use tasks::{Handlers, TaskContext, TaskResult};
+
+/// Exit code of an executor whose registration the driver refused (a duplicate id, say).
+pub const EXIT_REGISTRATION_REFUSED: i32 = 1;

@@ -1,0 +1,53 @@
+//! Ember: Spark's coarse-grained driver/executor loop on NATS.
+//!
+//! Executors register with a driver over NATS; the driver keeps the registry, rejects duplicate
+//! ids, publishes listener events, and offers free cores to waiting tasks by sending them to each
+//! executor's own inbox; executors run the tasks and report back.
+//!
+//! - [`protocol`], [`ids`], [`subjects`]: the wire: every message, id and subject.
+//! - [`driver`]: a pure state machine ([`driver::core`]) owned by one actor task
+//!   ([`driver::run`]) behind a thin NATS layer.
+//! - [`executor`]: registration, the inbox, task slots and status batches.
+//! - [`client`]: jobs and queries for programs and the CLI; [`events`]: the listener bus.
+//! - [`connect`]: NATS connection options shared by every binary; [`server`]: starting a local
+//!   `nats-server` for `ember up`, the demo and the tests.
+
+pub mod cli;
+pub mod client;
+pub mod connect;
+pub mod driver;
+pub mod events;
+pub mod executor;
+pub mod ids;
+pub mod protocol;
+pub mod server;
+pub mod subjects;
+
+use std::time::Duration;
+
+/// The cluster name used when none is given.
+pub const DEFAULT_CLUSTER: &str = "default";
+/// The NATS server used when none is given.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+/// Attempts a task gets before its job fails (Spark's `spark.task.maxFailures`).
+pub const DEFAULT_MAX_FAILURES: u32 = 4;
+/// How long an executor keeps trying to register before it gives up.
+pub const DEFAULT_REGISTER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the driver offers free cores even when nothing else prompts it.
+pub const DEFAULT_REVIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long one request waits for its answer before it is retried.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Room left under the server's max_payload for headers and framing.
+pub const PAYLOAD_HEADROOM: usize = 4 * 1024;
+/// The largest message a receiver decodes when the server does not say (NATS's own default).
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+/// How many messages a subscription buffers before NATS would call it a slow consumer.
+pub const SUBSCRIPTION_CAPACITY: usize = 1 << 16;
+
+/// Milliseconds since the Unix epoch: the clock fed into the driver core and stamped on events.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,403 @@
+//! Every message on the wire: one serde enum per subject family, tagged by `"type"` with Spark's
+//! names, and the size-checked codec that every receiver decodes with.
+//!
+//! docs/protocol.md describes the same messages for implementers in other languages; the golden
+//! tests in tests/protocol_golden.rs hold the two together.
+
+use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// What an executor sends on `<p>.driver.register.<id>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum RegisterRequest {
+    RegisterExecutor(RegisterExecutor),
+}
+
+/// Spark's `RegisterExecutor(executorId, hostPort, cores, logUrls)`, plus the instance that sends
+/// it and free-form attributes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterExecutor {
+    pub executor_id: ExecutorId,
+    pub instance_id: InstanceId,
+    pub host_port: String,
+    pub cores: u32,
+    #[serde(default)]
+    pub log_urls: BTreeMap<String, String>,
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// The driver's answer to a registration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum RegisterReply {
+    RegisteredExecutor {
+        executor_id: ExecutorId,
+        /// Made once per driver process: an executor that sees it change knows a new driver
+        /// took over.
+        driver_instance: InstanceId,
+    },
+    RegisterExecutorFailed {
+        message: String,
+    },
+}
+
+/// What `ExecutorAdded` says about the executor: the fields of Spark's `ExecutorInfo`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorInfo {
+    pub host: String,
+    pub host_port: String,
+    pub total_cores: u32,
+    pub log_urls: BTreeMap<String, String>,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// The listener bus, on `<p>.events.<kind>` ([`Event::kind`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum Event {
+    ExecutorAdded {
+        time_ms: u64,
+        executor_id: ExecutorId,
+        info: ExecutorInfo,
+    },
+    ExecutorRemoved {
+        time_ms: u64,
+        executor_id: ExecutorId,
+        reason: String,
+    },
+    JobStart {
+        time_ms: u64,
+        job_id: JobId,
+        name: String,
+        tasks: u32,
+    },
+    /// One offer round's launches for one job, batched.
+    TaskStart {
+        time_ms: u64,
+        job_id: JobId,
+        tasks: Vec<TaskStarted>,
+    },
+    /// One status batch's task endings for one job, batched.
+    TaskEnd {
+        time_ms: u64,
+        job_id: JobId,
+        tasks: Vec<TaskEnded>,
+    },
+    JobEnd {
+        time_ms: u64,
+        job_id: JobId,
+        state: JobState,
+        succeeded: u32,
+        failed: u32,
+        killed: u32,
+        reason: Option<String>,
+    },
+}
+
+impl Event {
+    /// The subject suffix this event is published under.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::ExecutorAdded { .. } => "executor.added",
+            Event::ExecutorRemoved { .. } => "executor.removed",
+            Event::JobStart { .. } => "job.start",
+            Event::TaskStart { .. } => "task.start",
+            Event::TaskEnd { .. } => "task.end",
+            Event::JobEnd { .. } => "job.end",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskStarted {
+    pub task_id: TaskId,
+    pub index: u32,
+    pub attempt: u32,
+    pub executor_id: ExecutorId,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskEnded {
+    pub task_id: TaskId,
+    pub index: u32,
+    pub attempt: u32,
+    pub executor_id: ExecutorId,
+    pub state: TaskState,
+    pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Spark's `TaskState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TaskState {
+    Launching,
+    Running,
+    Finished,
+    Failed,
+    Killed,
+    Lost,
+}
+
+impl TaskState {
+    /// Whether the attempt is over and its cores are free again.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, TaskState::Launching | TaskState::Running)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobState {
+    Running,
+    Succeeded,
+    Failed,
+    Killed,
+}
+
+/// What a task does. Handlers are named functions on the executor (`noop`, `sleep`, `echo`,
+/// `fail`, and any an embedding program registers); commands are processes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TaskSpec {
+    Handler {
+        name: String,
+        #[serde(default)]
+        arg: Value,
+    },
+    Command {
+        argv: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+}
+
+/// A job: its tasks are `tasks` repeated `repeat` times, so a million identical tasks cost one
+/// spec on the wire; each task sees its own index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitJob {
+    #[serde(default)]
+    pub name: String,
+    pub tasks: Vec<TaskSpec>,
+    #[serde(default = "one")]
+    pub repeat: u32,
+    #[serde(default = "default_max_failures")]
+    pub max_failures: u32,
+    #[serde(default = "one")]
+    pub cpus_per_task: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_max_failures() -> u32 {
+    crate::DEFAULT_MAX_FAILURES
+}
+
+/// Requests on `<p>.driver.api`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ApiRequest {
+    ListExecutors,
+    SubmitJob(SubmitJob),
+    KillJob {
+        job_id: JobId,
+    },
+    ListJobs,
+    GetJob {
+        job_id: JobId,
+    },
+    /// A page of a job's task outcomes, in index order.
+    GetResults {
+        job_id: JobId,
+        #[serde(default)]
+        offset: u32,
+        #[serde(default = "default_page")]
+        limit: u32,
+    },
+}
+
+fn default_page() -> u32 {
+    1000
+}
+
+/// Answers on `<p>.driver.api`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ApiReply {
+    Executors(ExecutorsSnapshot),
+    JobAccepted { job_id: JobId },
+    JobKilled { job_id: JobId },
+    Jobs { jobs: Vec<JobSummary> },
+    Job { job: JobSummary },
+    Results(ResultsPage),
+    Error { message: String },
+}
+
+/// The registry and its totals, as `ListExecutors` returns them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorsSnapshot {
+    pub executors: Vec<ExecutorSummary>,
+    pub total_cores: u64,
+    pub registered_executors: u64,
+    pub pending_executors: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorSummary {
+    pub executor_id: ExecutorId,
+    pub host: String,
+    pub host_port: String,
+    pub free_cores: u32,
+    pub total_cores: u32,
+    pub log_urls: BTreeMap<String, String>,
+    pub attributes: BTreeMap<String, String>,
+    pub registered_at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSummary {
+    pub job_id: JobId,
+    pub name: String,
+    pub state: JobState,
+    pub tasks: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub killed: u32,
+    pub running: u32,
+    pub submitted_at_ms: u64,
+    pub ended_at_ms: Option<u64>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultsPage {
+    pub job_id: JobId,
+    pub results: Vec<TaskOutcome>,
+    /// The offset of the next page, if there is one.
+    pub next_offset: Option<u32>,
+}
+
+/// How one task of a job ended (or that it has not yet).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskOutcome {
+    pub index: u32,
+    pub task_id: TaskId,
+    pub state: TaskState,
+    pub attempts: u32,
+    pub executor_id: Option<ExecutorId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What the driver sends to `<p>.executor.<id>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ExecutorMessage {
+    /// One offer round's tasks for this executor.
+    LaunchTasks { tasks: Vec<TaskDescription> },
+    KillTask {
+        task_id: TaskId,
+        attempt: u32,
+        reason: String,
+    },
+}
+
+/// Spark's `TaskDescription`: one attempt of one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskDescription {
+    pub task_id: TaskId,
+    pub job_id: JobId,
+    pub index: u32,
+    pub attempt: u32,
+    pub cpus: u32,
+    pub spec: std::sync::Arc<TaskSpec>,
+}
+
+/// What an executor sends on `<p>.driver.status.<id>`: every status it has pending.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum StatusRequest {
+    StatusUpdates {
+        executor_id: ExecutorId,
+        updates: Vec<StatusUpdate>,
+    },
+}
+
+/// Spark's `StatusUpdate(executorId, taskId, state, data)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusUpdate {
+    pub task_id: TaskId,
+    pub attempt: u32,
+    pub state: TaskState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum StatusReply {
+    /// The batch was handled; the executor may forget it. `refused` lists the updates that
+    /// changed nothing, and why.
+    StatusAck {
+        accepted: u32,
+        refused: Vec<RefusedStatus>,
+    },
+    Error {
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefusedStatus {
+    pub task_id: TaskId,
+    pub attempt: u32,
+    pub reason: String,
+}
+
+/// Why a payload could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("message of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    #[error("message is empty")]
+    Empty,
+    #[error("message is not valid JSON for this subject: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Decodes a payload no larger than `limit` bytes.
+pub fn decode<T: DeserializeOwned>(payload: &[u8], limit: usize) -> Result<T, DecodeError> {
+    if payload.len() > limit {
+        return Err(DecodeError::TooLarge {
+            size: payload.len(),
+            limit,
+        });
+    }
+    if payload.iter().all(u8::is_ascii_whitespace) {
+        return Err(DecodeError::Empty);
+    }
+    Ok(serde_json::from_slice(payload)?)
+}
+
+/// Encodes a message. Ember's messages have string keys and no fallible `Serialize` impls, so
+/// this cannot fail for them.
+pub fn encode<T: Serialize>(message: &T) -> bytes::Bytes {
+    serde_json::to_vec(message)
+        .expect("Ember's messages always serialize to JSON")
+        .into()
+}

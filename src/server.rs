@@ -1,0 +1,126 @@
+//! Finding and starting a local `nats-server`: for `ember up`, `ember bench`, the demo and the
+//! tests. The binary is looked up in `EMBER_NATS_SERVER`, then the project's `.tools/bin/`
+//! (where scripts/install-nats-server puts it), then `PATH`.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where scripts/install-nats-server installs the binary, inside the project.
+pub const INSTALL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/bin");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(
+        "no nats-server found: set EMBER_NATS_SERVER to its path, or run scripts/install-nats-server \
+         (it installs nats-server 2.15.1 into .tools/bin), or put nats-server >= 2.10 on PATH"
+    )]
+    NotFound,
+    #[error("EMBER_NATS_SERVER={0} is not a file")]
+    BadEnv(String),
+    #[error("could not find a free port: {0}")]
+    Port(std::io::Error),
+    #[error("could not start {binary}: {source}")]
+    Spawn {
+        binary: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("nats-server did not accept connections on port {0} within 10s")]
+    NotReady(u16),
+}
+
+/// The nats-server binary to run.
+pub fn find_binary() -> Result<PathBuf, ServerError> {
+    if let Ok(path) = std::env::var("EMBER_NATS_SERVER") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(ServerError::BadEnv(path.display().to_string()))
+        };
+    }
+    let installed = Path::new(INSTALL_DIR).join("nats-server");
+    if installed.is_file() {
+        return Ok(installed);
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("nats-server"))
+                .find(|p| p.is_file())
+        })
+        .ok_or(ServerError::NotFound)
+}
+
+/// A port on 127.0.0.1 that nothing listens on right now.
+pub fn free_port() -> Result<u16, ServerError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(ServerError::Port)?;
+    Ok(listener.local_addr().map_err(ServerError::Port)?.port())
+}
+
+/// A nats-server child process on loopback, killed when dropped.
+#[derive(Debug)]
+pub struct NatsServer {
+    child: Child,
+    port: u16,
+}
+
+impl NatsServer {
+    /// Starts nats-server on a free loopback port with `extra` arguments (such as `-c FILE`).
+    pub fn start(extra: &[&str]) -> Result<Self, ServerError> {
+        Self::start_on(free_port()?, extra)
+    }
+
+    /// Starts nats-server on `port`.
+    pub fn start_on(port: u16, extra: &[&str]) -> Result<Self, ServerError> {
+        let binary = find_binary()?;
+        let child = Command::new(&binary)
+            .args(extra)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| ServerError::Spawn { binary, source })?;
+        let server = Self { child, port };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    fn wait_ready(&self) -> Result<(), ServerError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(ServerError::NotReady(self.port))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The process id, for sending it signals.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the server now and waits for it to exit.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,132 @@
+//! Every NATS subject Ember uses, built from one cluster prefix.
+//!
+//! `<p>` is `ember.<cluster>`. Subjects that an executor publishes end in its id, so NATS
+//! permissions can bind an executor's credentials to that id; the driver subscribes with a `*`
+//! in that place and reads the id back with [`Subjects::executor_id_of`].
+
+use crate::ids::{validate_token, ExecutorId};
+
+/// The subjects of one cluster. Cheap to clone; build it once and pass it around.
+#[derive(Debug, Clone)]
+pub struct Subjects {
+    prefix: String,
+}
+
+impl Subjects {
+    /// Subjects for `cluster`, which must be one subject token (`[A-Za-z0-9_-]`, at most 64).
+    pub fn new(cluster: &str) -> Result<Self, String> {
+        validate_token("cluster name", cluster)?;
+        Ok(Self {
+            prefix: format!("ember.{cluster}"),
+        })
+    }
+
+    /// `ember.<cluster>`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Where executor `id` sends `RegisterExecutor`.
+    pub fn register(&self, id: &ExecutorId) -> String {
+        format!("{}.driver.register.{id}", self.prefix)
+    }
+
+    /// What the driver subscribes to for registrations.
+    pub fn register_all(&self) -> String {
+        format!("{}.driver.register.*", self.prefix)
+    }
+
+    /// Where executor `id` sends its batches of status updates.
+    pub fn status(&self, id: &ExecutorId) -> String {
+        format!("{}.driver.status.{id}", self.prefix)
+    }
+
+    /// What the driver subscribes to for status updates.
+    pub fn status_all(&self) -> String {
+        format!("{}.driver.status.*", self.prefix)
+    }
+
+    /// Where executor `id` sends heartbeats.
+    pub fn heartbeat(&self, id: &ExecutorId) -> String {
+        format!("{}.driver.heartbeat.{id}", self.prefix)
+    }
+
+    /// What the driver subscribes to for heartbeats.
+    pub fn heartbeat_all(&self) -> String {
+        format!("{}.driver.heartbeat.*", self.prefix)
+    }
+
+    /// The driver's API for clients: jobs and queries.
+    pub fn api(&self) -> String {
+        format!("{}.driver.api", self.prefix)
+    }
+
+    /// Executor `id`'s inbox: the driver sends it tasks and orders here.
+    pub fn executor_inbox(&self, id: &ExecutorId) -> String {
+        format!("{}.executor.{id}", self.prefix)
+    }
+
+    /// The listener-bus subject of one event kind, such as `executor.added`.
+    pub fn event(&self, kind: &str) -> String {
+        format!("{}.events.{kind}", self.prefix)
+    }
+
+    /// Every event of the cluster.
+    pub fn events_all(&self) -> String {
+        format!("{}.events.>", self.prefix)
+    }
+
+    /// The inbox prefix an executor connects with, so replies to it stay under its own id.
+    pub fn executor_reply_prefix(id: &ExecutorId) -> String {
+        format!("_INBOX.{id}")
+    }
+
+    /// Whether `reply` lies under executor `id`'s own inbox prefix. NATS does not check where a
+    /// requester points its reply, so the driver does before it answers.
+    pub fn reply_is_owned_by(reply: &str, id: &str) -> bool {
+        reply
+            .strip_prefix("_INBOX.")
+            .and_then(|rest| rest.strip_prefix(id))
+            .is_some_and(|rest| rest.starts_with('.'))
+    }
+
+    /// The last token of a `<p>.driver.<kind>.<id>` subject: the id the sender claims.
+    pub fn executor_id_of(subject: &str) -> &str {
+        subject.rsplit('.').next().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_follow_the_documented_shape() {
+        let s = Subjects::new("prod").unwrap();
+        let id = ExecutorId::parse("exec-1").unwrap();
+        assert_eq!(s.register(&id), "ember.prod.driver.register.exec-1");
+        assert_eq!(s.register_all(), "ember.prod.driver.register.*");
+        assert_eq!(s.status(&id), "ember.prod.driver.status.exec-1");
+        assert_eq!(s.heartbeat(&id), "ember.prod.driver.heartbeat.exec-1");
+        assert_eq!(s.api(), "ember.prod.driver.api");
+        assert_eq!(s.executor_inbox(&id), "ember.prod.executor.exec-1");
+        assert_eq!(s.event("executor.added"), "ember.prod.events.executor.added");
+        assert_eq!(s.events_all(), "ember.prod.events.>");
+        assert_eq!(Subjects::executor_id_of("ember.prod.driver.register.exec-1"), "exec-1");
+    }
+
+    #[test]
+    fn cluster_names_must_be_one_token() {
+        assert!(Subjects::new("a.b").is_err());
+        assert!(Subjects::new("").is_err());
+        assert!(Subjects::new("*").is_err());
+    }
+
+    #[test]
+    fn reply_ownership_needs_the_exact_id_token() {
+        assert!(Subjects::reply_is_owned_by("_INBOX.e1.abc.1", "e1"));
+        assert!(!Subjects::reply_is_owned_by("_INBOX.e10.abc", "e1"));
+        assert!(!Subjects::reply_is_owned_by("_INBOX.e1", "e1"));
+        assert!(!Subjects::reply_is_owned_by("ember.default.executor.e1", "e1"));
+    }
+}
