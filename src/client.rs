@@ -1,7 +1,7 @@
 //! Jobs and queries for programs and the CLI: a thin typed wrapper over requests on the
 //! driver's api subject.
 
-use crate::ids::JobId;
+use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Event, ExecutorsSnapshot, JobState, JobSummary,
     SubmitJob, TaskOutcome,
@@ -52,19 +52,29 @@ impl EmberClient {
     /// Sends one api request and returns the driver's answer; `Error` answers become errors.
     pub async fn call(&self, request: &ApiRequest) -> Result<ApiReply, ClientError> {
         let payload = encode(request);
-        let limit = self.client.server_info().max_payload.saturating_sub(PAYLOAD_HEADROOM);
+        let limit = self
+            .client
+            .server_info()
+            .max_payload
+            .saturating_sub(PAYLOAD_HEADROOM);
         if payload.len() > limit {
-            return Err(ClientError::TooLarge { size: payload.len(), limit });
+            return Err(ClientError::TooLarge {
+                size: payload.len(),
+                limit,
+            });
         }
         let subject = self.subjects.api();
-        let reply = tokio::time::timeout(REQUEST_TIMEOUT, self.client.request(subject.clone(), payload))
-            .await
-            .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))?
-            .map_err(|e| match e.kind() {
-                async_nats::RequestErrorKind::NoResponders => ClientError::NoDriver(subject),
-                async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(REQUEST_TIMEOUT),
-                _ => ClientError::Request(e.to_string()),
-            })?;
+        let reply = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.client.request(subject.clone(), payload),
+        )
+        .await
+        .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))?
+        .map_err(|e| match e.kind() {
+            async_nats::RequestErrorKind::NoResponders => ClientError::NoDriver(subject),
+            async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(REQUEST_TIMEOUT),
+            _ => ClientError::Request(e.to_string()),
+        })?;
         match decode::<ApiReply>(&reply.payload, usize::MAX) {
             Ok(ApiReply::Error { message }) => Err(ClientError::Driver(message)),
             Ok(answer) => Ok(answer),
@@ -109,12 +119,32 @@ impl EmberClient {
         }
     }
 
+    /// Tells executor `executor_id` (or, with `None`, every executor) to decommission; returns
+    /// how many were told.
+    pub async fn stop_executors(
+        &self,
+        executor_id: Option<ExecutorId>,
+    ) -> Result<u32, ClientError> {
+        let request = match executor_id {
+            Some(executor_id) => ApiRequest::StopExecutor { executor_id },
+            None => ApiRequest::StopAllExecutors,
+        };
+        match self.call(&request).await? {
+            ApiReply::Stopping { executors } => Ok(executors),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Every task's outcome, in index order, fetched page by page.
     pub async fn results(&self, job_id: JobId) -> Result<Vec<TaskOutcome>, ClientError> {
         let mut all = Vec::new();
         let mut offset = 0;
         loop {
-            let request = ApiRequest::GetResults { job_id, offset, limit: 10_000 };
+            let request = ApiRequest::GetResults {
+                job_id,
+                offset,
+                limit: 10_000,
+            };
             let ApiReply::Results(page) = self.call(&request).await? else {
                 return Err(ClientError::Unexpected("not a page of results".into()));
             };
@@ -164,5 +194,10 @@ impl EmberClient {
 }
 
 fn unexpected(reply: ApiReply) -> ClientError {
-    ClientError::Unexpected(String::from_utf8_lossy(&encode(&reply)).chars().take(200).collect())
+    ClientError::Unexpected(
+        String::from_utf8_lossy(&encode(&reply))
+            .chars()
+            .take(200)
+            .collect(),
+    )
 }

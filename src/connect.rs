@@ -75,13 +75,14 @@ impl NatsArgs {
             options = options.token(token.clone());
         }
         if let Some(path) = &self.creds {
-            options = options
-                .credentials_file(path)
-                .await
-                .map_err(|source| ConnectError::Creds {
-                    path: path.clone(),
-                    source,
-                })?;
+            options =
+                options
+                    .credentials_file(path)
+                    .await
+                    .map_err(|source| ConnectError::Creds {
+                        path: path.clone(),
+                        source,
+                    })?;
         }
         options
             .connect(servers)

@@ -6,7 +6,10 @@ use async_nats::{Client, Subscriber};
 use futures::{Stream, StreamExt};
 
 /// A subscription to every event of the cluster.
-pub async fn subscribe(client: &Client, subjects: &Subjects) -> Result<Subscriber, async_nats::SubscribeError> {
+pub async fn subscribe(
+    client: &Client,
+    subjects: &Subjects,
+) -> Result<Subscriber, async_nats::SubscribeError> {
     client.subscribe(subjects.events_all()).await
 }
 
@@ -23,21 +26,35 @@ pub fn decoded(
 /// One readable line for an event.
 pub fn describe(event: &Event) -> String {
     match event {
-        Event::ExecutorAdded { executor_id, info, .. } => format!(
+        Event::ExecutorAdded {
+            executor_id, info, ..
+        } => format!(
             "executor added    {executor_id} at {} with {} cores",
             info.host_port, info.total_cores
         ),
-        Event::ExecutorRemoved { executor_id, reason, .. } => {
+        Event::ExecutorRemoved {
+            executor_id,
+            reason,
+            ..
+        } => {
             format!("executor removed  {executor_id}: {reason}")
         }
-        Event::JobStart { job_id, name, tasks, .. } => {
+        Event::JobStart {
+            job_id,
+            name,
+            tasks,
+            ..
+        } => {
             format!("job started       {job_id} {name:?} with {tasks} tasks")
         }
         Event::TaskStart { job_id, tasks, .. } => {
             format!("tasks started     job {job_id}: {} launched", tasks.len())
         }
         Event::TaskEnd { job_id, tasks, .. } => {
-            let ok = tasks.iter().filter(|t| t.state == TaskState::Finished).count();
+            let ok = tasks
+                .iter()
+                .filter(|t| t.state == TaskState::Finished)
+                .count();
             let first_error = tasks.iter().find_map(|t| t.error.as_deref());
             let mut line = format!(
                 "tasks ended       job {job_id}: {ok} finished, {} not",
@@ -48,9 +65,17 @@ pub fn describe(event: &Event) -> String {
             }
             line
         }
-        Event::JobEnd { job_id, state, succeeded, failed, killed, reason, .. } => {
+        Event::JobEnd {
+            job_id,
+            state,
+            succeeded,
+            failed,
+            killed,
+            reason,
+            ..
+        } => {
             let mut line = format!(
-                "job ended         {job_id} {state:?}: {succeeded} succeeded, {failed} failed, {killed} killed"
+                "job ended         {job_id} {state}: {succeeded} succeeded, {failed} failed, {killed} killed"
             );
             if let Some(reason) = reason {
                 line.push_str(&format!(" ({reason})"));

@@ -35,6 +35,17 @@ pub const DEFAULT_MAX_FAILURES: u32 = 4;
 pub const DEFAULT_REGISTER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the driver offers free cores even when nothing else prompts it.
 pub const DEFAULT_REVIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often an executor sends a heartbeat.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
+/// How long the driver waits without a heartbeat before it removes an executor, and how long an
+/// executor waits without an answer before it counts the driver lost.
+pub const DEFAULT_EXECUTOR_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a job waits with no executor registered before it fails.
+pub const DEFAULT_NO_EXECUTORS_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a draining executor lets its tasks finish before it hands them back.
+pub const DEFAULT_DECOMMISSION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Exit code of an executor that lost its driver with --exit-on-driver-loss (as Spark's 56).
+pub const EXIT_DRIVER_LOST: i32 = 56;
 /// How long one request waits for its answer before it is retried.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Room left under the server's max_payload for headers and framing.

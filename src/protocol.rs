@@ -160,6 +160,18 @@ pub enum JobState {
     Killed,
 }
 
+impl std::fmt::Display for JobState {
+    /// The wire name: `RUNNING`, `SUCCEEDED`, `FAILED`, `KILLED`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JobState::Running => "RUNNING",
+            JobState::Succeeded => "SUCCEEDED",
+            JobState::Failed => "FAILED",
+            JobState::Killed => "KILLED",
+        })
+    }
+}
+
 /// What a task does. Handlers are named functions on the executor (`noop`, `sleep`, `echo`,
 /// `fail`, and any an embedding program registers); commands are processes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -225,6 +237,12 @@ pub enum ApiRequest {
         #[serde(default = "default_page")]
         limit: u32,
     },
+    /// Decommission one executor.
+    StopExecutor {
+        executor_id: ExecutorId,
+    },
+    /// Decommission every executor.
+    StopAllExecutors,
 }
 
 fn default_page() -> u32 {
@@ -236,12 +254,26 @@ fn default_page() -> u32 {
 #[serde(tag = "type")]
 pub enum ApiReply {
     Executors(ExecutorsSnapshot),
-    JobAccepted { job_id: JobId },
-    JobKilled { job_id: JobId },
-    Jobs { jobs: Vec<JobSummary> },
-    Job { job: JobSummary },
+    JobAccepted {
+        job_id: JobId,
+    },
+    JobKilled {
+        job_id: JobId,
+    },
+    Jobs {
+        jobs: Vec<JobSummary>,
+    },
+    Job {
+        job: JobSummary,
+    },
     Results(ResultsPage),
-    Error { message: String },
+    /// How many executors were told to stop.
+    Stopping {
+        executors: u32,
+    },
+    Error {
+        message: String,
+    },
 }
 
 /// The registry and its totals, as `ListExecutors` returns them.
@@ -313,6 +345,8 @@ pub enum ExecutorMessage {
         attempt: u32,
         reason: String,
     },
+    /// Decommission: finish or hand back the running tasks, then exit.
+    StopExecutor { reason: String },
 }
 
 /// Spark's `TaskDescription`: one attempt of one task.
@@ -357,6 +391,10 @@ pub enum StatusReply {
         accepted: u32,
         refused: Vec<RefusedStatus>,
     },
+    /// The driver does not know this executor: register again, then resend the batch.
+    UnknownExecutor {
+        message: String,
+    },
     Error {
         message: String,
     },
@@ -367,6 +405,125 @@ pub struct RefusedStatus {
     pub task_id: TaskId,
     pub attempt: u32,
     pub reason: String,
+}
+
+/// What an executor sends on `<p>.driver.heartbeat.<id>`: that it lives, what it runs, and
+/// when it leaves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum HeartbeatRequest {
+    /// Every heartbeat interval. `running` lists the attempts the executor runs or has ended
+    /// without an acknowledged status, so the driver can reconcile its view with it.
+    Heartbeat {
+        executor_id: ExecutorId,
+        instance_id: InstanceId,
+        running: Vec<RunningAttempt>,
+    },
+    /// The executor is draining: it takes no new tasks (Spark's `DecommissionExecutor`).
+    DecommissionExecutor {
+        executor_id: ExecutorId,
+        instance_id: InstanceId,
+    },
+    /// The executor has drained and is exiting; the driver removes it.
+    ExecutorExiting {
+        executor_id: ExecutorId,
+        instance_id: InstanceId,
+    },
+}
+
+/// One attempt an executor holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunningAttempt {
+    pub task_id: TaskId,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum HeartbeatReply {
+    /// `reregister`: the driver does not know this executor (a new driver, or it was removed
+    /// as lost): register again, with the same id.
+    HeartbeatResponse {
+        reregister: bool,
+    },
+    Error {
+        message: String,
+    },
+}
+
+/// A message that carries a batch and can be cut in two when it is too large for one NATS
+/// message: launches and task events.
+pub trait Batch: Sized {
+    /// The two halves, or the message itself when it holds fewer than two items.
+    fn split(self) -> Result<(Self, Self), Self>;
+}
+
+fn halve<T>(mut items: Vec<T>) -> Result<(Vec<T>, Vec<T>), Vec<T>> {
+    if items.len() < 2 {
+        return Err(items);
+    }
+    let rest = items.split_off(items.len() / 2);
+    Ok((items, rest))
+}
+
+impl Batch for ExecutorMessage {
+    fn split(self) -> Result<(Self, Self), Self> {
+        match self {
+            ExecutorMessage::LaunchTasks { tasks } => halve(tasks)
+                .map(|(a, b)| {
+                    (
+                        Self::LaunchTasks { tasks: a },
+                        Self::LaunchTasks { tasks: b },
+                    )
+                })
+                .map_err(|tasks| Self::LaunchTasks { tasks }),
+            other => Err(other),
+        }
+    }
+}
+
+impl Batch for Event {
+    fn split(self) -> Result<(Self, Self), Self> {
+        match self {
+            Event::TaskStart {
+                time_ms,
+                job_id,
+                tasks,
+            } => halve(tasks)
+                .map(|(a, b)| {
+                    let part = |tasks| Event::TaskStart {
+                        time_ms,
+                        job_id,
+                        tasks,
+                    };
+                    (part(a), part(b))
+                })
+                .map_err(|tasks| Event::TaskStart {
+                    time_ms,
+                    job_id,
+                    tasks,
+                }),
+            Event::TaskEnd {
+                time_ms,
+                job_id,
+                tasks,
+            } => halve(tasks)
+                .map(|(a, b)| {
+                    let part = |tasks| Event::TaskEnd {
+                        time_ms,
+                        job_id,
+                        tasks,
+                    };
+                    (part(a), part(b))
+                })
+                .map_err(|tasks| Event::TaskEnd {
+                    time_ms,
+                    job_id,
+                    tasks,
+                }),
+            other => Err(other),
+        }
+    }
 }
 
 /// Why a payload could not be decoded.

@@ -110,9 +110,15 @@ mod tests {
         assert_eq!(s.heartbeat(&id), "ember.prod.driver.heartbeat.exec-1");
         assert_eq!(s.api(), "ember.prod.driver.api");
         assert_eq!(s.executor_inbox(&id), "ember.prod.executor.exec-1");
-        assert_eq!(s.event("executor.added"), "ember.prod.events.executor.added");
+        assert_eq!(
+            s.event("executor.added"),
+            "ember.prod.events.executor.added"
+        );
         assert_eq!(s.events_all(), "ember.prod.events.>");
-        assert_eq!(Subjects::executor_id_of("ember.prod.driver.register.exec-1"), "exec-1");
+        assert_eq!(
+            Subjects::executor_id_of("ember.prod.driver.register.exec-1"),
+            "exec-1"
+        );
     }
 
     #[test]
@@ -127,6 +133,9 @@ mod tests {
         assert!(Subjects::reply_is_owned_by("_INBOX.e1.abc.1", "e1"));
         assert!(!Subjects::reply_is_owned_by("_INBOX.e10.abc", "e1"));
         assert!(!Subjects::reply_is_owned_by("_INBOX.e1", "e1"));
-        assert!(!Subjects::reply_is_owned_by("ember.default.executor.e1", "e1"));
+        assert!(!Subjects::reply_is_owned_by(
+            "ember.default.executor.e1",
+            "e1"
+        ));
     }
 }

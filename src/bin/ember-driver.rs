@@ -3,6 +3,7 @@
 use clap::Parser;
 use ember::cli::{init_tracing, parse_duration, runtime, shutdown_signal};
 use ember::connect::NatsArgs;
+use ember::driver::core::Liveness;
 use ember::driver::{run, DriverConfig};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,6 +21,12 @@ struct Args {
     /// How often free cores are offered even when nothing else prompts it.
     #[arg(long, env = "EMBER_REVIVE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     revive_interval: Duration,
+    /// Remove an executor that has sent no heartbeat (or status) for this long.
+    #[arg(long, env = "EMBER_EXECUTOR_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    executor_timeout: Duration,
+    /// Fail waiting jobs when no executor has been registered for this long.
+    #[arg(long, env = "EMBER_NO_EXECUTORS_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    no_executors_timeout: Duration,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -36,6 +43,11 @@ fn main() -> ExitCode {
                 subjects,
                 expect_executors: args.expect_executors,
                 revive_interval: args.revive_interval,
+                liveness: Liveness {
+                    executor_timeout_ms: args.executor_timeout.as_millis() as u64,
+                    no_executors_timeout_ms: args.no_executors_timeout.as_millis() as u64,
+                    ..Liveness::default()
+                },
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

@@ -10,9 +10,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// An Ember executor: subscribes its inbox (ember.<cluster>.executor.<id>), registers with the
-/// driver, runs the tasks it is sent on its cores and reports their status. Exits 1 if the
-/// driver refuses it (a duplicate id, say) or none answers within --register-timeout; 0 on
-/// SIGINT/SIGTERM.
+/// driver, runs the tasks it is sent on its cores and reports their status. On SIGINT/SIGTERM
+/// it decommissions (finishes or hands back its tasks) and exits 0. Exits 1 if the driver
+/// refuses it (a duplicate id, say) or none answers within --register-timeout; 56 if the driver
+/// is lost and --exit-on-driver-loss is set.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
@@ -36,6 +37,20 @@ struct Args {
     /// How long to keep trying to register while no driver answers.
     #[arg(long, env = "EMBER_REGISTER_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     register_timeout: Duration,
+    /// How often to send the driver a heartbeat.
+    #[arg(long, env = "EMBER_HEARTBEAT_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    heartbeat_interval: Duration,
+    /// With no answer from the driver for this long, count it lost and register again with
+    /// whichever driver comes up next (or exit, with --exit-on-driver-loss).
+    #[arg(long, env = "EMBER_DRIVER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    driver_timeout: Duration,
+    /// On SIGTERM or a stop from the driver: how long running tasks may finish before they are
+    /// handed back to run elsewhere.
+    #[arg(long, env = "EMBER_DECOMMISSION_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    decommission_timeout: Duration,
+    /// Exit with code 56 when the driver is lost, instead of waiting for the next one.
+    #[arg(long, env = "EMBER_EXIT_ON_DRIVER_LOSS")]
+    exit_on_driver_loss: bool,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -44,28 +59,32 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_tracing(args.log_json, ember::cli::SERVICE_LOG);
-    let executor_id = args.executor_id.clone().unwrap_or_else(ExecutorId::generate);
+    let executor_id = args
+        .executor_id
+        .clone()
+        .unwrap_or_else(ExecutorId::generate);
     let host_port = args.host_port.clone().unwrap_or_else(default_host_port);
     if let Err(message) = validate_host_port(&host_port) {
         eprintln!("ember-executor: --host-port: {message}");
         return ExitCode::from(2);
     }
-    let cores = args.cores.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
-    });
+    let cores = args
+        .cores
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
     let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
         rt.block_on(async {
             let subjects = args.nats.subjects()?;
             let prefix = Subjects::executor_reply_prefix(&executor_id);
             let client = args.nats.connect("ember-executor", Some(prefix)).await?;
             let config = ExecutorConfig {
-                subjects,
-                executor_id,
-                host_port,
-                cores,
                 log_urls: to_map(&args.log_urls),
                 attributes: to_map(&args.attributes),
                 register_timeout: args.register_timeout,
+                heartbeat_interval: args.heartbeat_interval,
+                driver_timeout: args.driver_timeout,
+                decommission_timeout: args.decommission_timeout,
+                exit_on_driver_loss: args.exit_on_driver_loss,
+                ..ExecutorConfig::new(subjects, executor_id, host_port, cores)
             };
             run(client, config, Handlers::builtin(), shutdown_signal()).await?;
             Ok(())
@@ -77,6 +96,7 @@ fn main() -> ExitCode {
             eprintln!("ember-executor: {error:#}");
             match error.downcast_ref::<ExecutorError>() {
                 Some(ExecutorError::Refused(_)) => ExitCode::from(EXIT_REGISTRATION_REFUSED as u8),
+                Some(ExecutorError::DriverLost(_)) => ExitCode::from(ember::EXIT_DRIVER_LOST as u8),
                 _ => ExitCode::FAILURE,
             }
         }

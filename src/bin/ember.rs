@@ -8,6 +8,7 @@ use ember::cli::view::{follow_events, show_executors, show_jobs};
 use ember::cli::{init_tracing, runtime, shutdown_signal};
 use ember::client::EmberClient;
 use ember::connect::NatsArgs;
+use ember::ids::ExecutorId;
 use std::process::ExitCode;
 
 /// Ember: Spark's driver/executor loop on NATS. Start a cluster with `ember up`, or run
@@ -48,12 +49,22 @@ enum Command {
         /// The job's id.
         job_id: u64,
     },
+    /// Decommission one executor: it finishes (or hands back) its tasks and exits.
+    StopExecutor {
+        /// The executor's id.
+        #[arg(value_parser = |s: &str| ExecutorId::parse(s))]
+        executor_id: ExecutorId,
+    },
+    /// Decommission every executor of the cluster.
+    Shutdown,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(false, ember::cli::CLI_LOG);
-    let result = runtime().map_err(anyhow::Error::from).and_then(|rt| rt.block_on(dispatch(cli)));
+    let result = runtime()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(dispatch(cli)));
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -74,13 +85,23 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
     let client = EmberClient::new(nats.clone(), subjects.clone());
     match cli.command {
         Command::Up(_) => unreachable!("handled above"),
-        Command::Events { json } => follow_events(&nats, &subjects, json, shutdown_signal()).await?,
+        Command::Events { json } => {
+            follow_events(&nats, &subjects, json, shutdown_signal()).await?
+        }
         Command::Executors { json } => show_executors(&client, json).await?,
         Command::Jobs { json } => show_jobs(&client, json).await?,
         Command::Submit(args) => return submit(&client, &args).await,
         Command::Kill { job_id } => {
             client.kill(job_id).await?;
             println!("job {job_id} killed");
+        }
+        Command::StopExecutor { executor_id } => {
+            client.stop_executors(Some(executor_id.clone())).await?;
+            println!("executor {executor_id} is decommissioning");
+        }
+        Command::Shutdown => {
+            let n = client.stop_executors(None).await?;
+            println!("{n} executors are decommissioning");
         }
     }
     Ok(true)

@@ -50,7 +50,10 @@ impl SubmitArgs {
         let spec = if self.command.is_empty() {
             let arg: Value = serde_json::from_str(&self.arg)
                 .map_err(|e| anyhow::anyhow!("--arg is not JSON: {e}"))?;
-            TaskSpec::Handler { name: self.kind.clone(), arg }
+            TaskSpec::Handler {
+                name: self.kind.clone(),
+                arg,
+            }
         } else {
             TaskSpec::Command {
                 argv: self.command.clone(),
@@ -60,7 +63,10 @@ impl SubmitArgs {
             }
         };
         let name = if self.name.is_empty() {
-            self.command.first().cloned().unwrap_or_else(|| self.kind.clone())
+            self.command
+                .first()
+                .cloned()
+                .unwrap_or_else(|| self.kind.clone())
         } else {
             self.name.clone()
         };
@@ -87,7 +93,7 @@ pub async fn submit(client: &EmberClient, args: &SubmitArgs) -> anyhow::Result<b
             println!("{}", serde_json::to_string(&outcome)?);
         }
     }
-    let state = format!("{:?}", summary.state).to_uppercase();
+    let state = summary.state.to_string();
     if args.json {
         let line = json!({
             "job_id": summary.job_id, "state": state, "tasks": summary.tasks,
@@ -126,7 +132,10 @@ impl Progress {
             );
             Progress::Bar(bar)
         } else {
-            Progress::Lines { total, last_decile: 0 }
+            Progress::Lines {
+                total,
+                last_decile: 0,
+            }
         }
     }
 

@@ -31,7 +31,11 @@ pub struct UpArgs {
 }
 
 /// Starts the cluster, prints its events, and stops everything when `shutdown` completes.
-pub async fn up(args: &UpArgs, nats: &NatsArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn up(
+    args: &UpArgs,
+    nats: &NatsArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let config = args.config.clone().or_else(|| {
         let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("nats.conf");
         default.is_file().then_some(default)
@@ -44,10 +48,16 @@ pub async fn up(args: &UpArgs, nats: &NatsArgs, shutdown: impl std::future::Futu
     let server = NatsServer::start_on(args.port, &extra)
         .map_err(|e| anyhow::anyhow!("{e} (is port {} already in use? try --port)", args.port))?;
     eprintln!("nats-server listening on {}", server.url());
-    let nats = NatsArgs { nats_url: server.url(), ..nats.clone() };
+    let nats = NatsArgs {
+        nats_url: server.url(),
+        ..nats.clone()
+    };
     let client = nats.connect("ember-up", None).await?;
     let subjects = nats.subjects()?;
-    let bin = std::env::current_exe()?.parent().map(Path::to_path_buf).unwrap_or_default();
+    let bin = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
     let mut children = vec![spawn(&bin, "ember-driver", &nats, &[])?];
     for i in 1..=args.executors {
         let mut extra = vec!["--executor-id".to_string(), format!("exec-{i}")];
@@ -56,7 +66,10 @@ pub async fn up(args: &UpArgs, nats: &NatsArgs, shutdown: impl std::future::Futu
         }
         children.push(spawn(&bin, "ember-executor", &nats, &extra)?);
     }
-    eprintln!("driver and {} executors started on cluster {:?}; Ctrl-C stops them all", args.executors, nats.cluster);
+    eprintln!(
+        "driver and {} executors started on cluster {:?}; Ctrl-C stops them all",
+        args.executors, nats.cluster
+    );
     let result = follow_events(&client, &subjects, args.json, shutdown).await;
     stop_all(children).await;
     drop(server);
@@ -71,7 +84,12 @@ fn spawn(bin: &Path, name: &str, nats: &NatsArgs, extra: &[String]) -> anyhow::R
         .args(extra)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| anyhow::anyhow!("could not start {}: {e} (build it with `cargo build --release`)", path.display()))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "could not start {}: {e} (build it with `cargo build --release`)",
+                path.display()
+            )
+        })
 }
 
 /// SIGTERM to each child, then SIGKILL to any still running after 5 s.
@@ -82,7 +100,10 @@ async fn stop_all(mut children: Vec<Child>) {
         }
     }
     for child in &mut children {
-        if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(5), child.wait())
+            .await
+            .is_err()
+        {
             let _ = child.kill().await;
         }
     }

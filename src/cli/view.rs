@@ -79,12 +79,22 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
     }
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
-    table.set_header(["job", "name", "state", "tasks", "succeeded", "failed", "killed", "running", "submitted at"]);
+    table.set_header([
+        "job",
+        "name",
+        "state",
+        "tasks",
+        "succeeded",
+        "failed",
+        "killed",
+        "running",
+        "submitted at",
+    ]);
     for j in &jobs {
         table.add_row([
             j.job_id.to_string(),
             j.name.clone(),
-            format!("{:?}", j.state).to_uppercase(),
+            j.state.to_string(),
             j.tasks.to_string(),
             j.succeeded.to_string(),
             j.failed.to_string(),

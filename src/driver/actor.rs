@@ -3,15 +3,16 @@
 //! here, without a lock or a second task, keeps Spark's one-message-at-a-time semantics and
 //! costs no channel hop per message.
 
-use super::core::{Core, CoreConfig, Effect};
+use super::core::{Core, CoreConfig, Effect, Liveness};
 use crate::protocol::{
-    decode, encode, ApiReply, ApiRequest, ExecutorMessage, RegisterReply, RegisterRequest,
-    StatusReply, StatusRequest,
+    decode, encode, ApiReply, ApiRequest, Batch, HeartbeatReply, HeartbeatRequest, RegisterReply,
+    RegisterRequest, StatusReply, StatusRequest,
 };
 use crate::subjects::Subjects;
 use crate::{now_ms, PAYLOAD_HEADROOM};
 use async_nats::{Client, Message, Subscriber};
 use futures::StreamExt;
+use serde::Serialize;
 use std::future::Future;
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -22,8 +23,11 @@ pub struct DriverConfig {
     pub subjects: Subjects,
     /// Executors expected to register (Spark's `numPendingExecutors` starts here).
     pub expect_executors: u64,
-    /// How often free cores are offered even when nothing else prompts it.
+    /// How often free cores are offered even when nothing else prompts it (and silent
+    /// executors are looked for).
     pub revive_interval: Duration,
+    /// How executors are judged alive.
+    pub liveness: Liveness,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +53,11 @@ pub async fn run(
         expect_executors: config.expect_executors,
         max_reply_bytes: limit - PAYLOAD_HEADROOM,
     });
+    core.set_liveness(config.liveness.clone());
     let subjects = config.subjects.clone();
     let mut register = subscribe(&client, subjects.register_all()).await?;
     let mut status = subscribe(&client, subjects.status_all()).await?;
+    let mut heartbeat = subscribe(&client, subjects.heartbeat_all()).await?;
     let mut api = subscribe(&client, subjects.api()).await?;
     client.flush().await?;
     info!(cluster = subjects.prefix(), "driver ready");
@@ -68,6 +74,7 @@ pub async fn run(
             _ = &mut shutdown => break,
             Some(message) = register.next() => shell.on_register(&mut core, message).await,
             Some(message) = status.next() => shell.on_status(&mut core, message).await,
+            Some(message) = heartbeat.next() => shell.on_heartbeat(&mut core, message).await,
             Some(message) = api.next() => shell.on_api(&mut core, message).await,
             _ = revive.tick() => core.tick(now_ms()),
             else => break,
@@ -139,6 +146,20 @@ impl Shell {
         self.answer(reply, encode(&answer)).await;
     }
 
+    async fn on_heartbeat(&self, core: &mut Core, message: Message) {
+        let claimed = Subjects::executor_id_of(&message.subject).to_string();
+        let Some(reply) = self.executor_reply(&message, &claimed) else {
+            return;
+        };
+        let answer = match decode::<HeartbeatRequest>(&message.payload, self.limit) {
+            Ok(request) => core.heartbeat(&claimed, request, now_ms()),
+            Err(error) => HeartbeatReply::Error {
+                message: format!("could not decode the heartbeat: {error}"),
+            },
+        };
+        self.answer(reply, encode(&answer)).await;
+    }
+
     async fn on_api(&self, core: &mut Core, message: Message) {
         let Some(reply) = message.reply.clone() else {
             debug!("api message without a reply subject dropped");
@@ -179,28 +200,30 @@ impl Shell {
             match effect {
                 Effect::Publish(event) => {
                     let subject = self.subjects.event(event.kind());
-                    self.publish(subject, encode(&event)).await;
+                    self.publish_batch(subject, event).await;
                 }
                 Effect::Send { to, message } => {
                     let subject = self.subjects.executor_inbox(&to);
-                    self.send_to_executor(subject, message).await;
+                    self.publish_batch(subject, message).await;
                 }
             }
         }
     }
 
-    /// Sends to an executor's inbox, splitting a launch that would not fit in one message.
-    async fn send_to_executor(&self, subject: String, message: ExecutorMessage) {
-        let payload = encode(&message);
-        match message {
-            ExecutorMessage::LaunchTasks { mut tasks }
-                if payload.len() > self.limit - PAYLOAD_HEADROOM && tasks.len() > 1 =>
-            {
-                let rest = tasks.split_off(tasks.len() / 2);
-                Box::pin(self.send_to_executor(subject.clone(), ExecutorMessage::LaunchTasks { tasks })).await;
-                Box::pin(self.send_to_executor(subject, ExecutorMessage::LaunchTasks { tasks: rest })).await;
+    /// Publishes a batch, cut in halves until each part fits in one message.
+    async fn publish_batch<T: Batch + Serialize>(&self, subject: String, message: T) {
+        let mut parts = vec![message];
+        while let Some(part) = parts.pop() {
+            let payload = encode(&part);
+            if payload.len() <= self.limit - PAYLOAD_HEADROOM {
+                self.publish(subject.clone(), payload).await;
+                continue;
             }
-            _ => self.publish(subject, payload).await,
+            match part.split() {
+                // Second half pushed first: parts go out in order.
+                Ok((first, second)) => parts.extend([second, first]),
+                Err(_) => warn!(%subject, size = payload.len(), "message over max_payload dropped"),
+            }
         }
     }
 

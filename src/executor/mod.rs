@@ -4,6 +4,7 @@
 
 mod backend;
 mod runner;
+mod status;
 pub mod tasks;
 
 pub use backend::{run, ExecutorConfig, ExecutorError};

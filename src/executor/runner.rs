@@ -3,7 +3,7 @@
 
 use super::tasks::{run_command, sleep_duration, Handler, Handlers, TaskContext, TaskResult};
 use crate::ids::TaskId;
-use crate::protocol::{StatusUpdate, TaskDescription, TaskSpec, TaskState};
+use crate::protocol::{RunningAttempt, StatusUpdate, TaskDescription, TaskSpec, TaskState};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -51,12 +51,47 @@ impl Runner {
         (runner, ends)
     }
 
+    /// The attempts running now.
+    pub fn running(&self) -> impl Iterator<Item = RunningAttempt> + '_ {
+        self.running.iter().map(|(task_id, r)| RunningAttempt {
+            task_id: *task_id,
+            attempt: r.attempt,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// Gives up every running attempt: cancellable work stops; blocking work runs on but its
+    /// end is ignored. Returns the attempts given up.
+    pub fn abandon_all(&mut self) -> Vec<(TaskId, u32)> {
+        self.running
+            .drain()
+            .map(|(task_id, r)| {
+                if let Some(handle) = r.abort {
+                    handle.abort();
+                }
+                (task_id, r.attempt)
+            })
+            .collect()
+    }
+
     /// Starts one attempt and returns its first status: its end, for work done at once, or
     /// RUNNING for work that goes on in the background.
     pub fn launch(&mut self, task: TaskDescription) -> StatusUpdate {
         let busy: u32 = self.running.values().map(|r| r.cpus).sum();
         if busy + task.cpus > self.cores {
-            warn!(task = task.task_id, busy, cores = self.cores, "launch beyond this executor's cores");
+            warn!(
+                task = task.task_id,
+                busy,
+                cores = self.cores,
+                "launch beyond this executor's cores"
+            );
         }
         let context = TaskContext {
             job_id: task.job_id,
@@ -67,12 +102,20 @@ impl Runner {
         let done = self.done.clone();
         let (task_id, attempt) = (task.task_id, task.attempt);
         let report = move |outcome, detail| {
-            let _ = done.send(Done { task_id, attempt, outcome, detail });
+            let _ = done.send(Done {
+                task_id,
+                attempt,
+                outcome,
+                detail,
+            });
         };
         let abort = match task.spec.as_ref() {
             TaskSpec::Handler { name, arg } => match self.handlers.get(name) {
                 None => {
-                    let error = format!("no handler named {name:?} on this executor (it has {})", self.handlers.names().join(", "));
+                    let error = format!(
+                        "no handler named {name:?} on this executor (it has {})",
+                        self.handlers.names().join(", ")
+                    );
                     return status(task_id, attempt, Err(error), None);
                 }
                 Some(Handler::Inline(f)) => {
@@ -94,7 +137,12 @@ impl Runner {
                     None
                 }
             },
-            TaskSpec::Command { argv, env, cwd, timeout_ms } => {
+            TaskSpec::Command {
+                argv,
+                env,
+                cwd,
+                timeout_ms,
+            } => {
                 let (argv, env, cwd) = (argv.clone(), env.clone(), cwd.clone());
                 let timeout = timeout_ms.map(Duration::from_millis);
                 Some(
@@ -107,7 +155,12 @@ impl Runner {
                 )
             }
         };
-        let running = Running { attempt, cpus: task.cpus, abort, killed: false };
+        let running = Running {
+            attempt,
+            cpus: task.cpus,
+            abort,
+            killed: false,
+        };
         self.running.insert(task_id, running);
         StatusUpdate {
             task_id,
@@ -129,7 +182,12 @@ impl Runner {
         if killed {
             return Some(killed_status(done.task_id, done.attempt));
         }
-        Some(status(done.task_id, done.attempt, done.outcome, done.detail))
+        Some(status(
+            done.task_id,
+            done.attempt,
+            done.outcome,
+            done.detail,
+        ))
     }
 
     /// Kills an attempt. Cancellable work stops now and reports KILLED at once; blocking work
@@ -153,7 +211,12 @@ impl Runner {
     }
 }
 
-fn status(task_id: TaskId, attempt: u32, outcome: TaskResult, detail: Option<Value>) -> StatusUpdate {
+fn status(
+    task_id: TaskId,
+    attempt: u32,
+    outcome: TaskResult,
+    detail: Option<Value>,
+) -> StatusUpdate {
     match outcome {
         Ok(result) => StatusUpdate {
             task_id,

@@ -146,7 +146,10 @@ pub(crate) async fn run_command(
     let stdout = join_tail(stdout).await;
     let stderr = join_tail(stderr).await;
     let (code, error) = match waited {
-        None => (None, Some(format!("timed out after {:?}", timeout.unwrap_or_default()))),
+        None => (
+            None,
+            Some(format!("timed out after {:?}", timeout.unwrap_or_default())),
+        ),
         Some(Err(e)) => (None, Some(format!("could not wait for the command: {e}"))),
         Some(Ok(status)) if status.success() => (Some(0), None),
         Some(Ok(status)) => (

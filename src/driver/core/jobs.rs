@@ -32,6 +32,8 @@ pub struct TaskRecord {
     /// Attempts launched so far; the current attempt is `attempts - 1`.
     pub attempts: u32,
     pub failures: u32,
+    /// Whether the last attempt ended FAILED (its retry should prefer another executor).
+    pub last_failed: bool,
     /// Where the current (or last) attempt ran.
     pub executor: Option<ExecutorId>,
     pub started_ms: u64,
@@ -85,7 +87,7 @@ impl Job {
     /// Which executor ran `attempt` of task `index`, if it was launched at all.
     pub fn executor_of(&self, index: u32, attempt: u32) -> Option<&ExecutorId> {
         let record = &self.tasks[index as usize];
-        if attempt + 1 == record.attempts {
+        if record.attempts.checked_sub(1) == Some(attempt) {
             record.executor.as_ref()
         } else {
             self.past_attempts.get(&(index, attempt))
@@ -173,6 +175,7 @@ impl Core {
                     status: TaskStatus::Pending,
                     attempts: 0,
                     failures: 0,
+                    last_failed: false,
                     executor: None,
                     started_ms: 0,
                 };
@@ -208,10 +211,15 @@ impl Core {
         match self.jobs.get(&job_id) {
             None => super::no_such_job(job_id),
             Some(job) if !job.is_active() => ApiReply::Error {
-                message: format!("job {job_id} has already ended ({:?})", job.state),
+                message: format!("job {job_id} has already ended ({})", job.state),
             },
             Some(_) => {
-                self.end_job(job_id, JobState::Killed, Some("killed by request".into()), now);
+                self.end_job(
+                    job_id,
+                    JobState::Killed,
+                    Some("killed by request".into()),
+                    now,
+                );
                 ApiReply::JobKilled { job_id }
             }
         }
@@ -226,7 +234,13 @@ impl Core {
     }
 
     /// Ends a job that has not ended: pending tasks are dropped and running ones killed.
-    pub(super) fn end_job(&mut self, job_id: JobId, state: JobState, reason: Option<String>, now: u64) {
+    pub(super) fn end_job(
+        &mut self,
+        job_id: JobId,
+        state: JobState,
+        reason: Option<String>,
+        now: u64,
+    ) {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
@@ -259,7 +273,14 @@ impl Core {
         let reason = reason.unwrap_or_default();
         for (executor, task_id, attempt) in kills {
             let reason = format!("job {job_id} ended: {reason}");
-            self.send(executor, ExecutorMessage::KillTask { task_id, attempt, reason });
+            self.send(
+                executor,
+                ExecutorMessage::KillTask {
+                    task_id,
+                    attempt,
+                    reason,
+                },
+            );
         }
         self.publish(end);
     }

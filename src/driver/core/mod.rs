@@ -6,6 +6,7 @@
 //! tests and simulations drive it with any clock they like.
 
 mod jobs;
+mod liveness;
 mod offers;
 mod registry;
 mod status;
@@ -15,7 +16,9 @@ use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage};
 use std::collections::{BTreeMap, VecDeque};
 
 pub use jobs::Job;
+pub use liveness::Liveness;
 pub use registry::ExecutorData;
+pub use status::MAX_UPDATES_PER_BATCH;
 
 /// Something the core wants sent.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +57,9 @@ pub struct Core {
     first_tasks: BTreeMap<TaskId, JobId>,
     next_job: JobId,
     next_task: TaskId,
+    liveness: Liveness,
+    /// Since when no executor has been registered while jobs wait.
+    no_executors_since: Option<u64>,
     effects: Vec<Effect>,
 }
 
@@ -69,6 +75,8 @@ impl Core {
             first_tasks: BTreeMap::new(),
             next_job: 1,
             next_task: 1,
+            liveness: Liveness::default(),
+            no_executors_since: None,
             effects: Vec::new(),
         }
     }
@@ -96,18 +104,20 @@ impl Core {
                 offset,
                 limit,
             } => match self.jobs.get(&job_id) {
-                Some(job) => ApiReply::Results(job.results_page(
-                    offset,
-                    limit,
-                    self.config.max_reply_bytes,
-                )),
+                Some(job) => {
+                    ApiReply::Results(job.results_page(offset, limit, self.config.max_reply_bytes))
+                }
                 None => no_such_job(job_id),
             },
+            ApiRequest::StopExecutor { executor_id } => self.on_stop_executors(Some(executor_id)),
+            ApiRequest::StopAllExecutors => self.on_stop_executors(None),
         }
     }
 
-    /// The periodic revive: offers free cores even if nothing else prompted it.
+    /// The periodic tick: removes silent executors, fails jobs that have had no executor for
+    /// too long, and offers free cores even if nothing else prompted it (Spark's revive).
     pub fn tick(&mut self, now: u64) {
+        self.expire(now);
         self.make_offers(None, now);
     }
 

@@ -24,29 +24,36 @@ impl Core {
             return;
         }
         let mut offers: Vec<ExecutorId> = match only {
-            Some(id) => self.executors.contains_key(id).then(|| id.clone()).into_iter().collect(),
+            Some(id) => self
+                .executors
+                .get(id)
+                .filter(|e| !e.decommissioning)
+                .map(|_| id.clone())
+                .into_iter()
+                .collect(),
             None => self
                 .executors
                 .iter()
-                .filter(|(_, e)| e.free_cores > 0)
+                .filter(|(_, e)| e.free_cores > 0 && !e.decommissioning)
                 .map(|(id, _)| id.clone())
                 .collect(),
         };
-        let spread = self.executors.len() > 1;
         let mut launches: BTreeMap<ExecutorId, Vec<TaskDescription>> = BTreeMap::new();
         let mut started: BTreeMap<JobId, Vec<TaskStarted>> = BTreeMap::new();
         while !offers.is_empty() && !self.queue.is_empty() {
-            offers.retain(|executor| {
-                match self.launch_one(executor, spread, now) {
-                    Some((description, start)) => {
-                        started.entry(description.job_id).or_default().push(start);
-                        launches.entry(executor.clone()).or_default().push(description);
-                        true
-                    }
-                    None => false,
+            offers.retain(|executor| match self.launch_one(executor, now) {
+                Some((description, start)) => {
+                    started.entry(description.job_id).or_default().push(start);
+                    launches
+                        .entry(executor.clone())
+                        .or_default()
+                        .push(description);
+                    true
                 }
+                None => false,
             });
-            self.queue.retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
+            self.queue
+                .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
         }
         for (to, tasks) in launches {
             self.send(to, ExecutorMessage::LaunchTasks { tasks });
@@ -64,7 +71,6 @@ impl Core {
     fn launch_one(
         &mut self,
         executor: &ExecutorId,
-        spread: bool,
         now: u64,
     ) -> Option<(TaskDescription, TaskStarted)> {
         let free = self.executors.get(executor)?.free_cores;
@@ -73,11 +79,10 @@ impl Core {
             if job.cpus_per_task > free {
                 return None;
             }
-            let position = job
-                .pending
-                .iter()
-                .take(AVOID_LOOKAHEAD)
-                .position(|i| !(spread && last_failed_on(job, *i, executor)))?;
+            let position = job.pending.iter().take(AVOID_LOOKAHEAD).position(|i| {
+                !last_failed_on(job, *i, executor)
+                    || !self.another_can_take(executor, job.cpus_per_task)
+            })?;
             Some((*id, position))
         })?;
         let index = self.jobs.get_mut(&job_id)?.pending.remove(position)?;
@@ -86,7 +91,8 @@ impl Core {
         let task_id = job.first_task + u64::from(index);
         let record = &mut job.tasks[index as usize];
         if let (Some(previous), true) = (record.executor.take(), record.attempts > 0) {
-            job.past_attempts.insert((index, record.attempts - 1), previous);
+            job.past_attempts
+                .insert((index, record.attempts - 1), previous);
         }
         let record = &mut job.tasks[index as usize];
         let attempt = record.attempts;
@@ -117,8 +123,18 @@ impl Core {
     }
 }
 
+impl Core {
+    /// Whether an executor other than `executor` has `cpus` free right now. A retry avoids the
+    /// executor it failed on only then, so it never waits for cores that may not come.
+    fn another_can_take(&self, executor: &ExecutorId, cpus: u32) -> bool {
+        self.executors
+            .iter()
+            .any(|(id, data)| id != executor && data.free_cores >= cpus && !data.decommissioning)
+    }
+}
+
 /// Whether task `index`'s last attempt failed on `executor` (a retry should prefer another).
 fn last_failed_on(job: &super::Job, index: u32, executor: &ExecutorId) -> bool {
     let record = &job.tasks[index as usize];
-    record.failures > 0 && record.executor.as_ref() == Some(executor)
+    record.last_failed && record.executor.as_ref() == Some(executor)
 }

@@ -24,6 +24,8 @@ pub struct ExecutorData {
     pub last_seen_ms: u64,
     /// The attempts running there: task id -> attempt.
     pub running: HashMap<TaskId, u32>,
+    /// Draining: it gets no new tasks.
+    pub decommissioning: bool,
 }
 
 impl Core {
@@ -56,6 +58,7 @@ impl Core {
             attributes: req.attributes,
         };
         self.total_cores += u64::from(req.cores);
+        self.no_executors_since = None;
         self.pending_executors = self.pending_executors.saturating_sub(1);
         self.executors.insert(
             id.clone(),
@@ -66,6 +69,7 @@ impl Core {
                 registered_at_ms: now,
                 last_seen_ms: now,
                 running: HashMap::new(),
+                decommissioning: false,
             },
         );
         self.publish(Event::ExecutorAdded {

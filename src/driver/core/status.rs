@@ -15,8 +15,9 @@ pub const MAX_UPDATES_PER_BATCH: usize = 100_000;
 
 /// What one update did.
 enum Applied {
-    /// It ended an attempt: cores were freed and an event is due.
-    Ended(JobId, TaskEnded),
+    /// It ended an attempt: cores were freed and an event is due; the job must end too if the
+    /// task has used up its attempts (the reason).
+    Ended(JobId, TaskEnded, Option<String>),
     /// It was accepted and changed nothing more (a RUNNING report, or a repeat).
     Noted,
 }
@@ -55,10 +56,14 @@ impl Core {
         let mut accepted = 0;
         let mut refused = Vec::new();
         let mut ended: BTreeMap<JobId, Vec<TaskEnded>> = BTreeMap::new();
+        let mut aborts: BTreeMap<JobId, String> = BTreeMap::new();
         for update in updates {
             match self.apply_status(executor_id, &update, now) {
-                Ok(Applied::Ended(job_id, end)) => {
+                Ok(Applied::Ended(job_id, end, abort)) => {
                     ended.entry(job_id).or_default().push(end);
+                    if let Some(reason) = abort {
+                        aborts.entry(job_id).or_insert(reason);
+                    }
                     accepted += 1;
                 }
                 Ok(Applied::Noted) => accepted += 1,
@@ -70,15 +75,26 @@ impl Core {
             }
         }
         let freed = !ended.is_empty();
+        // A failed task should rather run elsewhere, so a failure offers every executor's cores.
+        let failed = ended
+            .values()
+            .flatten()
+            .any(|end| end.state != TaskState::Finished);
         for (job_id, tasks) in ended {
             self.publish(Event::TaskEnd {
                 time_ms: now,
                 job_id,
                 tasks,
             });
-            self.end_job_if_done(job_id, now);
+            // After the TaskEnd, so listeners see the failure that ended the job first.
+            match aborts.remove(&job_id) {
+                Some(reason) => self.end_job(job_id, JobState::Failed, Some(reason), now),
+                None => self.end_job_if_done(job_id, now),
+            }
         }
-        if freed {
+        if failed {
+            self.make_offers(None, now);
+        } else if freed {
             self.make_offers(Some(executor_id), now);
         }
         StatusReply::StatusAck { accepted, refused }
@@ -106,18 +122,20 @@ impl Core {
         if !live || !update.state.is_terminal() {
             return Ok(Applied::Noted);
         }
-        Ok(self.end_attempt(job_id, index, from, update, now))
+        let (end, abort) = self.end_attempt(job_id, index, from, update, now);
+        Ok(Applied::Ended(job_id, end, abort))
     }
 
-    /// Ends the live attempt of task `index`: frees its cores and records the outcome.
-    fn end_attempt(
+    /// Ends the live attempt of task `index`: frees its cores and records the outcome. Returns
+    /// the event entry, and the reason the job must fail if the task used up its attempts.
+    pub(super) fn end_attempt(
         &mut self,
         job_id: JobId,
         index: u32,
         from: &ExecutorId,
         update: &StatusUpdate,
         now: u64,
-    ) -> Applied {
+    ) -> (TaskEnded, Option<String>) {
         let job = self.jobs.get_mut(&job_id).expect("located above");
         let task_id = update.task_id;
         if let Some(executor) = self.executors.get_mut(from) {
@@ -127,16 +145,21 @@ impl Core {
         job.running -= 1;
         let active = job.is_active();
         let record = &mut job.tasks[index as usize];
+        record.last_failed = update.state == TaskState::Failed;
         let duration_ms = now.saturating_sub(record.started_ms);
         let mut error = update.error.clone();
         let mut abort = None;
+        // The last attempt's result is kept whatever its end (a failed command's output
+        // explains the failure), and only the last one's.
+        match update.result.clone().filter(|r| !r.is_null()) {
+            Some(result) => job.results.insert(index, result),
+            None => job.results.remove(&index),
+        };
         match update.state {
             TaskState::Finished => {
                 record.status = TaskStatus::Finished;
                 job.succeeded += 1;
-                if let Some(result) = update.result.clone().filter(|r| !r.is_null()) {
-                    job.results.insert(index, result);
-                }
+                job.errors.remove(&index);
             }
             _ if !active => {
                 record.status = TaskStatus::Killed;
@@ -169,11 +192,7 @@ impl Core {
             let position = self.queue.partition_point(|id| *id < job_id);
             self.queue.insert(position, job_id);
         }
-        if let Some(reason) = abort {
-            self.end_job(job_id, JobState::Failed, Some(reason), now);
-        }
-        Applied::Ended(
-            job_id,
+        (
             TaskEnded {
                 task_id,
                 index,
@@ -183,6 +202,7 @@ impl Core {
                 duration_ms,
                 error,
             },
+            abort,
         )
     }
 

@@ -1,0 +1,625 @@
+//! Tests of the driver core, with no NATS and no clock: registration, the api, offers, status
+//! updates and retries, and property tests that run random sequences of all of them against the
+//! invariants. This module holds what they share: builders of requests, senders that check the
+//! reply, readers of effects, and the invariant checks.
+
+mod jobs;
+mod offers;
+mod props;
+mod registration;
+mod retries;
+mod status;
+
+use super::jobs::TaskStatus;
+use super::{Core, CoreConfig, Effect};
+use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
+use crate::protocol::{
+    ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JobSummary, RefusedStatus,
+    RegisterExecutor, RegisterReply, ResultsPage, StatusReply, StatusUpdate, SubmitJob, TaskEnded,
+    TaskOutcome, TaskSpec, TaskState,
+};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+// ---------------------------------------------------------------------------------------------
+// Building requests
+// ---------------------------------------------------------------------------------------------
+
+const DRIVER: u128 = 0xd71e;
+const MAX_REPLY: usize = 1024 * 1024;
+
+fn core_with(expect_executors: u64, max_reply_bytes: usize) -> Core {
+    Core::new(CoreConfig {
+        driver_instance: InstanceId::from_u128(DRIVER),
+        expect_executors,
+        max_reply_bytes,
+    })
+}
+
+fn new_core(expect_executors: u64) -> Core {
+    core_with(expect_executors, MAX_REPLY)
+}
+
+fn eid(id: &str) -> ExecutorId {
+    ExecutorId::parse(id).expect("a valid executor id")
+}
+
+/// The instance of the process that owns `id` (stable, so a retry matches).
+fn instance_of(id: &str) -> InstanceId {
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325_u128, |h, b| {
+        (h ^ u128::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    InstanceId::from_u128(hash)
+}
+
+fn registration(id: &str, cores: u32) -> RegisterExecutor {
+    RegisterExecutor {
+        executor_id: eid(id),
+        instance_id: instance_of(id),
+        host_port: format!("{id}.example:7078"),
+        cores,
+        log_urls: BTreeMap::new(),
+        attributes: BTreeMap::new(),
+    }
+}
+
+/// The reply that accepts executor `id`.
+fn registered(id: &str) -> RegisterReply {
+    RegisterReply::RegisteredExecutor {
+        executor_id: eid(id),
+        driver_instance: InstanceId::from_u128(DRIVER),
+    }
+}
+
+/// Registers `id` and returns what the registration caused.
+fn add(core: &mut Core, id: &str, cores: u32, now: u64) -> Vec<Effect> {
+    assert_eq!(
+        core.register(id, registration(id, cores), now),
+        registered(id)
+    );
+    core.take_effects()
+}
+
+fn noop() -> TaskSpec {
+    TaskSpec::Handler {
+        name: "noop".into(),
+        arg: Value::Null,
+    }
+}
+
+fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
+    SubmitJob {
+        name: "test-job".into(),
+        tasks: vec![noop()],
+        repeat: tasks,
+        max_failures,
+        cpus_per_task,
+    }
+}
+
+/// Submits a job that must be accepted; its effects stay queued.
+fn submit(core: &mut Core, submit: SubmitJob, now: u64) -> JobId {
+    match core.api(ApiRequest::SubmitJob(submit), now) {
+        ApiReply::JobAccepted { job_id } => job_id,
+        other => panic!("submission refused: {other:?}"),
+    }
+}
+
+/// Submits a job that must be accepted and returns the launches it caused.
+fn start(core: &mut Core, submission: SubmitJob, now: u64) -> (JobId, Vec<Launch>) {
+    let job_id = submit(core, submission, now);
+    let effects = core.take_effects();
+    check_effects(core, &effects);
+    (job_id, launches(&effects))
+}
+
+fn update(task_id: TaskId, attempt: u32, state: TaskState) -> StatusUpdate {
+    StatusUpdate {
+        task_id,
+        attempt,
+        state,
+        result: None,
+        error: None,
+    }
+}
+
+fn finished(task_id: TaskId, attempt: u32) -> StatusUpdate {
+    update(task_id, attempt, TaskState::Finished)
+}
+
+fn finished_with(task_id: TaskId, attempt: u32, result: Value) -> StatusUpdate {
+    StatusUpdate {
+        result: Some(result),
+        ..finished(task_id, attempt)
+    }
+}
+
+fn failed(task_id: TaskId, attempt: u32, error: &str) -> StatusUpdate {
+    StatusUpdate {
+        error: Some(error.into()),
+        ..update(task_id, attempt, TaskState::Failed)
+    }
+}
+
+fn killed(task_id: TaskId, attempt: u32) -> StatusUpdate {
+    update(task_id, attempt, TaskState::Killed)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sending requests and reading replies
+// ---------------------------------------------------------------------------------------------
+
+/// The acknowledgement of a batch whose `accepted` updates all counted.
+fn ack(accepted: u32) -> StatusReply {
+    StatusReply::StatusAck {
+        accepted,
+        refused: vec![],
+    }
+}
+
+/// Sends `updates` from executor `from` on its own subject; the batch must be acknowledged.
+fn status(
+    core: &mut Core,
+    from: &str,
+    updates: Vec<StatusUpdate>,
+    now: u64,
+) -> (u32, Vec<RefusedStatus>) {
+    match core.status_updates(from, &eid(from), updates, now) {
+        StatusReply::StatusAck { accepted, refused } => (accepted, refused),
+        other => panic!("status batch not acknowledged: {other:?}"),
+    }
+}
+
+/// Sends `updates` from `from`, expecting every one to be accepted, and returns the effects,
+/// checked.
+fn report(core: &mut Core, from: &str, updates: Vec<StatusUpdate>, now: u64) -> Vec<Effect> {
+    let n = updates.len() as u32;
+    assert_eq!(status(core, from, updates, now), (n, vec![]));
+    let effects = core.take_effects();
+    check_effects(core, &effects);
+    effects
+}
+
+/// Runs `f`, which must change nothing and send nothing, and returns its answer.
+fn unchanged<T>(core: &mut Core, f: impl FnOnce(&mut Core) -> T) -> T {
+    let print = fingerprint(core);
+    let snapshot = core.executors_snapshot();
+    let out = f(core);
+    assert_eq!(core.take_effects(), vec![], "it sent something");
+    assert_eq!(core.executors_snapshot(), snapshot);
+    assert_eq!(fingerprint(core), print, "it changed the state");
+    out
+}
+
+fn summary(core: &mut Core, job_id: JobId) -> JobSummary {
+    match core.api(ApiRequest::GetJob { job_id }, 0) {
+        ApiReply::Job { job } => job,
+        other => panic!("no summary for job {job_id}: {other:?}"),
+    }
+}
+
+fn list_jobs(core: &mut Core) -> Vec<JobSummary> {
+    match core.api(ApiRequest::ListJobs, 0) {
+        ApiReply::Jobs { jobs } => jobs,
+        other => panic!("ListJobs did not list jobs: {other:?}"),
+    }
+}
+
+fn results(core: &mut Core, job_id: JobId, offset: u32, limit: u32) -> ResultsPage {
+    let request = ApiRequest::GetResults {
+        job_id,
+        offset,
+        limit,
+    };
+    match core.api(request, 0) {
+        ApiReply::Results(page) => page,
+        other => panic!("no results for job {job_id}: {other:?}"),
+    }
+}
+
+/// The outcome of task `index` of job `job_id`, as the results api shows it.
+fn outcome(core: &mut Core, job_id: JobId, index: u32) -> TaskOutcome {
+    let page = results(core, job_id, index, 1);
+    assert_eq!(page.results.len(), 1, "job {job_id} has no task {index}");
+    page.results.into_iter().next().unwrap()
+}
+
+fn free(core: &Core, id: &str) -> u32 {
+    core.executors()[&eid(id)].free_cores
+}
+
+fn api_error(reply: ApiReply) -> String {
+    match reply {
+        ApiReply::Error { message } => message,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading effects
+// ---------------------------------------------------------------------------------------------
+
+/// One `LaunchTasks`: the executor, and the (task id, index, attempt) of each task.
+type Launch = (String, Vec<(TaskId, u32, u32)>);
+
+/// The `LaunchTasks` in `effects`.
+fn launches(effects: &[Effect]) -> Vec<Launch> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send {
+                to,
+                message: ExecutorMessage::LaunchTasks { tasks },
+            } => Some((
+                to.to_string(),
+                tasks
+                    .iter()
+                    .map(|t| (t.task_id, t.index, t.attempt))
+                    .collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `KillTask`s in `effects`: (executor, task id, attempt, reason).
+fn kill_tasks(effects: &[Effect]) -> Vec<(String, TaskId, u32, String)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send {
+                to,
+                message:
+                    ExecutorMessage::KillTask {
+                        task_id,
+                        attempt,
+                        reason,
+                    },
+            } => Some((to.to_string(), *task_id, *attempt, reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn events(effects: &[Effect]) -> Vec<Event> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Publish(event) => Some(event.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The kinds of the events in `effects`, in order.
+fn event_kinds(effects: &[Effect]) -> Vec<&'static str> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Publish(event) => Some(event.kind()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn job_ends(effects: &[Effect]) -> Vec<Event> {
+    events(effects)
+        .into_iter()
+        .filter(|e| matches!(e, Event::JobEnd { .. }))
+        .collect()
+}
+
+fn task_ends(effects: &[Effect]) -> Vec<TaskEnded> {
+    events(effects)
+        .into_iter()
+        .flat_map(|e| match e {
+            Event::TaskEnd { tasks, .. } => tasks,
+            _ => vec![],
+        })
+        .collect()
+}
+
+/// The one `TaskEnd` entry in `effects`, as (attempt, state, error).
+fn the_task_end(effects: &[Effect]) -> (u32, TaskState, Option<String>) {
+    match &task_ends(effects)[..] {
+        [end] => (end.attempt, end.state, end.error.clone()),
+        other => panic!("expected one TaskEnd entry, got {other:?}"),
+    }
+}
+
+/// The `JobEnd` of a job that failed at `time_ms` with these counts.
+fn job_failed(time_ms: u64, job_id: JobId, counts: (u32, u32, u32), reason: &str) -> Event {
+    let (succeeded, failed, killed) = counts;
+    Event::JobEnd {
+        time_ms,
+        job_id,
+        state: JobState::Failed,
+        succeeded,
+        failed,
+        killed,
+        reason: Some(reason.into()),
+    }
+}
+
+/// The `JobEnd` of a job of `tasks` tasks that succeeded at `time_ms`.
+fn job_succeeded(time_ms: u64, job_id: JobId, tasks: u32) -> Event {
+    Event::JobEnd {
+        time_ms,
+        job_id,
+        state: JobState::Succeeded,
+        succeeded: tasks,
+        failed: 0,
+        killed: 0,
+        reason: None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks of the whole state
+// ---------------------------------------------------------------------------------------------
+
+/// Every piece of state that a refused or repeated request must leave alone (everything but
+/// `last_seen_ms`, which any message from an executor refreshes, and the effect queue).
+fn fingerprint(core: &Core) -> String {
+    let mut s = String::new();
+    for (id, e) in &core.executors {
+        let mut running: Vec<_> = e.running.iter().collect();
+        running.sort();
+        writeln!(
+            s,
+            "executor {id} {} free={} at={} {:?} running={running:?}",
+            e.instance_id, e.free_cores, e.registered_at_ms, e.info
+        )
+        .unwrap();
+    }
+    writeln!(
+        s,
+        "totals {} {} queue={:?} next={} {} first_tasks={:?}",
+        core.total_cores,
+        core.pending_executors,
+        core.queue,
+        core.next_job,
+        core.next_task,
+        core.first_tasks
+    )
+    .unwrap();
+    for job in core.jobs.values() {
+        let mut past: Vec<_> = job.past_attempts.iter().collect();
+        past.sort();
+        let results: BTreeMap<_, _> = job.results.iter().collect();
+        let errors: BTreeMap<_, _> = job.errors.iter().collect();
+        writeln!(
+            s,
+            "job {:?} tasks={:?} pending={:?} past={past:?} results={results:?} errors={errors:?}",
+            job.summary(),
+            job.tasks,
+            job.pending
+        )
+        .unwrap();
+    }
+    s
+}
+
+/// The attempts the core thinks are running: (executor, task id, attempt), sorted.
+fn running_attempts(core: &Core) -> Vec<(ExecutorId, TaskId, u32)> {
+    let mut out: Vec<_> = core
+        .executors
+        .iter()
+        .flat_map(|(id, e)| e.running.iter().map(move |(t, a)| (id.clone(), *t, *a)))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The invariants that hold after every request.
+fn check_invariants(core: &Core) {
+    check_executors(core);
+    let queue: Vec<JobId> = core.queue.iter().copied().collect();
+    assert!(
+        queue.windows(2).all(|w| w[0] < w[1]),
+        "the queue is not in submission order: {queue:?}"
+    );
+    for (&job_id, job) in &core.jobs {
+        assert_eq!(job.id, job_id);
+        check_job_counts(job);
+        check_job_tasks(core, job);
+        match job.state {
+            JobState::Running => {
+                assert_eq!((job.failed, job.killed), (0, 0), "job {job_id}");
+                assert!(job.ended_at_ms.is_none() && job.reason.is_none());
+                assert!(
+                    job.succeeded < job.len(),
+                    "job {job_id} is done but still runs"
+                );
+                if !job.pending.is_empty() {
+                    assert!(
+                        queue.contains(&job_id),
+                        "job {job_id} has waiting tasks but is not in the queue"
+                    );
+                }
+            }
+            JobState::Succeeded => {
+                assert_eq!(job.succeeded, job.len(), "job {job_id}");
+                assert!(job.reason.is_none());
+            }
+            JobState::Failed => {
+                assert!(job.failed >= 1, "job {job_id} failed with no failed task");
+                let reason = job.reason.as_deref().unwrap_or_default();
+                assert!(reason.contains("last error:"), "job {job_id}: {reason}");
+            }
+            JobState::Killed => {
+                assert_eq!(job.failed, 0, "job {job_id}");
+                assert_eq!(job.reason.as_deref(), Some("killed by request"));
+            }
+        }
+        if !job.is_active() {
+            assert!(job.ended_at_ms.is_some(), "job {job_id}");
+            assert!(
+                job.pending.is_empty(),
+                "job {job_id} ended with waiting tasks"
+            );
+            assert!(!queue.contains(&job_id), "job {job_id} ended but is queued");
+        }
+    }
+}
+
+/// Each executor's free cores and running attempts agree with the tasks, and the totals with
+/// the executors.
+fn check_executors(core: &Core) {
+    let mut total = 0u64;
+    for (id, e) in &core.executors {
+        total += u64::from(e.info.total_cores);
+        assert!(
+            e.free_cores <= e.info.total_cores,
+            "executor {id}: free {} > total {}",
+            e.free_cores,
+            e.info.total_cores
+        );
+        let mut used = 0u64;
+        for (&task_id, &attempt) in &e.running {
+            let (job_id, index) = core
+                .locate(task_id)
+                .unwrap_or_else(|| panic!("executor {id} runs unknown task {task_id}"));
+            let job = &core.jobs[&job_id];
+            let record = &job.tasks[index as usize];
+            assert_eq!(record.status, TaskStatus::Running, "task {task_id} on {id}");
+            assert_eq!(record.attempts, attempt + 1, "task {task_id} on {id}");
+            assert_eq!(record.executor.as_ref(), Some(id), "task {task_id}");
+            used += u64::from(job.cpus_per_task);
+        }
+        assert_eq!(
+            u64::from(e.free_cores) + used,
+            u64::from(e.info.total_cores),
+            "executor {id}: free cores do not match the attempts it runs"
+        );
+    }
+    assert_eq!(core.total_cores, total, "total_cores");
+    assert_eq!(
+        core.executors_snapshot().registered_executors,
+        core.executors.len() as u64
+    );
+}
+
+/// A job's counters match its task records, and its queue of waiting tasks their states.
+fn check_job_counts(job: &super::Job) {
+    let job_id = job.id;
+    let count = |s: TaskStatus| job.tasks.iter().filter(|r| r.status == s).count() as u32;
+    assert_eq!(
+        job.succeeded,
+        count(TaskStatus::Finished),
+        "job {job_id} succeeded"
+    );
+    assert_eq!(job.failed, count(TaskStatus::Failed), "job {job_id} failed");
+    assert_eq!(job.killed, count(TaskStatus::Killed), "job {job_id} killed");
+    assert_eq!(
+        job.running,
+        count(TaskStatus::Running),
+        "job {job_id} running"
+    );
+    assert_eq!(
+        job.pending.len() as u32,
+        count(TaskStatus::Pending),
+        "job {job_id} pending"
+    );
+    let pending: BTreeSet<u32> = job.pending.iter().copied().collect();
+    assert_eq!(
+        pending.len(),
+        job.pending.len(),
+        "job {job_id}: a task is pending twice"
+    );
+    for &index in &pending {
+        assert_eq!(job.tasks[index as usize].status, TaskStatus::Pending);
+    }
+    assert_eq!(
+        job.succeeded + job.failed + job.killed + job.running + job.pending.len() as u32,
+        job.len(),
+        "job {job_id}: the counts do not add up"
+    );
+}
+
+/// Each task's failures stay within the budget, and a running task runs where it says.
+fn check_job_tasks(core: &Core, job: &super::Job) {
+    for (index, record) in job.tasks.iter().enumerate() {
+        let task_id = job.first_task + index as u64;
+        assert!(record.failures <= job.max_failures, "task {task_id}");
+        assert!(record.failures <= record.attempts, "task {task_id}");
+        if record.status == TaskStatus::Running {
+            let executor = record
+                .executor
+                .as_ref()
+                .expect("a running task has an executor");
+            assert_eq!(
+                core.executors[executor].running.get(&task_id),
+                Some(&(record.attempts - 1)),
+                "task {task_id} runs on {executor} but the executor does not know it"
+            );
+        }
+        if record.status == TaskStatus::Failed {
+            assert_eq!(record.failures, job.max_failures, "task {task_id}");
+        }
+    }
+}
+
+/// Checks what one request asked to send: at most one `LaunchTasks` per executor, each launch
+/// running where it was sent and announced by a `TaskStart`, and each `KillTask` aimed at a
+/// running attempt of an ended job.
+fn check_effects(core: &Core, effects: &[Effect]) {
+    let mut launched = BTreeSet::new();
+    let mut receivers = BTreeSet::new();
+    for effect in effects {
+        let Effect::Send { to, message } = effect else {
+            continue;
+        };
+        match message {
+            ExecutorMessage::LaunchTasks { tasks } => {
+                assert!(
+                    receivers.insert(to.clone()),
+                    "two LaunchTasks to {to} in one round"
+                );
+                assert!(!tasks.is_empty(), "an empty LaunchTasks to {to}");
+                for t in tasks {
+                    let (job_id, index) = core.locate(t.task_id).expect("launched task is known");
+                    let job = &core.jobs[&job_id];
+                    assert_eq!(
+                        (t.job_id, t.index, t.cpus),
+                        (job_id, index, job.cpus_per_task)
+                    );
+                    assert_eq!(core.executors[to].running.get(&t.task_id), Some(&t.attempt));
+                    assert!(launched.insert((to.clone(), t.task_id, t.attempt)));
+                }
+            }
+            ExecutorMessage::KillTask {
+                task_id, attempt, ..
+            } => {
+                let (job_id, _) = core.locate(*task_id).expect("killed task is known");
+                assert!(
+                    !core.jobs[&job_id].is_active(),
+                    "KillTask for a running job"
+                );
+                assert_eq!(
+                    core.executors[to].running.get(task_id),
+                    Some(attempt),
+                    "KillTask to {to} for task {task_id} attempt {attempt} that does not run there"
+                );
+            }
+            ExecutorMessage::StopExecutor { .. } => {
+                assert!(
+                    core.executors.contains_key(to),
+                    "StopExecutor to unknown {to}"
+                );
+            }
+        }
+    }
+    let started: BTreeSet<_> = events(effects)
+        .into_iter()
+        .flat_map(|e| match e {
+            Event::TaskStart { tasks, .. } => tasks
+                .into_iter()
+                .map(|t| (t.executor_id, t.task_id, t.attempt))
+                .collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(launched, started, "LaunchTasks and TaskStart disagree");
+}

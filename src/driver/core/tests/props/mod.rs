@@ -1,0 +1,211 @@
+//! Property tests: random sequences of registrations, submissions, status updates (right and
+//! wrong), repeats, kills and ticks keep the invariants after every request, and once every
+//! attempt has run out, every task has ended exactly once and the events say so.
+
+mod apply;
+mod check;
+
+use super::*;
+use proptest::prelude::*;
+
+/// Who sends a status for a running attempt.
+#[derive(Debug, Clone)]
+enum Sender {
+    /// The executor it runs on.
+    Right,
+    /// Another registered executor (the `usize` picks which).
+    Other(usize),
+    /// An executor that never registered.
+    Unregistered,
+    /// The right executor, on another executor's subject.
+    WrongSubject,
+    /// The right executor, naming an attempt that was never launched.
+    WrongAttempt,
+    /// The right executor, naming a task no job has.
+    UnknownTask,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Register {
+        cores: u32,
+    },
+    /// The same process registers again.
+    Retry {
+        pick: usize,
+    },
+    /// Another process claims a registered id.
+    Impostor {
+        pick: usize,
+    },
+    Submit {
+        tasks: u32,
+        cpus: u32,
+        max_failures: u32,
+    },
+    Status {
+        pick: usize,
+        state: TaskState,
+        sender: Sender,
+    },
+    /// One batch of terminal statuses from one executor, for attempts running there (some
+    /// named twice).
+    Batch {
+        executor: usize,
+        picks: Vec<(usize, TaskState)>,
+    },
+    /// An accepted status is delivered again.
+    Repeat {
+        pick: usize,
+    },
+    Kill {
+        pick: usize,
+    },
+    Tick,
+}
+
+fn terminal_state() -> impl Strategy<Value = TaskState> {
+    prop_oneof![
+        4 => Just(TaskState::Finished),
+        3 => Just(TaskState::Failed),
+        1 => Just(TaskState::Killed),
+        1 => Just(TaskState::Lost),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let state = prop_oneof![
+        9 => terminal_state(),
+        1 => Just(TaskState::Running),
+    ];
+    let sender = prop_oneof![
+        8 => Just(Sender::Right),
+        1 => any::<usize>().prop_map(Sender::Other),
+        1 => Just(Sender::Unregistered),
+        1 => Just(Sender::WrongSubject),
+        1 => Just(Sender::WrongAttempt),
+        1 => Just(Sender::UnknownTask),
+    ];
+    let batch = (
+        any::<usize>(),
+        prop::collection::vec((any::<usize>(), terminal_state()), 1..6),
+    )
+        .prop_map(|(executor, picks)| Op::Batch { executor, picks });
+    prop_oneof![
+        2 => (1u32..=6).prop_map(|cores| Op::Register { cores }),
+        2 => batch,
+        1 => any::<usize>().prop_map(|pick| Op::Retry { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Impostor { pick }),
+        3 => (1u32..=8, 1u32..=3, 1u32..=4)
+            .prop_map(|(tasks, cpus, max_failures)| Op::Submit { tasks, cpus, max_failures }),
+        10 => (any::<usize>(), state, sender)
+            .prop_map(|(pick, state, sender)| Op::Status { pick, state, sender }),
+        2 => any::<usize>().prop_map(|pick| Op::Repeat { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Kill { pick }),
+        2 => Just(Op::Tick),
+    ]
+}
+
+/// A core driven by random operations, with everything it sent.
+struct Sim {
+    core: Core,
+    now: u64,
+    /// Registered executors and their cores.
+    executors: Vec<(String, u32)>,
+    /// Terminal statuses that were accepted, for delivering again.
+    accepted: Vec<(String, StatusUpdate)>,
+    log: Vec<Effect>,
+}
+
+impl Sim {
+    fn new() -> Self {
+        Self {
+            core: new_core(3),
+            now: 1_000,
+            executors: Vec::new(),
+            accepted: Vec::new(),
+            log: Vec::new(),
+        }
+    }
+
+    /// Takes the effects of the last request, checks them and logs them.
+    fn effects(&mut self) -> Vec<Effect> {
+        let effects = self.core.take_effects();
+        check_effects(&self.core, &effects);
+        self.log.extend(effects.iter().cloned());
+        effects
+    }
+
+    /// Runs `f`, which must change nothing and send nothing.
+    fn unchanged<T>(&mut self, f: impl FnOnce(&mut Core) -> T) -> T {
+        unchanged(&mut self.core, f)
+    }
+
+    /// Sends `updates` from `from` on `subject`'s subject.
+    fn send(&mut self, subject: &str, from: &str, updates: Vec<StatusUpdate>) -> StatusReply {
+        self.core
+            .status_updates(subject, &eid(from), updates, self.now)
+    }
+
+    fn tick(&mut self) {
+        self.core.tick(self.now);
+        self.effects();
+    }
+
+    fn register(&mut self, name: String, cores: u32) {
+        let before = self.core.executors_snapshot();
+        let reply = self
+            .core
+            .register(&name, registration(&name, cores), self.now);
+        assert_eq!(reply, registered(&name));
+        let effects = self.effects();
+        assert!(matches!(
+            &effects[0],
+            Effect::Publish(Event::ExecutorAdded { executor_id, info, .. })
+                if executor_id.as_str() == name && info.total_cores == cores
+        ));
+        let after = self.core.executors_snapshot();
+        assert_eq!(after.total_cores, before.total_cores + u64::from(cores));
+        assert_eq!(after.registered_executors, before.registered_executors + 1);
+        assert_eq!(
+            after.pending_executors,
+            before.pending_executors.saturating_sub(1)
+        );
+        self.executors.push((name, cores));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_operations_keep_the_invariants(ops in prop::collection::vec(op(), 1..80)) {
+        let mut sim = Sim::new();
+        for op in &ops {
+            sim.apply(op);
+        }
+        sim.drain();
+        sim.check_final();
+    }
+
+    #[test]
+    fn busy_clusters_keep_the_invariants(
+        cores in prop::collection::vec(1u32..=4, 1..5),
+        ops in prop::collection::vec(op(), 20..120),
+    ) {
+        // Executors first, so most operations find work running.
+        let mut sim = Sim::new();
+        for (i, c) in cores.iter().enumerate() {
+            sim.register(format!("e{i}"), *c);
+        }
+        for op in &ops {
+            sim.apply(op);
+        }
+        sim.drain();
+        sim.check_final();
+    }
+}

@@ -1,0 +1,262 @@
+//! Test harness: a real nats-server on a free port (killed on drop), a driver and executors
+//! in-process or as real processes, each test on its own cluster name.
+#![allow(dead_code)]
+
+use async_nats::Client;
+use ember::driver::{self, DriverConfig};
+use ember::executor::{self, ExecutorConfig, ExecutorError, Handlers};
+use ember::ids::ExecutorId;
+use ember::server::NatsServer;
+use ember::subjects::Subjects;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A nats-server and the subjects of a cluster name unique to this test.
+pub struct TestCluster {
+    pub server: NatsServer,
+    pub subjects: Subjects,
+    pub cluster: String,
+}
+
+impl TestCluster {
+    pub fn start(name: &str) -> Self {
+        Self::start_with(name, &[])
+    }
+
+    /// With extra nats-server arguments (such as `-c small.conf`).
+    pub fn start_with(name: &str, extra: &[&str]) -> Self {
+        let server =
+            NatsServer::start(extra).expect("start nats-server (run scripts/install-nats-server)");
+        let cluster = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let subjects = Subjects::new(&cluster).expect("valid cluster name");
+        Self {
+            server,
+            subjects,
+            cluster,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    pub async fn client(&self) -> Client {
+        async_nats::ConnectOptions::new()
+            .subscription_capacity(ember::SUBSCRIPTION_CAPACITY)
+            .connect(self.url())
+            .await
+            .expect("connect")
+    }
+
+    /// A client whose replies come back under `_INBOX.<id>`, as an executor's do.
+    pub async fn executor_client(&self, id: &str) -> Client {
+        async_nats::ConnectOptions::new()
+            .custom_inbox_prefix(format!("_INBOX.{id}"))
+            .connect(self.url())
+            .await
+            .expect("connect")
+    }
+
+    pub fn api(&self, client: Client) -> ember::client::EmberClient {
+        ember::client::EmberClient::new(client, self.subjects.clone())
+    }
+
+    /// Starts a driver in this process.
+    pub async fn driver(&self) -> Running<Result<(), driver::DriverError>> {
+        self.driver_with(Default::default()).await
+    }
+
+    /// Starts a driver in this process that judges executors by `liveness`.
+    pub async fn driver_with(
+        &self,
+        liveness: ember::driver::core::Liveness,
+    ) -> Running<Result<(), driver::DriverError>> {
+        let client = self.client().await;
+        let config = DriverConfig {
+            subjects: self.subjects.clone(),
+            expect_executors: 0,
+            revive_interval: Duration::from_millis(200),
+            liveness,
+        };
+        let running = Running::spawn(|stop| driver::run(client, config, stop));
+        // The driver subscribes first thing; give it that moment.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        running
+    }
+
+    /// Starts an executor in this process.
+    pub async fn executor(
+        &self,
+        id: &str,
+        cores: u32,
+        handlers: Handlers,
+    ) -> Running<Result<(), ExecutorError>> {
+        let client = self.executor_client(id).await;
+        let config = self.executor_config(id, cores);
+        Running::spawn(|stop| executor::run(client, config, handlers, stop))
+    }
+
+    pub fn executor_config(&self, id: &str, cores: u32) -> ExecutorConfig {
+        let id = ExecutorId::parse(id).expect("valid id");
+        ExecutorConfig {
+            log_urls: BTreeMap::from([("stdout".to_string(), format!("http://host-{id}/stdout"))]),
+            register_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_millis(200),
+            driver_timeout: Duration::from_secs(2),
+            decommission_timeout: Duration::from_secs(5),
+            ..ExecutorConfig::new(
+                self.subjects.clone(),
+                id.clone(),
+                format!("host-{id}:7078"),
+                cores,
+            )
+        }
+    }
+
+    /// An `ember-executor` process.
+    pub fn executor_process(&self, id: &str, extra: &[&str]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ember-executor"));
+        command
+            .args([
+                "--nats-url",
+                &self.url(),
+                "--cluster",
+                &self.cluster,
+                "--executor-id",
+                id,
+            ])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .stdin(std::process::Stdio::null());
+        command
+    }
+
+    /// An `ember-driver` process.
+    pub fn driver_process(&self, extra: &[&str]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ember-driver"));
+        command
+            .args([
+                "--nats-url",
+                &self.url(),
+                "--cluster",
+                &self.cluster,
+                "--revive-interval",
+                "200ms",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .stdin(std::process::Stdio::null());
+        command
+    }
+
+    /// An `ember` CLI process against this cluster.
+    pub fn cli(&self, args: &[&str]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ember"));
+        command
+            .args(["--nats-url", &self.url(), "--cluster", &self.cluster])
+            .args(args)
+            .kill_on_drop(true)
+            .stdin(std::process::Stdio::null());
+        command
+    }
+}
+
+/// A task running in this process that stops when told (or when dropped).
+pub struct Running<T> {
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<T>,
+}
+
+impl<T: Send + 'static> Running<T> {
+    fn spawn<F, Fut>(start: F) -> Self
+    where
+        F: FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(start(Box::pin(async move {
+            let _ = stopped.await;
+        })));
+        Self {
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    /// Asks it to stop and returns what it returned.
+    pub async fn stop(mut self) -> T {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        within(Duration::from_secs(10), &mut self.handle)
+            .await
+            .expect("task panicked")
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// Waits for it to end by itself.
+    pub async fn join(mut self) -> T {
+        within(Duration::from_secs(30), &mut self.handle)
+            .await
+            .expect("task panicked")
+    }
+}
+
+impl<T> Drop for Running<T> {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+/// Awaits `future`, failing the test if it takes longer than `limit`.
+pub async fn within<F: Future>(limit: Duration, future: F) -> F::Output {
+    tokio::time::timeout(limit, future)
+        .await
+        .expect("timed out")
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, failing the test after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Decoded events from a subscription, collected until `count` have arrived.
+pub async fn collect_events(
+    sub: &mut async_nats::Subscriber,
+    count: usize,
+    limit: Duration,
+) -> Vec<ember::protocol::Event> {
+    use futures::StreamExt;
+    let mut events = Vec::new();
+    within(limit, async {
+        while events.len() < count {
+            let message = sub.next().await.expect("subscription open");
+            events.push(
+                ember::protocol::decode(&message.payload, usize::MAX).expect("event decodes"),
+            );
+        }
+    })
+    .await;
+    events
+}

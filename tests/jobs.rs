@@ -1,0 +1,514 @@
+//! Running work over a real nats-server: offers, launches, status batches, retries, aborts,
+//! kills, results, size limits and the `ember submit` command.
+
+mod common;
+
+use common::{eventually, within, TestCluster};
+use ember::executor::Handlers;
+use ember::protocol::{
+    decode, encode, Event, JobState, StatusReply, StatusRequest, StatusUpdate, SubmitJob, TaskSpec,
+    TaskState,
+};
+use futures::StreamExt;
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn handler(name: &str, arg: serde_json::Value) -> TaskSpec {
+    TaskSpec::Handler {
+        name: name.into(),
+        arg,
+    }
+}
+
+fn sh(script: &str) -> TaskSpec {
+    TaskSpec::Command {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: Default::default(),
+        cwd: None,
+        timeout_ms: None,
+    }
+}
+
+fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
+    SubmitJob {
+        name: "test".into(),
+        tasks,
+        repeat,
+        max_failures: 4,
+        cpus_per_task: 1,
+    }
+}
+
+#[tokio::test]
+async fn ten_thousand_noop_tasks_on_four_executors_finish_exactly_once() {
+    let cluster = TestCluster::start("jobs-10k");
+    let listener = cluster.client().await;
+    let mut ends = listener
+        .subscribe(cluster.subjects.event("task.end"))
+        .await
+        .unwrap();
+    listener.flush().await.unwrap();
+    let _driver = cluster.driver().await;
+    let mut executors = Vec::new();
+    for i in 0..4 {
+        executors.push(
+            cluster
+                .executor(&format!("w{i}"), 4, Handlers::builtin())
+                .await,
+        );
+    }
+    let api = cluster.api(cluster.client().await);
+    eventually(LIMIT, "4 executors", || async {
+        (api.executors().await.ok()?.registered_executors == 4).then_some(())
+    })
+    .await;
+
+    let summary = within(
+        LIMIT,
+        api.run_job(job(vec![handler("noop", json!(null))], 10_000), |_| {}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.state, JobState::Succeeded);
+    assert_eq!(
+        (summary.tasks, summary.succeeded, summary.failed),
+        (10_000, 10_000, 0)
+    );
+
+    // Count the task.end events: every task ended FINISHED exactly once.
+    let mut finished: HashMap<u64, u32> = HashMap::new();
+    let mut per_executor: HashMap<String, u32> = HashMap::new();
+    within(LIMIT, async {
+        while finished.len() < 10_000 {
+            let message = ends.next().await.unwrap();
+            let Ok(Event::TaskEnd { tasks, .. }) = decode(&message.payload, usize::MAX) else {
+                panic!("bad event")
+            };
+            for t in tasks {
+                assert_eq!(t.state, TaskState::Finished);
+                *finished.entry(t.task_id).or_default() += 1;
+                *per_executor.entry(t.executor_id.to_string()).or_default() += 1;
+            }
+        }
+    })
+    .await;
+    let late = tokio::time::timeout(Duration::from_millis(300), ends.next()).await;
+    assert!(late.is_err(), "no task ends twice: {late:?}");
+    assert!(finished.values().all(|&n| n == 1));
+    assert_eq!(
+        per_executor.len(),
+        4,
+        "work spread over all executors: {per_executor:?}"
+    );
+
+    let results = api.results(summary.job_id).await.unwrap();
+    assert_eq!(results.len(), 10_000);
+    assert!(results
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.index == i as u32 && r.state == TaskState::Finished && r.attempts == 1));
+    let registry = api.executors().await.unwrap();
+    assert!(
+        registry
+            .executors
+            .iter()
+            .all(|e| e.free_cores == e.total_cores),
+        "all cores free again"
+    );
+}
+
+#[tokio::test]
+async fn a_shell_command_job_returns_each_tasks_stdout() {
+    let cluster = TestCluster::start("jobs-shell");
+    let _driver = cluster.driver().await;
+    let _a = cluster.executor("a", 2, Handlers::builtin()).await;
+    let _b = cluster.executor("b", 2, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let script = "echo \"task $EMBER_TASK_INDEX of job $EMBER_JOB_ID\"; echo oops >&2";
+    let summary = within(LIMIT, api.run_job(job(vec![sh(script)], 6), |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let results = api.results(summary.job_id).await.unwrap();
+    for (i, r) in results.iter().enumerate() {
+        let result = r.result.as_ref().expect("a result");
+        assert_eq!(result["exit_code"], 0);
+        assert_eq!(
+            result["stdout"],
+            format!("task {i} of job {}\n", summary.job_id)
+        );
+        assert_eq!(result["stderr"], "oops\n");
+    }
+}
+
+#[tokio::test]
+async fn a_task_that_fails_twice_then_succeeds_finishes_after_three_attempts() {
+    let cluster = TestCluster::start("jobs-retry");
+    let listener = cluster.client().await;
+    let mut ends = listener
+        .subscribe(cluster.subjects.event("task.end"))
+        .await
+        .unwrap();
+    listener.flush().await.unwrap();
+    let _driver = cluster.driver().await;
+    let _a = cluster.executor("a", 1, Handlers::builtin()).await;
+    let _b = cluster.executor("b", 1, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let script = "if [ \"$EMBER_TASK_ATTEMPT\" -lt 2 ]; then echo \"attempt $EMBER_TASK_ATTEMPT\" >&2; exit 3; fi; echo done";
+    let summary = within(LIMIT, api.run_job(job(vec![sh(script)], 1), |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let results = api.results(summary.job_id).await.unwrap();
+    assert_eq!(results[0].attempts, 3);
+    assert_eq!(results[0].state, TaskState::Finished);
+    assert_eq!(results[0].result.as_ref().unwrap()["stdout"], "done\n");
+
+    let mut attempts = Vec::new();
+    while attempts.len() < 3 {
+        let message = within(LIMIT, ends.next()).await.unwrap();
+        if let Ok(Event::TaskEnd { tasks, .. }) = decode(&message.payload, usize::MAX) {
+            attempts.extend(
+                tasks
+                    .into_iter()
+                    .map(|t| (t.attempt, t.state, t.executor_id.to_string(), t.error)),
+            );
+        }
+    }
+    assert_eq!(attempts[0].1, TaskState::Failed);
+    assert!(
+        attempts[0]
+            .3
+            .as_deref()
+            .unwrap()
+            .contains("exited with code 3: attempt 0"),
+        "{attempts:?}"
+    );
+    assert_eq!(attempts[1].1, TaskState::Failed);
+    assert_eq!(attempts[2].1, TaskState::Finished);
+    assert_ne!(
+        attempts[0].2, attempts[1].2,
+        "a retry goes to the other executor: {attempts:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_task_that_always_fails_aborts_its_job_and_the_others_are_killed() {
+    let cluster = TestCluster::start("jobs-abort");
+    let _driver = cluster.driver().await;
+    let _a = cluster.executor("a", 4, Handlers::builtin()).await;
+    let _b = cluster.executor("b", 4, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let tasks = vec![
+        handler("fail", json!({"message": "boom"})),
+        handler("sleep", json!({"ms": 60_000})),
+        sh("sleep 60"),
+    ];
+    let summary = within(LIMIT, api.run_job(job(tasks, 2), |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(summary.state, JobState::Failed);
+    let reason = summary.reason.clone().unwrap();
+    assert!(
+        reason.contains("failed 4 times") && reason.contains("boom"),
+        "{reason}"
+    );
+    // The first failing task to use up its attempts fails the job; the other is killed.
+    assert_eq!(summary.failed, 1, "{summary:?}");
+
+    // The sleepers get KillTask; they report KILLED and their cores come back.
+    let registry = eventually(LIMIT, "cores freed", || async {
+        let r = api.executors().await.ok()?;
+        r.executors
+            .iter()
+            .all(|e| e.free_cores == e.total_cores)
+            .then_some(r)
+    })
+    .await;
+    assert_eq!(registry.total_cores, 8);
+    let results = api.results(summary.job_id).await.unwrap();
+    let failed: Vec<_> = results
+        .iter()
+        .filter(|r| r.state == TaskState::Failed)
+        .collect();
+    assert_eq!(failed.len(), 1, "{results:?}");
+    assert_eq!((failed[0].index % 3, failed[0].attempts), (0, 4));
+    assert!(failed[0].error.as_deref().unwrap().contains("boom"));
+    for r in results.iter().filter(|r| r.index % 3 != 0) {
+        assert_eq!(r.state, TaskState::Killed, "{r:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_killed_job_stops_its_tasks() {
+    let cluster = TestCluster::start("jobs-kill");
+    let _driver = cluster.driver().await;
+    let _a = cluster.executor("a", 2, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let job_id = api.submit(job(vec![sh("sleep 60")], 5)).await.unwrap();
+    eventually(LIMIT, "2 running", || async {
+        (api.job(job_id).await.ok()?.running == 2).then_some(())
+    })
+    .await;
+    let output = within(LIMIT, cluster.cli(&["kill", &job_id.to_string()]).output())
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary = eventually(LIMIT, "tasks killed", || async {
+        let s = api.job(job_id).await.ok()?;
+        (s.running == 0).then_some(s)
+    })
+    .await;
+    assert_eq!(summary.state, JobState::Killed);
+    assert_eq!(summary.killed, 5);
+    assert_eq!(api.executors().await.unwrap().executors[0].free_cores, 2);
+    assert!(
+        api.kill(job_id).await.is_err(),
+        "killing an ended job is an error"
+    );
+}
+
+#[tokio::test]
+async fn a_status_from_the_wrong_executor_is_refused() {
+    let cluster = TestCluster::start("jobs-wrong");
+    let listener = cluster.client().await;
+    let mut starts = listener
+        .subscribe(cluster.subjects.event("task.start"))
+        .await
+        .unwrap();
+    listener.flush().await.unwrap();
+    let _driver = cluster.driver().await;
+    let _real = cluster.executor("real", 1, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    eventually(LIMIT, "real registered", || async {
+        (api.executors().await.ok()?.registered_executors == 1).then_some(())
+    })
+    .await;
+    // An intruder registers with no cores to spare, so nothing is launched on it.
+    let _intruder = cluster.executor("intruder", 1, Handlers::builtin()).await;
+    eventually(LIMIT, "intruder registered", || async {
+        (api.executors().await.ok()?.registered_executors == 2).then_some(())
+    })
+    .await;
+    let job_id = api
+        .submit(job(vec![sh("sleep 2; echo real")], 1))
+        .await
+        .unwrap();
+    let message = within(LIMIT, starts.next()).await.unwrap();
+    let Ok(Event::TaskStart { tasks, .. }) = decode(&message.payload, usize::MAX) else {
+        panic!()
+    };
+    let started = &tasks[0];
+    let (owner, other) = if started.executor_id.as_str() == "real" {
+        ("real", "intruder")
+    } else {
+        ("intruder", "real")
+    };
+
+    let forger = cluster.executor_client(other).await;
+    let forged = StatusRequest::StatusUpdates {
+        executor_id: other.parse_id(),
+        updates: vec![StatusUpdate {
+            task_id: started.task_id,
+            attempt: started.attempt,
+            state: TaskState::Finished,
+            result: Some(json!("forged")),
+            error: None,
+        }],
+    };
+    let subject = format!("{}.driver.status.{other}", cluster.subjects.prefix());
+    let reply = within(LIMIT, forger.request(subject, encode(&forged)))
+        .await
+        .unwrap();
+    match decode::<StatusReply>(&reply.payload, usize::MAX).unwrap() {
+        StatusReply::StatusAck { accepted, refused } => {
+            assert_eq!(accepted, 0);
+            assert_eq!(refused.len(), 1);
+            assert!(
+                refused[0]
+                    .reason
+                    .contains(&format!("was not launched on executor {other}")),
+                "{refused:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let summary = within(LIMIT, async {
+        loop {
+            let s = api.job(job_id).await.unwrap();
+            if s.state != JobState::Running {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(summary.state, JobState::Succeeded);
+    let results = api.results(job_id).await.unwrap();
+    assert_eq!(
+        results[0].result.as_ref().unwrap()["stdout"],
+        "real\n",
+        "the forged result was ignored"
+    );
+    assert_eq!(results[0].executor_id.as_ref().unwrap().as_str(), owner);
+}
+
+trait ParseId {
+    fn parse_id(&self) -> ember::ids::ExecutorId;
+}
+
+impl ParseId for &str {
+    fn parse_id(&self) -> ember::ids::ExecutorId {
+        ember::ids::ExecutorId::parse(*self).unwrap()
+    }
+}
+
+#[tokio::test]
+async fn oversized_submissions_and_results_are_refused_with_the_limit_named() {
+    let dir = std::env::temp_dir().join(format!("ember-small-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("small.conf");
+    std::fs::write(&conf, "max_payload: 65536\n").unwrap();
+    let cluster = TestCluster::start_with("jobs-size", &["-c", conf.to_str().unwrap()]);
+    let _driver = cluster.driver().await;
+    let _a = cluster.executor("a", 2, Handlers::builtin()).await;
+    let client = cluster.client().await;
+    let api = cluster.api(client.clone());
+
+    let big = "x".repeat(70_000);
+    let error = api
+        .submit(job(vec![handler("echo", json!({"value": big}))], 1))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("over the server's limit of")
+            && error.to_string().contains("max_payload"),
+        "{error}"
+    );
+
+    let summary = within(
+        LIMIT,
+        api.run_job(
+            job(vec![sh("head -c 200000 /dev/zero | tr '\\\\0' y")], 1),
+            |_| {},
+        ),
+    )
+    .await
+    .unwrap();
+    let results = api.results(summary.job_id).await.unwrap();
+    let error = results[0].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("over the limit of") && error.contains("max_payload"),
+        "{results:?}"
+    );
+    // The connection is still fine.
+    assert_eq!(api.executors().await.unwrap().registered_executors, 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn ember_submit_prints_one_json_summary_and_exits_by_the_outcome() {
+    let cluster = TestCluster::start("jobs-cli");
+    let _driver = cluster.driver().await;
+    let _a = cluster.executor("a", 2, Handlers::builtin()).await;
+    let ok = within(
+        LIMIT,
+        cluster.cli(&["submit", "--tasks", "50", "--json"]).output(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let stdout = String::from_utf8(ok.stdout).unwrap();
+    let last: serde_json::Value =
+        serde_json::from_str(stdout.trim_end().lines().last().unwrap()).unwrap();
+    assert_eq!(last["state"], "SUCCEEDED");
+    assert_eq!(
+        (
+            last["tasks"].as_u64(),
+            last["succeeded"].as_u64(),
+            last["failed"].as_u64()
+        ),
+        (Some(50), Some(50), Some(0))
+    );
+    assert!(last["job_id"].is_u64() && last["elapsed_ms"].is_u64());
+
+    let failed = within(
+        LIMIT,
+        cluster
+            .cli(&["submit", "--kind", "fail", "--max-failures", "2", "--json"])
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    let stdout = String::from_utf8(failed.stdout).unwrap();
+    let last: serde_json::Value =
+        serde_json::from_str(stdout.trim_end().lines().last().unwrap()).unwrap();
+    assert_eq!(last["state"], "FAILED");
+
+    let jobs = within(LIMIT, cluster.cli(&["jobs", "--json"]).output())
+        .await
+        .unwrap();
+    let jobs: serde_json::Value = serde_json::from_slice(&jobs.stdout).unwrap();
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn handlers_registered_by_an_embedding_program_run() {
+    let cluster = TestCluster::start("jobs-custom");
+    let _driver = cluster.driver().await;
+    let mut handlers = Handlers::builtin();
+    handlers.register("square", |ctx, arg| {
+        let n = arg["n"].as_i64().ok_or("needs {\"n\": <integer>}")?;
+        Ok(json!({"index": ctx.index, "square": n * n}))
+    });
+    let _a = cluster.executor("a", 2, handlers).await;
+    let api = cluster.api(cluster.client().await);
+    let summary = within(
+        LIMIT,
+        api.run_job(
+            job(
+                vec![
+                    handler("square", json!({"n": 12})),
+                    handler("square", json!({})),
+                ],
+                1,
+            ),
+            |_| {},
+        ),
+    )
+    .await
+    .unwrap();
+    let results = api.results(summary.job_id).await.unwrap();
+    assert_eq!(results[0].result, Some(json!({"index": 0, "square": 144})));
+    assert_eq!(results[1].state, TaskState::Failed);
+    assert!(results[1].error.as_deref().unwrap().contains("needs"));
+    let unknown = within(
+        LIMIT,
+        api.run_job(
+            SubmitJob {
+                max_failures: 1,
+                ..job(vec![handler("nope", json!(null))], 1)
+            },
+            |_| {},
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(unknown.state, JobState::Failed);
+    assert!(unknown
+        .reason
+        .unwrap()
+        .contains("no handler named \"nope\""));
+}

@@ -1,0 +1,1342 @@
+//! Golden wire shapes: every message in `ember::protocol`, built in Rust, must serialize to the
+//! exact JSON written out here (the shapes docs/protocol.md documents), and that JSON must decode
+//! back to the same value through `ember::protocol::decode`. Also: what `decode` refuses.
+
+use ember::ids::{ExecutorId, InstanceId};
+use ember::protocol::*;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// A generous decode limit for the round trips.
+const LIMIT: usize = 1024 * 1024;
+
+const INSTANCE: &str = "6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b";
+const DRIVER: &str = "0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3";
+
+fn instance() -> InstanceId {
+    InstanceId::parse_str(INSTANCE).unwrap()
+}
+
+fn driver_instance() -> InstanceId {
+    InstanceId::parse_str(DRIVER).unwrap()
+}
+
+fn exec(id: &str) -> ExecutorId {
+    ExecutorId::parse(id).unwrap()
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// `value` serializes to exactly `wire`, `encode` agrees, and `wire` decodes back to `value`.
+fn golden<T>(value: &T, wire: Value)
+where
+    T: Serialize + DeserializeOwned + PartialEq + Debug,
+{
+    assert_eq!(
+        serde_json::to_value(value).unwrap(),
+        wire,
+        "serialized shape"
+    );
+    let encoded: Value = serde_json::from_slice(&encode(value)).unwrap();
+    assert_eq!(encoded, wire, "encode() shape");
+    let bytes = serde_json::to_vec(&wire).unwrap();
+    let back: T = decode(&bytes, LIMIT).unwrap_or_else(|e| panic!("decode {wire}: {e}"));
+    assert_eq!(&back, value, "decoded value");
+}
+
+/// `wire` decodes to `value` (for inputs that leave out defaulted fields).
+fn decodes_to<T>(wire: Value, value: &T)
+where
+    T: DeserializeOwned + PartialEq + Debug,
+{
+    let bytes = serde_json::to_vec(&wire).unwrap();
+    let back: T = decode(&bytes, LIMIT).unwrap_or_else(|e| panic!("decode {wire}: {e}"));
+    assert_eq!(&back, value);
+}
+
+/// Decoding `payload` as `T` fails with a JSON error whose message contains every `needles`.
+fn json_error<T: DeserializeOwned + Debug>(payload: &[u8], needles: &[&str]) -> String {
+    match decode::<T>(payload, LIMIT) {
+        Err(DecodeError::Json(e)) => {
+            let message = DecodeError::Json(e).to_string();
+            for needle in needles {
+                assert!(
+                    message.contains(needle),
+                    "error {message:?} should mention {needle:?}"
+                );
+            }
+            message
+        }
+        other => panic!("expected a JSON error, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration
+// ---------------------------------------------------------------------------------------------
+
+fn register_request() -> RegisterRequest {
+    RegisterRequest::RegisterExecutor(RegisterExecutor {
+        executor_id: exec("exec-1"),
+        instance_id: instance(),
+        host_port: "worker-3:7078".into(),
+        cores: 8,
+        log_urls: map(&[("stderr", "http://worker-3/logs/stderr")]),
+        attributes: map(&[("rack", "r1"), ("zone", "eu-1")]),
+    })
+}
+
+#[test]
+fn register_executor() {
+    golden(
+        &register_request(),
+        json!({
+            "type": "RegisterExecutor",
+            "executor_id": "exec-1",
+            "instance_id": INSTANCE,
+            "host_port": "worker-3:7078",
+            "cores": 8,
+            "log_urls": {"stderr": "http://worker-3/logs/stderr"},
+            "attributes": {"rack": "r1", "zone": "eu-1"}
+        }),
+    );
+}
+
+#[test]
+fn register_executor_without_maps() {
+    let value = RegisterRequest::RegisterExecutor(RegisterExecutor {
+        executor_id: exec("e_2"),
+        instance_id: instance(),
+        host_port: "[::1]:0".into(),
+        cores: 1,
+        log_urls: BTreeMap::new(),
+        attributes: BTreeMap::new(),
+    });
+    golden(
+        &value,
+        json!({
+            "type": "RegisterExecutor",
+            "executor_id": "e_2",
+            "instance_id": INSTANCE,
+            "host_port": "[::1]:0",
+            "cores": 1,
+            "log_urls": {},
+            "attributes": {}
+        }),
+    );
+    // log_urls and attributes may be left out.
+    decodes_to(
+        json!({
+            "type": "RegisterExecutor",
+            "executor_id": "e_2",
+            "instance_id": INSTANCE,
+            "host_port": "[::1]:0",
+            "cores": 1
+        }),
+        &value,
+    );
+}
+
+#[test]
+fn registered_executor() {
+    golden(
+        &RegisterReply::RegisteredExecutor {
+            executor_id: exec("exec-1"),
+            driver_instance: driver_instance(),
+        },
+        json!({
+            "type": "RegisteredExecutor",
+            "executor_id": "exec-1",
+            "driver_instance": DRIVER
+        }),
+    );
+}
+
+#[test]
+fn register_executor_failed() {
+    golden(
+        &RegisterReply::RegisterExecutorFailed {
+            message: "Duplicate executor ID: exec-1".into(),
+        },
+        json!({
+            "type": "RegisterExecutorFailed",
+            "message": "Duplicate executor ID: exec-1"
+        }),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn event_executor_added() {
+    let event = Event::ExecutorAdded {
+        time_ms: 1_700_000_000_000,
+        executor_id: exec("exec-1"),
+        info: ExecutorInfo {
+            host: "worker-3".into(),
+            host_port: "worker-3:7078".into(),
+            total_cores: 8,
+            log_urls: map(&[("stderr", "http://worker-3/logs/stderr")]),
+            attributes: map(&[("rack", "r1")]),
+        },
+    };
+    assert_eq!(event.kind(), "executor.added");
+    golden(
+        &event,
+        json!({
+            "type": "ExecutorAdded",
+            "time_ms": 1_700_000_000_000u64,
+            "executor_id": "exec-1",
+            "info": {
+                "host": "worker-3",
+                "host_port": "worker-3:7078",
+                "total_cores": 8,
+                "log_urls": {"stderr": "http://worker-3/logs/stderr"},
+                "attributes": {"rack": "r1"}
+            }
+        }),
+    );
+}
+
+#[test]
+fn executor_info() {
+    golden(
+        &ExecutorInfo {
+            host: "::1".into(),
+            host_port: "[::1]:7078".into(),
+            total_cores: 2,
+            log_urls: BTreeMap::new(),
+            attributes: BTreeMap::new(),
+        },
+        json!({
+            "host": "::1",
+            "host_port": "[::1]:7078",
+            "total_cores": 2,
+            "log_urls": {},
+            "attributes": {}
+        }),
+    );
+}
+
+#[test]
+fn event_executor_removed() {
+    let event = Event::ExecutorRemoved {
+        time_ms: 1_700_000_000_500,
+        executor_id: exec("exec-1"),
+        reason: "heartbeat timed out".into(),
+    };
+    assert_eq!(event.kind(), "executor.removed");
+    golden(
+        &event,
+        json!({
+            "type": "ExecutorRemoved",
+            "time_ms": 1_700_000_000_500u64,
+            "executor_id": "exec-1",
+            "reason": "heartbeat timed out"
+        }),
+    );
+}
+
+#[test]
+fn event_job_start() {
+    let event = Event::JobStart {
+        time_ms: 1000,
+        job_id: 7,
+        name: "pi".into(),
+        tasks: 100,
+    };
+    assert_eq!(event.kind(), "job.start");
+    golden(
+        &event,
+        json!({"type": "JobStart", "time_ms": 1000, "job_id": 7, "name": "pi", "tasks": 100}),
+    );
+}
+
+fn task_started() -> TaskStarted {
+    TaskStarted {
+        task_id: 42,
+        index: 3,
+        attempt: 0,
+        executor_id: exec("exec-1"),
+    }
+}
+
+#[test]
+fn task_started_shape() {
+    golden(
+        &task_started(),
+        json!({"task_id": 42, "index": 3, "attempt": 0, "executor_id": "exec-1"}),
+    );
+}
+
+#[test]
+fn event_task_start() {
+    let event = Event::TaskStart {
+        time_ms: 2000,
+        job_id: 7,
+        tasks: vec![
+            task_started(),
+            TaskStarted {
+                task_id: 43,
+                index: 4,
+                attempt: 1,
+                executor_id: exec("exec-2"),
+            },
+        ],
+    };
+    assert_eq!(event.kind(), "task.start");
+    golden(
+        &event,
+        json!({
+            "type": "TaskStart",
+            "time_ms": 2000,
+            "job_id": 7,
+            "tasks": [
+                {"task_id": 42, "index": 3, "attempt": 0, "executor_id": "exec-1"},
+                {"task_id": 43, "index": 4, "attempt": 1, "executor_id": "exec-2"}
+            ]
+        }),
+    );
+}
+
+fn task_ended_ok() -> TaskEnded {
+    TaskEnded {
+        task_id: 42,
+        index: 3,
+        attempt: 0,
+        executor_id: exec("exec-1"),
+        state: TaskState::Finished,
+        duration_ms: 15,
+        error: None,
+    }
+}
+
+fn task_ended_failed() -> TaskEnded {
+    TaskEnded {
+        task_id: 43,
+        index: 4,
+        attempt: 1,
+        executor_id: exec("exec-2"),
+        state: TaskState::Failed,
+        duration_ms: 2,
+        error: Some("boom".into()),
+    }
+}
+
+#[test]
+fn task_ended_shape() {
+    // `error` is left out when there is none.
+    golden(
+        &task_ended_ok(),
+        json!({
+            "task_id": 42,
+            "index": 3,
+            "attempt": 0,
+            "executor_id": "exec-1",
+            "state": "FINISHED",
+            "duration_ms": 15
+        }),
+    );
+    golden(
+        &task_ended_failed(),
+        json!({
+            "task_id": 43,
+            "index": 4,
+            "attempt": 1,
+            "executor_id": "exec-2",
+            "state": "FAILED",
+            "duration_ms": 2,
+            "error": "boom"
+        }),
+    );
+    // An explicit null error reads as none.
+    decodes_to(
+        json!({
+            "task_id": 42,
+            "index": 3,
+            "attempt": 0,
+            "executor_id": "exec-1",
+            "state": "FINISHED",
+            "duration_ms": 15,
+            "error": null
+        }),
+        &task_ended_ok(),
+    );
+}
+
+#[test]
+fn event_task_end() {
+    let event = Event::TaskEnd {
+        time_ms: 3000,
+        job_id: 7,
+        tasks: vec![task_ended_ok(), task_ended_failed()],
+    };
+    assert_eq!(event.kind(), "task.end");
+    golden(
+        &event,
+        json!({
+            "type": "TaskEnd",
+            "time_ms": 3000,
+            "job_id": 7,
+            "tasks": [
+                {
+                    "task_id": 42,
+                    "index": 3,
+                    "attempt": 0,
+                    "executor_id": "exec-1",
+                    "state": "FINISHED",
+                    "duration_ms": 15
+                },
+                {
+                    "task_id": 43,
+                    "index": 4,
+                    "attempt": 1,
+                    "executor_id": "exec-2",
+                    "state": "FAILED",
+                    "duration_ms": 2,
+                    "error": "boom"
+                }
+            ]
+        }),
+    );
+}
+
+#[test]
+fn event_job_end() {
+    let succeeded = Event::JobEnd {
+        time_ms: 4000,
+        job_id: 7,
+        state: JobState::Succeeded,
+        succeeded: 100,
+        failed: 0,
+        killed: 0,
+        reason: None,
+    };
+    assert_eq!(succeeded.kind(), "job.end");
+    // `reason` is always present, null when there is none.
+    golden(
+        &succeeded,
+        json!({
+            "type": "JobEnd",
+            "time_ms": 4000,
+            "job_id": 7,
+            "state": "SUCCEEDED",
+            "succeeded": 100,
+            "failed": 0,
+            "killed": 0,
+            "reason": null
+        }),
+    );
+    golden(
+        &Event::JobEnd {
+            time_ms: 4001,
+            job_id: 8,
+            state: JobState::Killed,
+            succeeded: 1,
+            failed: 0,
+            killed: 9,
+            reason: Some("killed by request".into()),
+        },
+        json!({
+            "type": "JobEnd",
+            "time_ms": 4001,
+            "job_id": 8,
+            "state": "KILLED",
+            "succeeded": 1,
+            "failed": 0,
+            "killed": 9,
+            "reason": "killed by request"
+        }),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// States
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn task_state_values() {
+    let all = [
+        (TaskState::Launching, "LAUNCHING", false),
+        (TaskState::Running, "RUNNING", false),
+        (TaskState::Finished, "FINISHED", true),
+        (TaskState::Failed, "FAILED", true),
+        (TaskState::Killed, "KILLED", true),
+        (TaskState::Lost, "LOST", true),
+    ];
+    for (state, wire, terminal) in all {
+        golden(&state, json!(wire));
+        assert_eq!(state.is_terminal(), terminal, "{wire}");
+    }
+    json_error::<TaskState>(b"\"finished\"", &["unknown variant"]);
+    json_error::<TaskState>(b"\"Finished\"", &["unknown variant"]);
+}
+
+#[test]
+fn job_state_values() {
+    let all = [
+        (JobState::Running, "RUNNING"),
+        (JobState::Succeeded, "SUCCEEDED"),
+        (JobState::Failed, "FAILED"),
+        (JobState::Killed, "KILLED"),
+    ];
+    for (state, wire) in all {
+        golden(&state, json!(wire));
+    }
+    json_error::<JobState>(b"\"LOST\"", &["unknown variant"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Task specs and jobs
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn task_spec_handler() {
+    golden(
+        &TaskSpec::Handler {
+            name: "sleep".into(),
+            arg: json!({"ms": 250}),
+        },
+        json!({"kind": "handler", "name": "sleep", "arg": {"ms": 250}}),
+    );
+    // A missing arg is null, and null is written out.
+    let noop = TaskSpec::Handler {
+        name: "noop".into(),
+        arg: Value::Null,
+    };
+    golden(
+        &noop,
+        json!({"kind": "handler", "name": "noop", "arg": null}),
+    );
+    decodes_to(json!({"kind": "handler", "name": "noop"}), &noop);
+}
+
+#[test]
+fn task_spec_command() {
+    golden(
+        &TaskSpec::Command {
+            argv: vec!["sh".into(), "-c".into(), "echo $EMBER_TASK_INDEX".into()],
+            env: map(&[("LANG", "C")]),
+            cwd: Some("/tmp".into()),
+            timeout_ms: Some(60_000),
+        },
+        json!({
+            "kind": "command",
+            "argv": ["sh", "-c", "echo $EMBER_TASK_INDEX"],
+            "env": {"LANG": "C"},
+            "cwd": "/tmp",
+            "timeout_ms": 60000
+        }),
+    );
+    // env is always written; cwd and timeout_ms only when set.
+    let minimal = TaskSpec::Command {
+        argv: vec!["true".into()],
+        env: BTreeMap::new(),
+        cwd: None,
+        timeout_ms: None,
+    };
+    golden(
+        &minimal,
+        json!({"kind": "command", "argv": ["true"], "env": {}}),
+    );
+    decodes_to(json!({"kind": "command", "argv": ["true"]}), &minimal);
+    json_error::<TaskSpec>(br#"{"kind":"shell","argv":["true"]}"#, &["unknown variant"]);
+    json_error::<TaskSpec>(br#"{"kind":"command"}"#, &["missing field `argv`"]);
+}
+
+fn full_job() -> SubmitJob {
+    SubmitJob {
+        name: "nightly".into(),
+        tasks: vec![
+            TaskSpec::Handler {
+                name: "echo".into(),
+                arg: json!({"value": [1, 2]}),
+            },
+            TaskSpec::Command {
+                argv: vec!["true".into()],
+                env: BTreeMap::new(),
+                cwd: None,
+                timeout_ms: Some(1000),
+            },
+        ],
+        repeat: 3,
+        max_failures: 2,
+        cpus_per_task: 4,
+    }
+}
+
+fn full_job_wire() -> Value {
+    json!({
+        "name": "nightly",
+        "tasks": [
+            {"kind": "handler", "name": "echo", "arg": {"value": [1, 2]}},
+            {"kind": "command", "argv": ["true"], "env": {}, "timeout_ms": 1000}
+        ],
+        "repeat": 3,
+        "max_failures": 2,
+        "cpus_per_task": 4
+    })
+}
+
+fn default_job() -> SubmitJob {
+    SubmitJob {
+        name: String::new(),
+        tasks: vec![TaskSpec::Handler {
+            name: "noop".into(),
+            arg: Value::Null,
+        }],
+        repeat: 1,
+        max_failures: 4,
+        cpus_per_task: 1,
+    }
+}
+
+#[test]
+fn submit_job_in_full() {
+    golden(&full_job(), full_job_wire());
+}
+
+#[test]
+fn submit_job_with_defaults() {
+    // name "", repeat 1, max_failures 4, cpus_per_task 1.
+    assert_eq!(ember::DEFAULT_MAX_FAILURES, 4);
+    decodes_to(
+        json!({"tasks": [{"kind": "handler", "name": "noop"}]}),
+        &default_job(),
+    );
+    golden(
+        &default_job(),
+        json!({
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1
+        }),
+    );
+    json_error::<SubmitJob>(br#"{"name":"x"}"#, &["missing field `tasks`"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The api
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn api_list_executors() {
+    golden(&ApiRequest::ListExecutors, json!({"type": "ListExecutors"}));
+}
+
+#[test]
+fn api_submit_job() {
+    let mut wire = full_job_wire();
+    wire["type"] = json!("SubmitJob");
+    golden(&ApiRequest::SubmitJob(full_job()), wire);
+    golden(
+        &ApiRequest::SubmitJob(default_job()),
+        json!({
+            "type": "SubmitJob",
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1
+        }),
+    );
+    decodes_to(
+        json!({"type": "SubmitJob", "tasks": [{"kind": "handler", "name": "noop"}]}),
+        &ApiRequest::SubmitJob(default_job()),
+    );
+}
+
+#[test]
+fn api_kill_job() {
+    golden(
+        &ApiRequest::KillJob { job_id: 7 },
+        json!({"type": "KillJob", "job_id": 7}),
+    );
+}
+
+#[test]
+fn api_list_jobs() {
+    golden(&ApiRequest::ListJobs, json!({"type": "ListJobs"}));
+}
+
+#[test]
+fn api_get_job() {
+    golden(
+        &ApiRequest::GetJob { job_id: 7 },
+        json!({"type": "GetJob", "job_id": 7}),
+    );
+}
+
+#[test]
+fn api_get_results() {
+    golden(
+        &ApiRequest::GetResults {
+            job_id: 7,
+            offset: 2000,
+            limit: 500,
+        },
+        json!({"type": "GetResults", "job_id": 7, "offset": 2000, "limit": 500}),
+    );
+    // offset defaults to 0 and limit to 1000.
+    let defaults = ApiRequest::GetResults {
+        job_id: 7,
+        offset: 0,
+        limit: 1000,
+    };
+    decodes_to(json!({"type": "GetResults", "job_id": 7}), &defaults);
+    golden(
+        &defaults,
+        json!({"type": "GetResults", "job_id": 7, "offset": 0, "limit": 1000}),
+    );
+}
+
+#[test]
+fn api_reply_executors() {
+    golden(
+        &ApiReply::Executors(ExecutorsSnapshot {
+            executors: vec![ExecutorSummary {
+                executor_id: exec("exec-1"),
+                host: "worker-3".into(),
+                host_port: "worker-3:7078".into(),
+                free_cores: 6,
+                total_cores: 8,
+                log_urls: map(&[("stderr", "http://worker-3/logs/stderr")]),
+                attributes: BTreeMap::new(),
+                registered_at_ms: 1_700_000_000_000,
+            }],
+            total_cores: 8,
+            registered_executors: 1,
+            pending_executors: 2,
+        }),
+        json!({
+            "type": "Executors",
+            "executors": [{
+                "executor_id": "exec-1",
+                "host": "worker-3",
+                "host_port": "worker-3:7078",
+                "free_cores": 6,
+                "total_cores": 8,
+                "log_urls": {"stderr": "http://worker-3/logs/stderr"},
+                "attributes": {},
+                "registered_at_ms": 1_700_000_000_000u64
+            }],
+            "total_cores": 8,
+            "registered_executors": 1,
+            "pending_executors": 2
+        }),
+    );
+    golden(
+        &ApiReply::Executors(ExecutorsSnapshot {
+            executors: vec![],
+            total_cores: 0,
+            registered_executors: 0,
+            pending_executors: 0,
+        }),
+        json!({
+            "type": "Executors",
+            "executors": [],
+            "total_cores": 0,
+            "registered_executors": 0,
+            "pending_executors": 0
+        }),
+    );
+}
+
+#[test]
+fn api_reply_job_accepted() {
+    golden(
+        &ApiReply::JobAccepted { job_id: 7 },
+        json!({"type": "JobAccepted", "job_id": 7}),
+    );
+}
+
+#[test]
+fn api_reply_job_killed() {
+    golden(
+        &ApiReply::JobKilled { job_id: 7 },
+        json!({"type": "JobKilled", "job_id": 7}),
+    );
+}
+
+fn running_summary() -> JobSummary {
+    JobSummary {
+        job_id: 7,
+        name: "nightly".into(),
+        state: JobState::Running,
+        tasks: 6,
+        succeeded: 2,
+        failed: 0,
+        killed: 0,
+        running: 4,
+        submitted_at_ms: 1000,
+        ended_at_ms: None,
+        reason: None,
+    }
+}
+
+fn running_summary_wire() -> Value {
+    json!({
+        "job_id": 7,
+        "name": "nightly",
+        "state": "RUNNING",
+        "tasks": 6,
+        "succeeded": 2,
+        "failed": 0,
+        "killed": 0,
+        "running": 4,
+        "submitted_at_ms": 1000,
+        "ended_at_ms": null,
+        "reason": null
+    })
+}
+
+#[test]
+fn api_reply_jobs() {
+    let failed = JobSummary {
+        job_id: 8,
+        name: String::new(),
+        state: JobState::Failed,
+        tasks: 1,
+        succeeded: 0,
+        failed: 1,
+        killed: 0,
+        running: 0,
+        submitted_at_ms: 2000,
+        ended_at_ms: Some(2500),
+        reason: Some("task 0 failed 4 times; last error: boom".into()),
+    };
+    golden(
+        &ApiReply::Jobs {
+            jobs: vec![running_summary(), failed],
+        },
+        json!({
+            "type": "Jobs",
+            "jobs": [
+                running_summary_wire(),
+                {
+                    "job_id": 8,
+                    "name": "",
+                    "state": "FAILED",
+                    "tasks": 1,
+                    "succeeded": 0,
+                    "failed": 1,
+                    "killed": 0,
+                    "running": 0,
+                    "submitted_at_ms": 2000,
+                    "ended_at_ms": 2500,
+                    "reason": "task 0 failed 4 times; last error: boom"
+                }
+            ]
+        }),
+    );
+    golden(
+        &ApiReply::Jobs { jobs: vec![] },
+        json!({"type": "Jobs", "jobs": []}),
+    );
+}
+
+#[test]
+fn api_reply_job() {
+    golden(
+        &ApiReply::Job {
+            job: running_summary(),
+        },
+        json!({"type": "Job", "job": running_summary_wire()}),
+    );
+}
+
+#[test]
+fn api_reply_results() {
+    let page = ResultsPage {
+        job_id: 7,
+        results: vec![
+            TaskOutcome {
+                index: 0,
+                task_id: 40,
+                state: TaskState::Finished,
+                attempts: 1,
+                executor_id: Some(exec("exec-1")),
+                result: Some(json!({"exit_code": 0, "stdout": "0\n", "stderr": ""})),
+                error: None,
+            },
+            TaskOutcome {
+                index: 1,
+                task_id: 41,
+                state: TaskState::Failed,
+                attempts: 4,
+                executor_id: Some(exec("exec-2")),
+                result: None,
+                error: Some("boom".into()),
+            },
+            TaskOutcome {
+                index: 2,
+                task_id: 42,
+                state: TaskState::Launching,
+                attempts: 0,
+                executor_id: None,
+                result: None,
+                error: None,
+            },
+        ],
+        next_offset: Some(3),
+    };
+    golden(
+        &ApiReply::Results(page),
+        json!({
+            "type": "Results",
+            "job_id": 7,
+            "results": [
+                {
+                    "index": 0,
+                    "task_id": 40,
+                    "state": "FINISHED",
+                    "attempts": 1,
+                    "executor_id": "exec-1",
+                    "result": {"exit_code": 0, "stdout": "0\n", "stderr": ""}
+                },
+                {
+                    "index": 1,
+                    "task_id": 41,
+                    "state": "FAILED",
+                    "attempts": 4,
+                    "executor_id": "exec-2",
+                    "error": "boom"
+                },
+                {
+                    "index": 2,
+                    "task_id": 42,
+                    "state": "LAUNCHING",
+                    "attempts": 0,
+                    "executor_id": null
+                }
+            ],
+            "next_offset": 3
+        }),
+    );
+    golden(
+        &ApiReply::Results(ResultsPage {
+            job_id: 7,
+            results: vec![],
+            next_offset: None,
+        }),
+        json!({"type": "Results", "job_id": 7, "results": [], "next_offset": null}),
+    );
+}
+
+#[test]
+fn api_reply_error() {
+    golden(
+        &ApiReply::Error {
+            message: "no job with id 99".into(),
+        },
+        json!({"type": "Error", "message": "no job with id 99"}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The executor's inbox
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn executor_launch_tasks() {
+    let message = ExecutorMessage::LaunchTasks {
+        tasks: vec![
+            TaskDescription {
+                task_id: 42,
+                job_id: 7,
+                index: 3,
+                attempt: 0,
+                cpus: 1,
+                spec: Arc::new(TaskSpec::Handler {
+                    name: "echo".into(),
+                    arg: json!({"value": "hi"}),
+                }),
+            },
+            TaskDescription {
+                task_id: 43,
+                job_id: 7,
+                index: 4,
+                attempt: 2,
+                cpus: 2,
+                spec: Arc::new(TaskSpec::Command {
+                    argv: vec!["./work.sh".into()],
+                    env: map(&[("MODE", "fast")]),
+                    cwd: Some("/srv".into()),
+                    timeout_ms: None,
+                }),
+            },
+        ],
+    };
+    golden(
+        &message,
+        json!({
+            "type": "LaunchTasks",
+            "tasks": [
+                {
+                    "task_id": 42,
+                    "job_id": 7,
+                    "index": 3,
+                    "attempt": 0,
+                    "cpus": 1,
+                    "spec": {"kind": "handler", "name": "echo", "arg": {"value": "hi"}}
+                },
+                {
+                    "task_id": 43,
+                    "job_id": 7,
+                    "index": 4,
+                    "attempt": 2,
+                    "cpus": 2,
+                    "spec": {
+                        "kind": "command",
+                        "argv": ["./work.sh"],
+                        "env": {"MODE": "fast"},
+                        "cwd": "/srv"
+                    }
+                }
+            ]
+        }),
+    );
+}
+
+#[test]
+fn executor_kill_task() {
+    golden(
+        &ExecutorMessage::KillTask {
+            task_id: 43,
+            attempt: 2,
+            reason: "job 7 ended: killed by request".into(),
+        },
+        json!({
+            "type": "KillTask",
+            "task_id": 43,
+            "attempt": 2,
+            "reason": "job 7 ended: killed by request"
+        }),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Status updates
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn status_updates() {
+    let request = StatusRequest::StatusUpdates {
+        executor_id: exec("exec-1"),
+        updates: vec![
+            StatusUpdate {
+                task_id: 42,
+                attempt: 0,
+                state: TaskState::Running,
+                result: None,
+                error: None,
+            },
+            StatusUpdate {
+                task_id: 42,
+                attempt: 0,
+                state: TaskState::Finished,
+                result: Some(json!("hi")),
+                error: None,
+            },
+            StatusUpdate {
+                task_id: 43,
+                attempt: 2,
+                state: TaskState::Failed,
+                result: Some(json!({"exit_code": 3, "stdout": "", "stderr": "bad\n"})),
+                error: Some("exited with code 3: bad".into()),
+            },
+        ],
+    };
+    golden(
+        &request,
+        json!({
+            "type": "StatusUpdates",
+            "executor_id": "exec-1",
+            "updates": [
+                {"task_id": 42, "attempt": 0, "state": "RUNNING"},
+                {"task_id": 42, "attempt": 0, "state": "FINISHED", "result": "hi"},
+                {
+                    "task_id": 43,
+                    "attempt": 2,
+                    "state": "FAILED",
+                    "result": {"exit_code": 3, "stdout": "", "stderr": "bad\n"},
+                    "error": "exited with code 3: bad"
+                }
+            ]
+        }),
+    );
+    // A null result or error reads as none.
+    decodes_to(
+        json!({
+            "type": "StatusUpdates",
+            "executor_id": "exec-1",
+            "updates": [{"task_id": 42, "attempt": 0, "state": "KILLED", "result": null, "error": null}]
+        }),
+        &StatusRequest::StatusUpdates {
+            executor_id: exec("exec-1"),
+            updates: vec![StatusUpdate {
+                task_id: 42,
+                attempt: 0,
+                state: TaskState::Killed,
+                result: None,
+                error: None,
+            }],
+        },
+    );
+}
+
+#[test]
+fn status_ack() {
+    golden(
+        &StatusReply::StatusAck {
+            accepted: 2,
+            refused: vec![RefusedStatus {
+                task_id: 43,
+                attempt: 2,
+                reason: "task 43 attempt 2 was not launched on executor exec-1".into(),
+            }],
+        },
+        json!({
+            "type": "StatusAck",
+            "accepted": 2,
+            "refused": [{
+                "task_id": 43,
+                "attempt": 2,
+                "reason": "task 43 attempt 2 was not launched on executor exec-1"
+            }]
+        }),
+    );
+    golden(
+        &StatusReply::StatusAck {
+            accepted: 0,
+            refused: vec![],
+        },
+        json!({"type": "StatusAck", "accepted": 0, "refused": []}),
+    );
+}
+
+#[test]
+fn status_error() {
+    golden(
+        &StatusReply::Error {
+            message: "executor exec-9 is not registered".into(),
+        },
+        json!({"type": "Error", "message": "executor exec-9 is not registered"}),
+    );
+}
+
+#[test]
+fn refused_status() {
+    golden(
+        &RefusedStatus {
+            task_id: 99,
+            attempt: 0,
+            reason: "task 99 is not known to this driver".into(),
+        },
+        json!({"task_id": 99, "attempt": 0, "reason": "task 99 is not known to this driver"}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// What decode refuses
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn decode_refuses_a_payload_over_the_limit() {
+    let payload = encode(&register_request());
+    let size = payload.len();
+    // Exactly at the limit is fine; one byte over is not, and nothing is parsed.
+    assert!(decode::<RegisterRequest>(&payload, size).is_ok());
+    match decode::<RegisterRequest>(&payload, size - 1) {
+        Err(DecodeError::TooLarge { size: s, limit }) => {
+            assert_eq!((s, limit), (size, size - 1));
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    let garbage = vec![b'x'; 100];
+    let error = decode::<ApiRequest>(&garbage, 10).unwrap_err();
+    assert!(matches!(
+        error,
+        DecodeError::TooLarge {
+            size: 100,
+            limit: 10
+        }
+    ));
+    assert_eq!(
+        error.to_string(),
+        "message of 100 bytes exceeds the limit of 10 bytes"
+    );
+}
+
+#[test]
+fn decode_refuses_an_empty_payload() {
+    for payload in [&b""[..], b" ", b"\n\t\r  "] {
+        let error = decode::<ApiRequest>(payload, LIMIT).unwrap_err();
+        assert!(
+            matches!(error, DecodeError::Empty),
+            "{payload:?}: {error:?}"
+        );
+        assert_eq!(error.to_string(), "message is empty");
+    }
+}
+
+#[test]
+fn decode_refuses_an_unknown_type() {
+    let message = json_error::<ApiRequest>(
+        br#"{"type":"DropTables"}"#,
+        &["unknown variant `DropTables`", "ListExecutors"],
+    );
+    assert!(message.starts_with("message is not valid JSON for this subject: "));
+    // A reply type is not a request type.
+    json_error::<ApiRequest>(
+        br#"{"type":"JobAccepted","job_id":1}"#,
+        &["unknown variant"],
+    );
+    // Tags are case-sensitive.
+    json_error::<RegisterRequest>(
+        br#"{"type":"registerExecutor"}"#,
+        &["unknown variant `registerExecutor`"],
+    );
+    json_error::<ExecutorMessage>(br#"{"type":"Shutdown"}"#, &["unknown variant `Shutdown`"]);
+    json_error::<Event>(br#"{"type":"StageStart"}"#, &["unknown variant"]);
+    // No tag at all.
+    json_error::<StatusRequest>(
+        br#"{"executor_id":"e","updates":[]}"#,
+        &["missing field `type`"],
+    );
+}
+
+#[test]
+fn decode_refuses_a_missing_field() {
+    json_error::<RegisterRequest>(
+        format!(
+            r#"{{"type":"RegisterExecutor","executor_id":"e1","instance_id":"{INSTANCE}","host_port":"h:1"}}"#
+        )
+        .as_bytes(),
+        &["missing field `cores`"],
+    );
+    json_error::<ApiRequest>(br#"{"type":"KillJob"}"#, &["missing field `job_id`"]);
+    json_error::<ExecutorMessage>(
+        br#"{"type":"KillTask","task_id":1,"attempt":0}"#,
+        &["missing field `reason`"],
+    );
+    json_error::<StatusRequest>(
+        br#"{"type":"StatusUpdates","executor_id":"e1","updates":[{"task_id":1,"attempt":0}]}"#,
+        &["missing field `state`"],
+    );
+}
+
+#[test]
+fn decode_ignores_unknown_fields() {
+    decodes_to(
+        json!({"type": "KillJob", "job_id": 7, "force": true}),
+        &ApiRequest::KillJob { job_id: 7 },
+    );
+    decodes_to(
+        json!({"type": "ListJobs", "extra": 1}),
+        &ApiRequest::ListJobs,
+    );
+}
+
+fn register_with_id(id: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "type": "RegisterExecutor",
+        "executor_id": id,
+        "instance_id": INSTANCE,
+        "host_port": "h:1",
+        "cores": 1
+    }))
+    .unwrap()
+}
+
+#[test]
+fn decode_refuses_an_invalid_executor_id() {
+    json_error::<RegisterRequest>(
+        &register_with_id("a.b"),
+        &[
+            r#"executor id "a.b" contains '.'"#,
+            "only A-Z, a-z, 0-9, '_' and '-' are allowed",
+        ],
+    );
+    json_error::<RegisterRequest>(
+        &register_with_id(&"x".repeat(65)),
+        &["executor id is 65 bytes long; the limit is 64"],
+    );
+    json_error::<RegisterRequest>(&register_with_id(""), &["executor id is empty"]);
+    for bad in ["a*", ">", "a b", "é"] {
+        json_error::<RegisterRequest>(&register_with_id(bad), &["executor id", "contains"]);
+    }
+    // 64 characters of the allowed set are fine.
+    let longest = format!("{}_-9Z", "a".repeat(60));
+    assert!(decode::<RegisterRequest>(&register_with_id(&longest), LIMIT).is_ok());
+    // The same rule holds wherever an executor id appears.
+    json_error::<StatusRequest>(
+        br#"{"type":"StatusUpdates","executor_id":"a.b","updates":[]}"#,
+        &[r#"executor id "a.b" contains '.'"#],
+    );
+    json_error::<Event>(
+        br#"{"type":"ExecutorRemoved","time_ms":1,"executor_id":"","reason":"x"}"#,
+        &["executor id is empty"],
+    );
+}
+
+#[test]
+fn decode_refuses_deep_nesting_without_overflowing() {
+    let depth = 10_000;
+    let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    json_error::<Value>(deep.as_bytes(), &["recursion limit exceeded"]);
+    // Inside a free-form field of a tagged message.
+    let submit = format!(
+        r#"{{"type":"SubmitJob","tasks":[{{"kind":"handler","name":"echo","arg":{deep}}}]}}"#
+    );
+    json_error::<ApiRequest>(submit.as_bytes(), &["recursion limit exceeded"]);
+    let objects = format!("{}{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+    let status = format!(
+        r#"{{"type":"StatusUpdates","executor_id":"e1","updates":[{{"task_id":1,"attempt":0,"state":"FINISHED","result":{objects}}}]}}"#
+    );
+    json_error::<StatusRequest>(status.as_bytes(), &["recursion limit exceeded"]);
+    // Unterminated nesting too.
+    json_error::<Event>("[".repeat(depth).as_bytes(), &[]);
+}
+
+#[test]
+fn decode_refuses_invalid_utf8() {
+    let mut payload = br#"{"type":"SubmitJob","name":"caf"#.to_vec();
+    payload.extend_from_slice(&[0xC3, 0x28]);
+    payload.extend_from_slice(br#"","tasks":[{"kind":"handler","name":"noop"}]}"#);
+    json_error::<ApiRequest>(&payload, &[]);
+    json_error::<ApiRequest>(&[0xFF, 0xFE, b'{', b'}'], &[]);
+    // Valid UTF-8 beyond ASCII is fine.
+    decodes_to(
+        json!({"type": "SubmitJob", "name": "café ☕", "tasks": [{"kind": "handler", "name": "noop"}]}),
+        &ApiRequest::SubmitJob(SubmitJob {
+            name: "café ☕".into(),
+            ..default_job()
+        }),
+    );
+}
+
+#[test]
+fn decode_refuses_trailing_garbage_and_wrong_types() {
+    json_error::<ApiRequest>(br#"{"type":"ListJobs"} {"type":"ListJobs"}"#, &["trailing"]);
+    json_error::<ApiRequest>(br#"{"type":"KillJob","job_id":-1}"#, &[]);
+    json_error::<ApiRequest>(br#"{"type":"KillJob","job_id":"7"}"#, &[]);
+    json_error::<RegisterRequest>(
+        br#"{"type":"RegisterExecutor","executor_id":"e1","instance_id":"not-a-uuid","host_port":"h:1","cores":1}"#,
+        &[],
+    );
+    json_error::<ApiRequest>(br#"[]"#, &[]);
+}
