@@ -4,11 +4,12 @@
 use crate::subjects::Subjects;
 use crate::{DEFAULT_CLUSTER, DEFAULT_NATS_URL, SUBSCRIPTION_CAPACITY};
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tracing::{info, warn};
 
-/// The NATS flags every Ember binary takes.
-#[derive(Debug, Clone, clap::Args)]
+/// The NATS flags every Ember binary takes. `Debug` leaves the password and token out, so the
+/// flags can be logged.
+#[derive(Clone, clap::Args)]
 pub struct NatsArgs {
     /// NATS server URL(s); several, comma-separated, for a cluster.
     #[arg(long, env = "EMBER_NATS_URL", default_value = DEFAULT_NATS_URL)]
@@ -28,6 +29,37 @@ pub struct NatsArgs {
     /// NATS credentials file (JWT and nkey seed).
     #[arg(long, env = "EMBER_CREDS")]
     pub creds: Option<PathBuf>,
+    /// File holding an nkey seed (`SU...`) for servers that list users by nkey.
+    #[arg(long, env = "EMBER_NKEY")]
+    pub nkey: Option<PathBuf>,
+    /// PEM file of the certificate authorities that signed the server's certificate; makes the
+    /// connection require TLS.
+    #[arg(long, env = "EMBER_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate, for servers that verify clients (with --tls-key).
+    #[arg(long, env = "EMBER_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "EMBER_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for NatsArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |secret: &Option<String>| secret.as_ref().map(|_| "<hidden>");
+        f.debug_struct("NatsArgs")
+            .field("nats_url", &self.nats_url)
+            .field("cluster", &self.cluster)
+            .field("user", &self.user)
+            .field("password", &hidden(&self.password))
+            .field("token", &hidden(&self.token))
+            .field("creds", &self.creds)
+            .field("nkey", &self.nkey)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .finish()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +73,10 @@ pub enum ConnectError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("could not read the nkey seed file {path}: {reason}")]
+    Nkey { path: PathBuf, reason: String },
+    #[error("--password needs --user (and --user needs --password)")]
+    UserPassword,
     #[error("could not connect to NATS at {url}: {source} (is nats-server running? `ember up` starts one)")]
     Connect {
         url: String,
@@ -68,11 +104,35 @@ impl NatsArgs {
         if let Some(prefix) = inbox_prefix {
             options = options.custom_inbox_prefix(prefix);
         }
-        if let (Some(user), Some(password)) = (&self.user, &self.password) {
-            options = options.user_and_password(user.clone(), password.clone());
+        options = self.authenticate(options).await?;
+        options
+            .connect(servers)
+            .await
+            .map_err(|source| ConnectError::Connect {
+                url: self.nats_url.clone(),
+                source,
+            })
+    }
+
+    /// Adds the credentials and TLS settings these flags name to `options`: for programs that
+    /// build their own [`ConnectOptions`] (an event callback of their own, say) and still want
+    /// Ember's flags.
+    pub async fn authenticate(
+        &self,
+        mut options: ConnectOptions,
+    ) -> Result<ConnectOptions, ConnectError> {
+        match (&self.user, &self.password) {
+            (Some(user), Some(password)) => {
+                options = options.user_and_password(user.clone(), password.clone());
+            }
+            (None, None) => {}
+            _ => return Err(ConnectError::UserPassword),
         }
         if let Some(token) = &self.token {
             options = options.token(token.clone());
+        }
+        if let Some(path) = &self.nkey {
+            options = options.nkey(read_seed(path)?);
         }
         if let Some(path) = &self.creds {
             options =
@@ -84,14 +144,31 @@ impl NatsArgs {
                         source,
                     })?;
         }
-        options
-            .connect(servers)
-            .await
-            .map_err(|source| ConnectError::Connect {
-                url: self.nats_url.clone(),
-                source,
-            })
+        if let Some(ca) = &self.tls_ca {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            options = options
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
+        }
+        Ok(options)
     }
+}
+
+/// Reads an nkey seed: the file's first line that looks like one, so a seed kept beside a
+/// comment (as `nk -gen user` prints it) works. The seed itself never appears in an error.
+fn read_seed(path: &Path) -> Result<String, ConnectError> {
+    let bad = |reason: String| ConnectError::Nkey {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    text.lines()
+        .map(str::trim)
+        .find(|line| line.starts_with('S') && !line.contains(char::is_whitespace))
+        .map(str::to_string)
+        .ok_or_else(|| bad("no nkey seed (a line starting with 'S') in it".into()))
 }
 
 /// Parses a comma-separated list of server URLs.

@@ -2,6 +2,7 @@
 //! registry and jobs, submit and kill jobs.
 
 use clap::{Parser, Subcommand};
+use ember::cli::creds::{creds, CredsArgs};
 use ember::cli::submit::{submit, SubmitArgs};
 use ember::cli::up::{up, UpArgs};
 use ember::cli::view::{follow_events, show_executors, show_jobs};
@@ -57,6 +58,9 @@ enum Command {
     },
     /// Decommission every executor of the cluster.
     Shutdown,
+    /// Print the users block of a locked-down nats-server (see nats-secure.conf and
+    /// docs/security.md): a driver, a client, a listener and one user per executor.
+    Creds(CredsArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,11 +84,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         up(args, &cli.nats, shutdown_signal()).await?;
         return Ok(true);
     }
+    if let Command::Creds(args) = &cli.command {
+        print!("{}", creds(args, &cli.nats.cluster)?);
+        return Ok(true);
+    }
     let subjects = cli.nats.subjects()?;
     let nats = cli.nats.connect("ember", None).await?;
     let client = EmberClient::new(nats.clone(), subjects.clone());
     match cli.command {
         Command::Up(_) => unreachable!("handled above"),
+        Command::Creds(_) => unreachable!("handled above"),
         Command::Events { json } => {
             follow_events(&nats, &subjects, json, shutdown_signal()).await?
         }

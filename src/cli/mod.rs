@@ -1,6 +1,7 @@
 //! What the binaries share: logging, signals, flag parsers, and the `ember` subcommands. The
 //! binaries in src/bin only parse flags and call into here.
 
+pub mod creds;
 pub mod submit;
 pub mod up;
 pub mod view;

@@ -1,0 +1,411 @@
+//! `ember creds`: the users of a locked-down nats-server, one per role and one per executor,
+//! each with the permissions of its role (see docs/security.md).
+//!
+//! The permissions bind an executor's credentials to its id: it may publish only subjects that
+//! end in its id and subscribe only its own inbox subjects, so it cannot register, heartbeat or
+//! report status as another executor, nor read what the driver sends another. What NATS cannot
+//! check (where a reply goes, that a payload's id equals the subject's) the driver checks.
+
+use crate::ids::{validate_token, ExecutorId};
+use crate::subjects::Subjects;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The user names of the roles that are not executors.
+pub const DRIVER_USER: &str = "driver";
+pub const CLIENT_USER: &str = "client";
+pub const LISTENER_USER: &str = "listener";
+
+/// A bcrypt-shaped password no password matches: the shipped example config holds these, so a
+/// server started from it unchanged lets nobody in.
+pub const PLACEHOLDER_PASSWORD: &str = "$2a$11$PLACEHOLDER.run.ember.creds.to.make.real.passwords";
+
+const PLACEHOLDER_NOTE: &str = "\
+# EXAMPLE ONLY. Every password below is a placeholder that matches no password, so a server
+# started from this file lets nobody in. Make real ones with, for example,
+#   ember creds --executors 4 --password-file ember-passwords --full > nats-secure.conf
+";
+
+/// `ember creds`: prints the users block for a driver, a client, a listener and N executors.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CredsArgs {
+    /// Make users for executors exec-1 .. exec-N (the ids `ember up` gives them).
+    #[arg(long, default_value_t = 0)]
+    pub executors: u32,
+    /// Make a user for this executor id too (repeatable).
+    #[arg(long = "executor-id", value_parser = |s: &str| ExecutorId::parse(s))]
+    pub executor_ids: Vec<ExecutorId>,
+    /// The cluster the permissions are for [default: ember's --cluster].
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Keep the passwords in this file, one `user password` line each (written with mode
+    /// 0600): users already in it keep theirs, new users get random ones. Hand each process
+    /// only its own line.
+    #[arg(long, conflicts_with = "placeholder")]
+    pub password_file: Option<PathBuf>,
+    /// Random passwords, printed only in the block (the default).
+    #[arg(long, conflicts_with_all = ["placeholder", "password_file"])]
+    pub random: bool,
+    /// Placeholder passwords that match nothing, for an example config.
+    #[arg(long)]
+    pub placeholder: bool,
+    /// Print a complete server config (listen address, max_payload, the users), not only the
+    /// authorization block.
+    #[arg(long)]
+    pub full: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CredsError {
+    #[error("invalid cluster: {0}")]
+    Cluster(String),
+    #[error("executor id {0:?} is also a role's user name; pick another id")]
+    ReservedId(String),
+    #[error("executor id {0:?} is given twice")]
+    DuplicateId(String),
+    #[error("no executors: give --executors N or --executor-id ID")]
+    NoExecutors,
+    #[error("could not read the password file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("could not write the password file {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What a user may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Driver,
+    Executor(ExecutorId),
+    Client,
+    Listener,
+}
+
+/// One NATS user of the cluster.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub name: String,
+    pub password: String,
+    pub role: Role,
+}
+
+/// A user's permissions, as nats-server reads them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions {
+    pub publish_allow: Vec<String>,
+    pub publish_deny: Vec<String>,
+    pub subscribe_allow: Vec<String>,
+    pub subscribe_deny: Vec<String>,
+    /// May publish to the reply subject of a request it received (once, for a while).
+    pub allow_responses: bool,
+}
+
+impl Role {
+    /// The permissions of this role in `subjects`' cluster. `executors` are the cluster's
+    /// executor ids: a client may read replies in any inbox but theirs.
+    pub fn permissions(&self, subjects: &Subjects, executors: &[ExecutorId]) -> Permissions {
+        let p = subjects.prefix();
+        match self {
+            Role::Driver => Permissions {
+                publish_allow: vec![format!("{p}.executor.*"), subjects.events_all()],
+                subscribe_allow: vec![format!("{p}.driver.>")],
+                allow_responses: true,
+                ..Permissions::default()
+            },
+            Role::Executor(id) => Permissions {
+                publish_allow: vec![format!("{p}.driver.*.{id}")],
+                subscribe_allow: vec![subjects.executor_inbox(id), executor_replies(id)],
+                ..Permissions::default()
+            },
+            Role::Client => Permissions {
+                publish_allow: vec![subjects.api()],
+                subscribe_allow: vec!["_INBOX.>".into(), subjects.events_all()],
+                subscribe_deny: executors.iter().map(executor_replies).collect(),
+                ..Permissions::default()
+            },
+            Role::Listener => Permissions {
+                publish_deny: vec![">".into()],
+                subscribe_allow: vec![subjects.events_all()],
+                ..Permissions::default()
+            },
+        }
+    }
+}
+
+/// `_INBOX.<id>.>`: where the driver's answers to executor `id` arrive.
+fn executor_replies(id: &ExecutorId) -> String {
+    format!("{}.>", Subjects::executor_reply_prefix(id))
+}
+
+/// The executor ids `args` names: exec-1 .. exec-N, then the explicit ones.
+pub fn executor_ids(args: &CredsArgs) -> Result<Vec<ExecutorId>, CredsError> {
+    let mut ids: Vec<ExecutorId> = (1..=args.executors)
+        .map(|i| ExecutorId::parse(format!("exec-{i}")).expect("exec-N is a valid id"))
+        .collect();
+    ids.extend(args.executor_ids.iter().cloned());
+    if ids.is_empty() {
+        return Err(CredsError::NoExecutors);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for id in &ids {
+        if [DRIVER_USER, CLIENT_USER, LISTENER_USER].contains(&id.as_str()) {
+            return Err(CredsError::ReservedId(id.to_string()));
+        }
+        if !seen.insert(id.as_str()) {
+            return Err(CredsError::DuplicateId(id.to_string()));
+        }
+    }
+    Ok(ids)
+}
+
+/// The users of a cluster with these executors; `password` gives each user name its password.
+pub fn users(executors: &[ExecutorId], mut password: impl FnMut(&str) -> String) -> Vec<User> {
+    let mut user = |name: &str, role| User {
+        name: name.to_string(),
+        password: password(name),
+        role,
+    };
+    let mut all = vec![user(DRIVER_USER, Role::Driver)];
+    all.extend(
+        executors
+            .iter()
+            .map(|id| user(id.as_str(), Role::Executor(id.clone()))),
+    );
+    all.push(user(CLIENT_USER, Role::Client));
+    all.push(user(LISTENER_USER, Role::Listener));
+    all
+}
+
+/// A fresh random password: 122 random bits from the OS, as 32 hex digits.
+pub fn random_password() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// The `authorization { users = [...] }` block for `users` in `subjects`' cluster.
+pub fn authorization_block(subjects: &Subjects, users: &[User]) -> String {
+    let executors: Vec<ExecutorId> = users
+        .iter()
+        .filter_map(|u| match &u.role {
+            Role::Executor(id) => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut out = String::from("authorization {\n  users = [\n");
+    for user in users {
+        let perms = user.role.permissions(subjects, &executors);
+        let _ = writeln!(out, "    # {}", describe(&user.role));
+        let _ = writeln!(
+            out,
+            "    {{ user: {}, password: {}, permissions: {{",
+            quote(&user.name),
+            quote(&user.password)
+        );
+        out.push_str(&rule("publish", &perms.publish_allow, &perms.publish_deny));
+        out.push_str(&rule(
+            "subscribe",
+            &perms.subscribe_allow,
+            &perms.subscribe_deny,
+        ));
+        if perms.allow_responses {
+            out.push_str("        allow_responses: true\n");
+        }
+        out.push_str("    } }\n");
+    }
+    out.push_str("  ]\n}\n");
+    out
+}
+
+/// A complete nats-server config: loopback, the limits of nats.conf, no anonymous access, and
+/// `users`. The port and address can be overridden on nats-server's command line.
+pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
+    format!(
+        "# A locked-down nats-server for the Ember cluster {cluster:?}, written by `ember creds`.\n\
+         # No anonymous access: every client logs in as one of the users below, whose\n\
+         # permissions allow only what its role needs (see docs/security.md).\n\
+         host: 127.0.0.1\n\
+         port: 4222\n\
+         max_payload: 8MB\n\
+         write_deadline: \"10s\"\n\
+         \n{block}",
+        cluster = subjects.prefix().trim_start_matches("ember."),
+        block = authorization_block(subjects, users)
+    )
+}
+
+fn describe(role: &Role) -> String {
+    match role {
+        Role::Driver => {
+            "the driver: reads the driver subjects, writes inboxes, events and replies".into()
+        }
+        Role::Executor(id) => {
+            format!("executor {id}: writes only subjects ending in its id, reads only its inboxes")
+        }
+        Role::Client => "clients: the driver api, replies (not executors'), events".into(),
+        Role::Listener => "listeners: read the events, write nothing".into(),
+    }
+}
+
+fn rule(what: &str, allow: &[String], deny: &[String]) -> String {
+    let list = |items: &[String]| {
+        let quoted: Vec<String> = items.iter().map(|s| quote(s)).collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    let mut parts = Vec::new();
+    if !allow.is_empty() {
+        parts.push(format!("allow: {}", list(allow)));
+    }
+    if !deny.is_empty() {
+        parts.push(format!("deny: {}", list(deny)));
+    }
+    format!("        {what}: {{ {} }}\n", parts.join(", "))
+}
+
+/// A string in nats-server's config syntax. Names, subjects and generated passwords hold no
+/// quote or backslash; anything else is escaped all the same.
+fn quote(text: &str) -> String {
+    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// Reads `user password` lines; a missing file is an empty one.
+fn read_passwords(path: &Path) -> Result<BTreeMap<String, String>, CredsError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(source) => {
+            return Err(CredsError::Read {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once(char::is_whitespace))
+        .map(|(user, password)| (user.to_string(), password.trim().to_string()))
+        .filter(|(_, password)| !password.is_empty())
+        .collect())
+}
+
+fn write_passwords(path: &Path, users: &[User]) -> Result<(), CredsError> {
+    use std::io::Write;
+    let mut text = String::from("# user password (keep secret; give each process its own line)\n");
+    for user in users {
+        let _ = writeln!(text, "{} {}", user.name, user.password);
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let error = |source| CredsError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = options.open(path).map_err(error)?;
+    file.write_all(text.as_bytes()).map_err(error)
+}
+
+/// Runs `ember creds`: the text to print. `default_cluster` is ember's --cluster.
+pub fn creds(args: &CredsArgs, default_cluster: &str) -> Result<String, CredsError> {
+    let cluster = args.cluster.as_deref().unwrap_or(default_cluster);
+    validate_token("cluster name", cluster).map_err(CredsError::Cluster)?;
+    let subjects = Subjects::new(cluster).map_err(CredsError::Cluster)?;
+    let ids = executor_ids(args)?;
+    let users = match &args.password_file {
+        Some(path) => {
+            let known = read_passwords(path)?;
+            let users = users(&ids, |name| {
+                known.get(name).cloned().unwrap_or_else(random_password)
+            });
+            write_passwords(path, &users)?;
+            users
+        }
+        None if args.placeholder => users(&ids, |_| PLACEHOLDER_PASSWORD.to_string()),
+        None => users(&ids, |_| random_password()),
+    };
+    let text = if args.full {
+        server_config(&subjects, &users)
+    } else {
+        authorization_block(&subjects, &users)
+    };
+    Ok(if args.placeholder {
+        format!("{PLACEHOLDER_NOTE}{text}")
+    } else {
+        text
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> ExecutorId {
+        ExecutorId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn an_executor_may_touch_only_subjects_of_its_own_id() {
+        let s = Subjects::new("prod").unwrap();
+        let p = Role::Executor(id("e1")).permissions(&s, &[]);
+        assert_eq!(p.publish_allow, ["ember.prod.driver.*.e1"]);
+        assert_eq!(p.subscribe_allow, ["ember.prod.executor.e1", "_INBOX.e1.>"]);
+        assert!(!p.allow_responses);
+    }
+
+    #[test]
+    fn clients_cannot_read_executor_replies() {
+        let s = Subjects::new("prod").unwrap();
+        let p = Role::Client.permissions(&s, &[id("e1"), id("e2")]);
+        assert_eq!(p.subscribe_deny, ["_INBOX.e1.>", "_INBOX.e2.>"]);
+        assert_eq!(p.publish_allow, ["ember.prod.driver.api"]);
+    }
+
+    #[test]
+    fn the_block_lists_every_user_once() {
+        let s = Subjects::new("c").unwrap();
+        let users = users(&[id("exec-1"), id("exec-2")], |n| format!("pw-{n}"));
+        let block = authorization_block(&s, &users);
+        for name in ["driver", "exec-1", "exec-2", "client", "listener"] {
+            let needle = format!("user: \"{name}\", password: \"pw-{name}\"");
+            assert_eq!(block.matches(&needle).count(), 1, "{name}\n{block}");
+        }
+        assert_eq!(block.matches("allow_responses: true").count(), 1);
+    }
+
+    #[test]
+    fn role_names_and_repeats_are_refused_as_executor_ids() {
+        let mut args = CredsArgs {
+            executors: 1,
+            executor_ids: vec![id("driver")],
+            cluster: None,
+            password_file: None,
+            random: false,
+            placeholder: false,
+            full: false,
+        };
+        assert!(matches!(
+            executor_ids(&args),
+            Err(CredsError::ReservedId(_))
+        ));
+        args.executor_ids = vec![id("exec-1")];
+        assert!(matches!(
+            executor_ids(&args),
+            Err(CredsError::DuplicateId(_))
+        ));
+        args.executors = 0;
+        args.executor_ids.clear();
+        assert!(matches!(executor_ids(&args), Err(CredsError::NoExecutors)));
+    }
+
+    #[test]
+    fn random_passwords_differ() {
+        assert_ne!(random_password(), random_password());
+        assert_eq!(random_password().len(), 32);
+    }
+}

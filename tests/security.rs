@@ -1,0 +1,775 @@
+//! The locked-down server of docs/security.md on a real nats-server: each role can do what it
+//! needs and nothing else. Every refused attempt is checked three ways: the server reports a
+//! permissions violation (async-nats hands it to the event callback, not to the call), a
+//! subscriber allowed to see the subject sees nothing within a bounded time, and the driver's
+//! registry is unchanged.
+
+mod common;
+
+use async_nats::{Client, ConnectOptions, Event, ServerError, Subscriber};
+use clap::Parser;
+use common::{within, TestCluster};
+use ember::cli::creds::{self, User, PLACEHOLDER_PASSWORD};
+use ember::connect::NatsArgs;
+use ember::driver::{self, DriverConfig};
+use ember::executor::{self, Handlers};
+use ember::ids::ExecutorId;
+use ember::protocol::{
+    encode, ApiRequest, Event as EmberEvent, ExecutorMessage, HeartbeatRequest, JobState,
+    RegisterExecutor, RegisterRequest, StatusRequest, StatusUpdate, SubmitJob, TaskSpec, TaskState,
+};
+use ember::server::NatsServer;
+use ember::subjects::Subjects;
+use futures::StreamExt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// How long a subscriber must stay silent for a message to count as not delivered. Loopback
+/// delivers in well under a millisecond; this is generous.
+const SILENCE: Duration = Duration::from_millis(400);
+
+/// A test-only nkey user (generated for these tests; it opens nothing but their servers).
+const TEST_NKEY_SEED: &str = "SUAMOCP3IASV4SPFZ577D76HZ5AV6RFWFAAXAAVJY7XLHPHJ54VILMRQ2Y";
+const TEST_NKEY_PUBLIC: &str = "UDULYDL2AU3JTFEIILDZNSMCJ5WZF5FYX4HJXLHP2GVPN4MVEA7657HK";
+
+fn password(user: &str) -> String {
+    format!("pw-{user}-s3cret")
+}
+
+/// A file in the temp dir, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("ember-{}-{name}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, text).expect("write temp file");
+        Self(path)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A nats-server running `ember creds`' config for executors exec-1 and exec-2 (plus extra
+/// config text), on a cluster name of its own.
+struct Secure {
+    cluster: TestCluster,
+    _config: TempFile,
+}
+
+impl Secure {
+    fn start(name: &str) -> Self {
+        Self::start_with(name, |_| {}, "")
+    }
+
+    fn start_with(name: &str, edit: impl FnOnce(&mut Vec<User>), extra: &str) -> Self {
+        let cluster = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let subjects = Subjects::new(&cluster).expect("valid cluster");
+        let ids = [id("exec-1"), id("exec-2")];
+        let mut users = creds::users(&ids, password);
+        edit(&mut users);
+        let text = format!("{}{extra}", creds::server_config(&subjects, &users));
+        let config = TempFile::new("nats.conf", &text);
+        let server = NatsServer::start(&["-c", config.path()]).expect("start nats-server");
+        Self {
+            cluster: TestCluster {
+                server,
+                subjects,
+                cluster,
+            },
+            _config: config,
+        }
+    }
+
+    fn subjects(&self) -> &Subjects {
+        &self.cluster.subjects
+    }
+
+    /// The shared flags, parsed as a binary would parse them.
+    fn flags(&self, extra: &[&str]) -> Result<NatsArgs, clap::Error> {
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            nats: NatsArgs,
+        }
+        let url = self.cluster.url();
+        let mut argv = vec![
+            "test",
+            "--nats-url",
+            &url,
+            "--cluster",
+            &self.cluster.cluster,
+        ];
+        argv.extend(extra);
+        Flags::try_parse_from(argv).map(|f| f.nats)
+    }
+
+    /// Connects through `NatsArgs` as `user`, executors with their own inbox prefix.
+    async fn login(&self, user: &str) -> Client {
+        let pw = password(user);
+        let prefix = user
+            .starts_with("exec-")
+            .then(|| Subjects::executor_reply_prefix(&id(user)));
+        self.flags(&["--user", user, "--password", &pw])
+            .expect("flags parse")
+            .connect(user, prefix)
+            .await
+            .expect("login")
+    }
+
+    /// A raw connection as `user` whose server errors are collected.
+    async fn watched(&self, user: &str) -> Watched {
+        let (tx, events) = mpsc::unbounded_channel();
+        let mut options = ConnectOptions::new()
+            .user_and_password(user.into(), password(user))
+            .event_callback(move |event| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(event);
+                }
+            });
+        if user.starts_with("exec-") {
+            options = options.custom_inbox_prefix(Subjects::executor_reply_prefix(&id(user)));
+        }
+        let client = options.connect(self.cluster.url()).await.expect("connect");
+        Watched { client, events }
+    }
+
+    async fn start_driver(&self) -> Stoppable {
+        let client = self.login("driver").await;
+        let config = DriverConfig {
+            subjects: self.subjects().clone(),
+            expect_executors: 0,
+            revive_interval: Duration::from_millis(200),
+            liveness: Default::default(),
+        };
+        let driver = Stoppable::spawn(|stop| async move {
+            driver::run(client, config, stop)
+                .await
+                .expect("driver runs")
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        driver
+    }
+
+    async fn start_executor(&self, name: &str) -> Stoppable {
+        let client = self.login(name).await;
+        let config = self.cluster.executor_config(name, 2);
+        Stoppable::spawn(|stop| async move {
+            let _ = executor::run(client, config, Handlers::builtin(), stop).await;
+        })
+    }
+
+    /// The driver, exec-1 registered, and a client.
+    async fn running(&self) -> (Stoppable, Stoppable, ember::client::EmberClient) {
+        let driver = self.start_driver().await;
+        let exec1 = self.start_executor("exec-1").await;
+        let api =
+            ember::client::EmberClient::new(self.login("client").await, self.subjects().clone());
+        common::eventually(Duration::from_secs(10), "exec-1 registered", || async {
+            let snapshot = api.executors().await.ok()?;
+            (snapshot.registered_executors == 1).then_some(())
+        })
+        .await;
+        (driver, exec1, api)
+    }
+}
+
+fn id(text: &str) -> ExecutorId {
+    ExecutorId::parse(text).expect("valid id")
+}
+
+/// A task that stops when told, or is aborted when dropped.
+struct Stoppable {
+    stop: Option<oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Stoppable {
+    fn spawn<F, Fut>(start: F) -> Self
+    where
+        F: FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (stop, stopped) = oneshot::channel();
+        let handle = tokio::spawn(start(Box::pin(async move {
+            let _ = stopped.await;
+        })));
+        Self {
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    fn is_running(&self) -> bool {
+        !self.handle.is_finished()
+    }
+}
+
+impl Drop for Stoppable {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.handle.abort();
+    }
+}
+
+/// A connection and the events its client reported.
+struct Watched {
+    client: Client,
+    events: mpsc::UnboundedReceiver<Event>,
+}
+
+impl Watched {
+    /// Publishes with a reply subject under this connection's own inbox, and flushes.
+    async fn send(&self, subject: String, payload: bytes::Bytes) {
+        let reply = self.client.new_inbox();
+        self.client
+            .publish_with_reply(subject, reply, payload)
+            .await
+            .expect("publish is buffered");
+        self.client.flush().await.expect("flush");
+    }
+
+    async fn subscribe(&self, subject: &str) -> Subscriber {
+        let sub = self
+            .client
+            .subscribe(subject.to_string())
+            .await
+            .expect("subscribe is buffered");
+        self.client.flush().await.expect("flush");
+        sub
+    }
+
+    /// Waits for the server's permissions violation naming `op` ("Publish" or "Subscription")
+    /// and `subject`.
+    async fn violation(&mut self, op: &str, subject: &str) {
+        let wanted = format!("Permissions Violation for {op} to \"{subject}\"");
+        let found = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(event) = self.events.recv().await {
+                if let Event::ServerError(ServerError::Other(text)) = &event {
+                    if text.contains(&wanted) {
+                        return true;
+                    }
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(found, Ok(true), "no event {wanted:?} reported");
+    }
+}
+
+/// Asserts that nothing arrives on `sub` within [`SILENCE`].
+async fn silent(sub: &mut Subscriber, what: &str) {
+    absent_where(sub, what, |_| true).await
+}
+
+/// Asserts that no message with `payload` arrives on `sub` within [`SILENCE`]; other traffic
+/// (a running executor's own heartbeats, say) is let by.
+async fn absent(sub: &mut Subscriber, what: &str, payload: &[u8]) {
+    absent_where(sub, what, |m| m.payload.as_ref() == payload).await
+}
+
+async fn absent_where(
+    sub: &mut Subscriber,
+    what: &str,
+    is_attack: impl Fn(&async_nats::Message) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + SILENCE;
+    while let Ok(Some(message)) = tokio::time::timeout_at(deadline, sub.next()).await {
+        assert!(
+            !is_attack(&message),
+            "{what}: {} arrived on {}",
+            String::from_utf8_lossy(&message.payload),
+            message.subject
+        );
+    }
+}
+
+/// The next message on `sub`, within 5 s: the positive controls that show a silent
+/// subscriber would have seen the message.
+async fn arrives(sub: &mut Subscriber) -> async_nats::Message {
+    within(Duration::from_secs(5), sub.next())
+        .await
+        .expect("subscription open")
+}
+
+fn register_as(claimed: &str) -> bytes::Bytes {
+    encode(&RegisterRequest::RegisterExecutor(RegisterExecutor {
+        executor_id: id(claimed),
+        instance_id: uuid::Uuid::new_v4(),
+        host_port: "evil:1".into(),
+        cores: 64,
+        log_urls: Default::default(),
+        attributes: Default::default(),
+    }))
+}
+
+fn heartbeat_as(claimed: &str) -> bytes::Bytes {
+    encode(&HeartbeatRequest::ExecutorExiting {
+        executor_id: id(claimed),
+        instance_id: uuid::Uuid::new_v4(),
+    })
+}
+
+fn status_as(claimed: &str) -> bytes::Bytes {
+    encode(&StatusRequest::StatusUpdates {
+        executor_id: id(claimed),
+        updates: vec![StatusUpdate {
+            task_id: 1,
+            attempt: 0,
+            state: TaskState::Finished,
+            result: None,
+            error: None,
+        }],
+    })
+}
+
+fn noop_job(tasks: u32) -> SubmitJob {
+    SubmitJob {
+        name: "probe".into(),
+        tasks: vec![TaskSpec::Handler {
+            name: "noop".into(),
+            arg: serde_json::Value::Null,
+        }],
+        repeat: tasks,
+        max_failures: 1,
+        cpus_per_task: 1,
+    }
+}
+
+#[tokio::test]
+async fn anonymous_clients_and_wrong_passwords_are_refused() {
+    let secure = Secure::start_with(
+        "auth",
+        |users| users[1].password = PLACEHOLDER_PASSWORD.into(),
+        "",
+    );
+    let url = secure.cluster.url();
+    assert!(
+        ConnectOptions::new().connect(&url).await.is_err(),
+        "anonymous"
+    );
+    for (user, pw) in [
+        ("exec-2", "wrong"),
+        ("exec-2", ""),
+        ("driver", &password("exec-2")),
+        ("nobody", &password("exec-2")),
+        ("exec-1", PLACEHOLDER_PASSWORD),
+        ("exec-1", &password("exec-1")),
+    ] {
+        let result = ConnectOptions::new()
+            .user_and_password(user.into(), pw.into())
+            .connect(&url)
+            .await;
+        assert!(result.is_err(), "{user} with {pw:?} got in");
+    }
+    // exec-1's password was replaced by the placeholder above, so that pair was refused;
+    // the right password for a user that has one gets in.
+    secure.login("exec-2").await;
+    // A user without a password is a mistake, not anonymous access.
+    let flags = secure.flags(&["--user", "driver"]).expect("flags parse");
+    assert!(flags.connect("test", None).await.is_err());
+}
+
+#[tokio::test]
+async fn an_executor_cannot_register_heartbeat_or_report_as_another() {
+    let secure = Secure::start("impersonate");
+    let (driver, exec1, api) = secure.running().await;
+    let before = api.executors().await.expect("registry");
+    let observer = secure.watched("driver").await;
+    let p = secure.subjects().prefix().to_string();
+    let mut attacker = secure.watched("exec-2").await;
+    let target = id("exec-1");
+    let attempts = [
+        (secure.subjects().register(&target), register_as("exec-1")),
+        (secure.subjects().heartbeat(&target), heartbeat_as("exec-1")),
+        (secure.subjects().status(&target), status_as("exec-1")),
+        // Another executor's id on the attacker's own kind of subject, in another place.
+        (format!("{p}.driver.register.exec-3"), register_as("exec-3")),
+        (
+            secure.subjects().api(),
+            encode(&ApiRequest::StopAllExecutors),
+        ),
+    ];
+    for (subject, payload) in attempts {
+        let mut seen = observer.subscribe(&subject).await;
+        attacker.send(subject.clone(), payload.clone()).await;
+        attacker.violation("Publish", &subject).await;
+        absent(&mut seen, &subject, &payload).await;
+    }
+    // What NATS lets through (its own subject), the driver checks: the payload's id must be
+    // the subject's.
+    let own = secure.subjects().register(&id("exec-2"));
+    let reply = attacker
+        .client
+        .request(own, register_as("exec-1"))
+        .await
+        .expect("the driver answers");
+    let text = String::from_utf8_lossy(&reply.payload).to_string();
+    assert!(
+        text.contains("RegisterExecutorFailed") && text.contains("does not match"),
+        "{text}"
+    );
+    assert_eq!(api.executors().await.expect("registry"), before);
+    assert!(driver.is_running() && exec1.is_running());
+}
+
+#[tokio::test]
+async fn an_executor_cannot_read_another_inbox_or_a_wildcard_above_its_own() {
+    let secure = Secure::start("eavesdrop");
+    let (_driver, _exec1, api) = secure.running().await;
+    let p = secure.subjects().prefix().to_string();
+    let mut attacker = secure.watched("exec-2").await;
+    let mut stolen = Vec::new();
+    for subject in [
+        format!("{p}.executor.exec-1"),
+        format!("{p}.executor.*"),
+        format!("{p}.executor.>"),
+        format!("{p}.events.>"),
+        format!("{p}.driver.>"),
+        format!("{p}.>"),
+        "ember.>".to_string(),
+        ">".to_string(),
+        "_INBOX.>".to_string(),
+        "_INBOX.*.>".to_string(),
+        "_INBOX.exec-1.>".to_string(),
+    ] {
+        stolen.push((subject.clone(), attacker.subscribe(&subject).await));
+        attacker.violation("Subscription", &subject).await;
+    }
+    // Traffic the attacker would have seen: a message to exec-1's inbox, a reply to exec-1,
+    // events. Each reaches the one it is for.
+    let driver_conn = secure.watched("driver").await;
+    let exec1 = secure.watched("exec-1").await;
+    let mut inbox = exec1.subscribe(&format!("{p}.executor.exec-1")).await;
+    let listener = secure.watched("listener").await;
+    let mut events = listener.subscribe(&format!("{p}.events.>")).await;
+    let job = api.run_job(noop_job(2), |_| {}).await.expect("a job runs");
+    assert_eq!(job.state, JobState::Succeeded);
+    arrives(&mut events).await;
+    let kill = ExecutorMessage::KillTask {
+        task_id: 999_999,
+        attempt: 0,
+        reason: "probe".into(),
+    };
+    driver_conn
+        .client
+        .publish(format!("{p}.executor.exec-1"), encode(&kill))
+        .await
+        .expect("publish");
+    driver_conn.client.flush().await.expect("flush");
+    // exec-1's inbox saw the job's launches, then the probe.
+    let mut probe_seen = false;
+    while !probe_seen {
+        probe_seen = arrives(&mut inbox).await.payload.as_ref() == encode(&kill).as_ref();
+    }
+    let answer = exec1
+        .client
+        .request(format!("{p}.driver.register.exec-1"), "{}".into())
+        .await
+        .expect("exec-1 gets its own reply");
+    assert!(String::from_utf8_lossy(&answer.payload).contains("RegisterExecutorFailed"));
+    for (subject, mut sub) in stolen {
+        silent(&mut sub, &subject).await;
+    }
+}
+
+#[tokio::test]
+async fn an_executor_cannot_publish_events_or_send_to_another_executor() {
+    let secure = Secure::start("forge");
+    let (_driver, _exec1, api) = secure.running().await;
+    let before = api.executors().await.expect("registry");
+    let p = secure.subjects().prefix().to_string();
+    let listener = secure.watched("listener").await;
+    let exec1 = secure.watched("exec-1").await;
+    let mut attacker = secure.watched("exec-2").await;
+    let forged_end = EmberEvent::JobEnd {
+        time_ms: 1,
+        job_id: 1,
+        state: JobState::Succeeded,
+        succeeded: 1,
+        failed: 0,
+        killed: 0,
+        reason: None,
+    };
+    let launch = ExecutorMessage::StopExecutor {
+        reason: "forged".into(),
+    };
+    for (subject, payload, observer) in [
+        (
+            secure.subjects().event("job.end"),
+            encode(&forged_end),
+            &listener,
+        ),
+        (format!("{p}.executor.exec-1"), encode(&launch), &exec1),
+    ] {
+        let mut seen = observer.subscribe(&subject).await;
+        attacker.send(subject.clone(), payload.clone()).await;
+        attacker.violation("Publish", &subject).await;
+        absent(&mut seen, &subject, &payload).await;
+    }
+    assert_eq!(api.executors().await.expect("registry"), before);
+}
+
+#[tokio::test]
+async fn a_listener_can_only_listen() {
+    let secure = Secure::start("listener");
+    let (_driver, _exec1, api) = secure.running().await;
+    let p = secure.subjects().prefix().to_string();
+    let mut listener = secure.watched("listener").await;
+    let mut events = listener.subscribe(&format!("{p}.events.>")).await;
+    let observer = secure.watched("driver").await;
+    let exec1 = secure.watched("exec-1").await;
+    for (subject, observer) in [
+        (secure.subjects().api(), &observer),
+        (secure.subjects().register(&id("exec-1")), &observer),
+        (format!("{p}.executor.exec-1"), &exec1),
+    ] {
+        let mut seen = observer.subscribe(&subject).await;
+        listener.send(subject.clone(), "{}".into()).await;
+        listener.violation("Publish", &subject).await;
+        absent(&mut seen, &subject, b"{}").await;
+    }
+    let subject = secure.subjects().event("job.end");
+    listener.send(subject.clone(), "{}".into()).await;
+    listener.violation("Publish", &subject).await;
+    silent(&mut events, "the listener's own publish").await;
+    let _snoop = listener.subscribe("_INBOX.>").await;
+    listener.violation("Subscription", "_INBOX.>").await;
+    // What it may do, it does: the events of a job arrive.
+    api.submit(noop_job(1)).await.expect("submit");
+    let first = arrives(&mut events).await;
+    assert!(first.subject.starts_with(&format!("{p}.events.")));
+}
+
+#[tokio::test]
+async fn a_client_cannot_act_as_an_executor_nor_read_its_replies() {
+    let secure = Secure::start("client");
+    let (_driver, _exec1, api) = secure.running().await;
+    let before = api.executors().await.expect("registry");
+    let p = secure.subjects().prefix().to_string();
+    let observer = secure.watched("driver").await;
+    let mut client = secure.watched("client").await;
+    for (subject, payload) in [
+        (
+            secure.subjects().register(&id("exec-1")),
+            register_as("exec-1"),
+        ),
+        (
+            secure.subjects().register(&id("exec-9")),
+            register_as("exec-9"),
+        ),
+        (
+            secure.subjects().heartbeat(&id("exec-1")),
+            heartbeat_as("exec-1"),
+        ),
+        (secure.subjects().status(&id("exec-1")), status_as("exec-1")),
+    ] {
+        let mut seen = observer.subscribe(&subject).await;
+        client.send(subject.clone(), payload.clone()).await;
+        client.violation("Publish", &subject).await;
+        absent(&mut seen, &subject, &payload).await;
+    }
+    let subject = format!("{p}.executor.exec-1");
+    let mut launches = client.subscribe(&subject).await;
+    client.violation("Subscription", &subject).await;
+    // A client may read replies under _INBOX, but not those sent to an executor.
+    let mut replies = client.subscribe("_INBOX.>").await;
+    let exec1 = secure.watched("exec-1").await;
+    let answer = exec1
+        .client
+        .request(secure.subjects().register(&id("exec-1")), "{}".into())
+        .await
+        .expect("exec-1 gets its reply");
+    assert!(String::from_utf8_lossy(&answer.payload).contains("RegisterExecutorFailed"));
+    silent(&mut replies, "exec-1's reply, at a client").await;
+    silent(&mut launches, "exec-1's inbox, at a client").await;
+    assert_eq!(api.executors().await.expect("registry"), before);
+}
+
+#[tokio::test]
+async fn the_driver_answers_only_into_the_requesters_own_inbox() {
+    let secure = Secure::start("hijack");
+    let (driver, _exec1, api) = secure.running().await;
+    let before = api.executors().await.expect("registry");
+    let p = secure.subjects().prefix().to_string();
+    let victim = secure.watched("exec-1").await;
+    let mut victim_replies = victim.subscribe("_INBOX.exec-1.>").await;
+    let mut victim_inbox = victim.subscribe(&format!("{p}.executor.exec-1")).await;
+    let listener = secure.watched("listener").await;
+    let mut events = listener.subscribe(&format!("{p}.events.>")).await;
+    let attacker = secure.watched("exec-2").await;
+    let own = id("exec-2");
+    for (subject, payload) in [
+        (secure.subjects().register(&own), register_as("exec-2")),
+        (secure.subjects().heartbeat(&own), heartbeat_as("exec-2")),
+        (secure.subjects().status(&own), status_as("exec-2")),
+        (secure.subjects().register(&own), "not json".into()),
+    ] {
+        for reply in [
+            "_INBOX.exec-1.hijack".to_string(),
+            format!("{p}.executor.exec-1"),
+            format!("{p}.events.job.end"),
+        ] {
+            attacker
+                .client
+                .publish_with_reply(subject.clone(), reply, payload.clone())
+                .await
+                .expect("NATS lets a requester name any reply subject");
+        }
+    }
+    attacker.client.flush().await.expect("flush");
+    absent_where(
+        &mut victim_replies,
+        "a reply hijacked into exec-1's replies",
+        |m| m.subject.as_str() == "_INBOX.exec-1.hijack",
+    )
+    .await;
+    silent(&mut victim_inbox, "a reply hijacked into exec-1's inbox").await;
+    silent(&mut events, "a reply hijacked into the events").await;
+    // The refused registration changed nothing; the same request with its own reply works.
+    assert_eq!(api.executors().await.expect("registry"), before);
+    let answer = attacker
+        .client
+        .request(secure.subjects().register(&own), register_as("exec-2"))
+        .await
+        .expect("an answer into its own inbox");
+    assert!(String::from_utf8_lossy(&answer.payload).contains("RegisteredExecutor"));
+    assert!(driver.is_running());
+}
+
+/// The driver's api answers wherever the requester points its reply, and the driver's user
+/// may publish to executors' inboxes: a client can have the driver publish an api answer into
+/// an executor's inbox. The answer does not decode there (it is dropped), but the driver
+/// should refuse such a reply subject as it does for executors' requests.
+#[tokio::test]
+#[ignore = "the driver does not check the reply subject of api requests yet"]
+async fn the_driver_does_not_answer_api_requests_into_an_executor_inbox() {
+    let secure = Secure::start("api-hijack");
+    let (_driver, _exec1, _api) = secure.running().await;
+    let p = secure.subjects().prefix().to_string();
+    let victim = secure.watched("exec-1").await;
+    let mut victim_inbox = victim.subscribe(&format!("{p}.executor.exec-1")).await;
+    let mut victim_replies = victim.subscribe("_INBOX.exec-1.>").await;
+    let client = secure.watched("client").await;
+    for reply in [format!("{p}.executor.exec-1"), "_INBOX.exec-1.x".into()] {
+        client
+            .client
+            .publish_with_reply(
+                secure.subjects().api(),
+                reply,
+                bytes::Bytes::from_static(br#"{"type":"GetJob","job_id":999}"#),
+            )
+            .await
+            .expect("publish");
+    }
+    client.client.flush().await.expect("flush");
+    silent(&mut victim_inbox, "an api answer in exec-1's inbox").await;
+    silent(&mut victim_replies, "an api answer in exec-1's replies").await;
+}
+
+#[tokio::test]
+async fn the_whole_cluster_runs_a_job_with_least_privilege() {
+    let secure = Secure::start("works");
+    let (driver, exec1, api) = secure.running().await;
+    let exec2 = secure.start_executor("exec-2").await;
+    common::eventually(Duration::from_secs(10), "exec-2 registered", || async {
+        let snapshot = api.executors().await.ok()?;
+        (snapshot.registered_executors == 2).then_some(())
+    })
+    .await;
+    let job = api.run_job(noop_job(20), |_| {}).await.expect("job runs");
+    assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
+    assert!(driver.is_running() && exec1.is_running() && exec2.is_running());
+}
+
+#[tokio::test]
+async fn nkey_users_log_in_with_a_seed_file() {
+    let users = format!(
+        "\nauthorization {{ users = [ {{ nkey: \"{TEST_NKEY_PUBLIC}\", permissions: {{ publish: \"ember.>\", subscribe: \"ember.>\" }} }} ] }}\n"
+    );
+    let config = TempFile::new("nkey.conf", &users);
+    let server = NatsServer::start(&["-c", config.path()]).expect("start nats-server");
+    let seed = TempFile::new("seed", &format!("# a test-only user\n{TEST_NKEY_SEED}\n"));
+    let flags = |extra: &[&str]| {
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            nats: NatsArgs,
+        }
+        let mut argv = vec!["test", "--nats-url"];
+        let url = server.url();
+        argv.push(&url);
+        argv.extend(extra);
+        Flags::try_parse_from(argv).expect("flags parse").nats
+    };
+    let client = flags(&["--nkey", seed.path()])
+        .connect("test", None)
+        .await
+        .expect("the seed logs in");
+    client
+        .publish("ember.x.y", "hi".into())
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    assert!(flags(&[]).connect("test", None).await.is_err(), "anonymous");
+    let other = TempFile::new(
+        "other-seed",
+        "SUAFTP3MTY4GRILYVEA2HNCJR62WAF5VO235WU4OUNCHO7BRIHX54TXQWE\n",
+    );
+    assert!(
+        flags(&["--nkey", other.path()])
+            .connect("test", None)
+            .await
+            .is_err(),
+        "another seed"
+    );
+    let empty = TempFile::new("no-seed", "just a comment\n");
+    let error = flags(&["--nkey", empty.path()]).connect("test", None).await;
+    assert!(matches!(
+        error,
+        Err(ember::connect::ConnectError::Nkey { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_shipped_example_is_what_ember_creds_writes_and_lets_nobody_in() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/nats-secure.conf");
+    let shipped = std::fs::read_to_string(path).expect("nats-secure.conf");
+    let args = creds::CredsArgs {
+        executors: 2,
+        executor_ids: vec![],
+        cluster: None,
+        password_file: None,
+        random: false,
+        placeholder: true,
+        full: true,
+    };
+    assert_eq!(
+        creds::creds(&args, ember::DEFAULT_CLUSTER).expect("creds"),
+        shipped,
+        "regenerate with: ember creds --executors 2 --placeholder --full > nats-secure.conf"
+    );
+    let server = NatsServer::start(&["-c", path]).expect("nats-secure.conf starts");
+    for user in ["driver", "exec-1", "client", "listener"] {
+        for pw in [PLACEHOLDER_PASSWORD, "", "password"] {
+            let result = ConnectOptions::new()
+                .user_and_password(user.into(), pw.into())
+                .connect(server.url())
+                .await;
+            assert!(result.is_err(), "{user} got in with {pw:?}");
+        }
+    }
+    assert!(ConnectOptions::new().connect(server.url()).await.is_err());
+}
