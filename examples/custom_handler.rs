@@ -20,7 +20,6 @@ use ember::executor::{run, ExecutorConfig, Handlers, TaskContext, TaskResult};
 use ember::ids::ExecutorId;
 use ember::subjects::Subjects;
 use serde_json::{json, Value};
-use std::time::Duration;
 
 /// An executor that can also run `square {n}`.
 #[derive(Parser)]
@@ -95,6 +94,7 @@ mod tests {
     /// The example's executor, on a real nats-server with a real driver, runs `square` jobs.
     #[tokio::test]
     async fn the_embedded_executor_runs_square_jobs() {
+        use std::time::Duration;
         let server = ember::server::NatsServer::start(&[]).expect("nats-server");
         let subjects = Subjects::new("example-square").unwrap();
         let connect = |prefix: Option<String>| {

@@ -82,9 +82,27 @@ impl EmberClient {
         }
     }
 
-    /// The registry and its totals.
+    /// The whole registry and its totals, fetched page by page.
     pub async fn executors(&self) -> Result<ExecutorsSnapshot, ClientError> {
-        match self.call(&ApiRequest::ListExecutors).await? {
+        let mut snapshot = self.executors_page(0, None).await?;
+        while let Some(offset) = snapshot.next_offset.take() {
+            let page = self.executors_page(offset, None).await?;
+            snapshot.executors.extend(page.executors);
+            snapshot.next_offset = page.next_offset.filter(|next| *next > offset);
+        }
+        Ok(snapshot)
+    }
+
+    /// One page of the registry (`limit` 0: the totals alone).
+    pub async fn executors_page(
+        &self,
+        offset: u32,
+        limit: Option<u32>,
+    ) -> Result<ExecutorsSnapshot, ClientError> {
+        match self
+            .call(&ApiRequest::ListExecutors { offset, limit })
+            .await?
+        {
             ApiReply::Executors(snapshot) => Ok(snapshot),
             other => Err(unexpected(other)),
         }
@@ -105,10 +123,27 @@ impl EmberClient {
         }
     }
 
+    /// Every job, in submission order, fetched page by page.
     pub async fn jobs(&self) -> Result<Vec<JobSummary>, ClientError> {
-        match self.call(&ApiRequest::ListJobs).await? {
-            ApiReply::Jobs { jobs } => Ok(jobs),
-            other => Err(unexpected(other)),
+        let mut all = Vec::new();
+        let mut offset = 0;
+        loop {
+            match self
+                .call(&ApiRequest::ListJobs {
+                    offset,
+                    limit: None,
+                })
+                .await?
+            {
+                ApiReply::Jobs { jobs, next_offset } => {
+                    all.extend(jobs);
+                    match next_offset {
+                        Some(next) if next > offset => offset = next,
+                        _ => return Ok(all),
+                    }
+                }
+                other => return Err(unexpected(other)),
+            }
         }
     }
 

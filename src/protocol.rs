@@ -4,6 +4,8 @@
 //! docs/protocol.md describes the same messages for implementers in other languages; the golden
 //! tests in tests/protocol_golden.rs hold the two together.
 
+mod wire;
+
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
@@ -175,7 +177,11 @@ impl std::fmt::Display for JobState {
 /// What a task does. Handlers are named functions on the executor (`noop`, `sleep`, `echo`,
 /// `fail`, and any an embedding program registers); commands are processes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(
+    tag = "kind",
+    rename_all = "snake_case",
+    try_from = "wire::TaskSpecWire"
+)]
 pub enum TaskSpec {
     Handler {
         name: String,
@@ -220,12 +226,24 @@ fn default_max_failures() -> u32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum ApiRequest {
-    ListExecutors,
+    /// The registry and its totals, a page at a time (`limit` 0: the totals alone).
+    ListExecutors {
+        #[serde(default, skip_serializing_if = "is_zero")]
+        offset: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
     SubmitJob(SubmitJob),
     KillJob {
         job_id: JobId,
     },
-    ListJobs,
+    /// Jobs in submission order, a page at a time.
+    ListJobs {
+        #[serde(default, skip_serializing_if = "is_zero")]
+        offset: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
     GetJob {
         job_id: JobId,
     },
@@ -249,6 +267,28 @@ fn default_page() -> u32 {
     1000
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl ApiRequest {
+    /// `ListExecutors` for everything that fits in one reply.
+    pub fn list_executors() -> Self {
+        ApiRequest::ListExecutors {
+            offset: 0,
+            limit: None,
+        }
+    }
+
+    /// `ListJobs` for everything that fits in one reply.
+    pub fn list_jobs() -> Self {
+        ApiRequest::ListJobs {
+            offset: 0,
+            limit: None,
+        }
+    }
+}
+
 /// Answers on `<p>.driver.api`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
@@ -262,6 +302,9 @@ pub enum ApiReply {
     },
     Jobs {
         jobs: Vec<JobSummary>,
+        /// The offset of the next page, if there is one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_offset: Option<u32>,
     },
     Job {
         job: JobSummary,
@@ -283,6 +326,9 @@ pub struct ExecutorsSnapshot {
     pub total_cores: u64,
     pub registered_executors: u64,
     pub pending_executors: u64,
+    /// The offset of the next page of executors, if there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -336,7 +382,7 @@ pub struct TaskOutcome {
 
 /// What the driver sends to `<p>.executor.<id>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type")]
+#[serde(tag = "type", try_from = "wire::ExecutorMessageWire")]
 pub enum ExecutorMessage {
     /// One offer round's tasks for this executor.
     LaunchTasks { tasks: Vec<TaskDescription> },
@@ -362,7 +408,7 @@ pub struct TaskDescription {
 
 /// What an executor sends on `<p>.driver.status.<id>`: every status it has pending.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type")]
+#[serde(tag = "type", try_from = "wire::StatusRequestWire")]
 pub enum StatusRequest {
     StatusUpdates {
         executor_id: ExecutorId,

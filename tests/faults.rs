@@ -50,6 +50,15 @@ fn sleepers(tasks: u32, ms: u64) -> SubmitJob {
     }
 }
 
+fn shell(script: &str) -> TaskSpec {
+    TaskSpec::Command {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: Default::default(),
+        cwd: None,
+        timeout_ms: None,
+    }
+}
+
 fn signal(child: &Child, signal: Signal) {
     kill(Pid::from_raw(child.id().expect("running") as i32), signal).expect("signal");
 }
@@ -482,6 +491,13 @@ async fn executors_register_with_the_next_driver_or_exit_56() {
     };
     let api = cluster.api(cluster.client().await);
     wait_registered(&api, 2).await;
+    // The first driver's tasks are running when it dies; their task ids will be reused.
+    let old = SubmitJob {
+        tasks: vec![shell("sleep 5; echo old")],
+        ..sleepers(4, 0)
+    };
+    api.submit(old).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     signal(&driver, Signal::SIGKILL);
     let _ = driver.wait().await;
     let killed_at = Instant::now();
@@ -500,14 +516,23 @@ async fn executors_register_with_the_next_driver_or_exit_56() {
     wait_registered(&api, 1).await;
     let registry = api.executors().await.unwrap();
     assert_eq!(registry.executors[0].executor_id.as_str(), "stays");
-    let summary = within(LIMIT, api.run_job(sleepers(10, 10), |_| {}))
-        .await
-        .unwrap();
+    let new = SubmitJob {
+        tasks: vec![shell("sleep 3; echo new")],
+        ..sleepers(4, 0)
+    };
+    let summary = within(LIMIT, api.run_job(new, |_| {})).await.unwrap();
     assert_eq!(
         summary.state,
         JobState::Succeeded,
         "the new driver runs work on the executor that stayed"
     );
+    for r in api.results(summary.job_id).await.unwrap() {
+        let stdout = &r.result.unwrap()["stdout"];
+        assert_eq!(
+            stdout, "new\n",
+            "no status of the old driver's tasks counts for the new ones"
+        );
+    }
     stop.send(()).unwrap();
     let ledger = ledger.await.unwrap();
     assert_eq!(

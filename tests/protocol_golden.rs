@@ -634,7 +634,17 @@ fn submit_job_with_defaults() {
 
 #[test]
 fn api_list_executors() {
-    golden(&ApiRequest::ListExecutors, json!({"type": "ListExecutors"}));
+    golden(
+        &ApiRequest::list_executors(),
+        json!({"type": "ListExecutors"}),
+    );
+    golden(
+        &ApiRequest::ListExecutors {
+            offset: 100,
+            limit: Some(0),
+        },
+        json!({"type": "ListExecutors", "offset": 100, "limit": 0}),
+    );
 }
 
 #[test]
@@ -669,7 +679,14 @@ fn api_kill_job() {
 
 #[test]
 fn api_list_jobs() {
-    golden(&ApiRequest::ListJobs, json!({"type": "ListJobs"}));
+    golden(&ApiRequest::list_jobs(), json!({"type": "ListJobs"}));
+    golden(
+        &ApiRequest::ListJobs {
+            offset: 5,
+            limit: Some(10),
+        },
+        json!({"type": "ListJobs", "offset": 5, "limit": 10}),
+    );
 }
 
 #[test]
@@ -720,6 +737,7 @@ fn api_reply_executors() {
             total_cores: 8,
             registered_executors: 1,
             pending_executors: 2,
+            next_offset: Some(1),
         }),
         json!({
             "type": "Executors",
@@ -735,7 +753,8 @@ fn api_reply_executors() {
             }],
             "total_cores": 8,
             "registered_executors": 1,
-            "pending_executors": 2
+            "pending_executors": 2,
+            "next_offset": 1
         }),
     );
     golden(
@@ -744,6 +763,7 @@ fn api_reply_executors() {
             total_cores: 0,
             registered_executors: 0,
             pending_executors: 0,
+            next_offset: None,
         }),
         json!({
             "type": "Executors",
@@ -821,6 +841,7 @@ fn api_reply_jobs() {
     golden(
         &ApiReply::Jobs {
             jobs: vec![running_summary(), failed],
+            next_offset: Some(2),
         },
         json!({
             "type": "Jobs",
@@ -839,11 +860,15 @@ fn api_reply_jobs() {
                     "ended_at_ms": 2500,
                     "reason": "task 0 failed 4 times; last error: boom"
                 }
-            ]
+            ],
+            "next_offset": 2
         }),
     );
     golden(
-        &ApiReply::Jobs { jobs: vec![] },
+        &ApiReply::Jobs {
+            jobs: vec![],
+            next_offset: None,
+        },
         json!({"type": "Jobs", "jobs": []}),
     );
 }
@@ -1247,7 +1272,7 @@ fn decode_ignores_unknown_fields() {
     );
     decodes_to(
         json!({"type": "ListJobs", "extra": 1}),
-        &ApiRequest::ListJobs,
+        &ApiRequest::list_jobs(),
     );
 }
 

@@ -3,6 +3,7 @@
 //! here, without a lock or a second task, keeps Spark's one-message-at-a-time semantics and
 //! costs no channel hop per message.
 
+use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Batch, HeartbeatReply, HeartbeatRequest, RegisterReply,
@@ -61,10 +62,11 @@ pub async fn run(
     let mut api = subscribe(&client, subjects.api()).await?;
     client.flush().await?;
     info!(cluster = subjects.prefix(), "driver ready");
-    let shell = Shell {
+    let mut shell = Shell {
         client: client.clone(),
         subjects,
         limit,
+        task_events: TaskEvents::default(),
     };
     let mut revive = tokio::time::interval(config.revive_interval);
     revive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -77,13 +79,23 @@ pub async fn run(
             Some(message) = heartbeat.next() => shell.on_heartbeat(&mut core, message).await,
             Some(message) = api.next() => shell.on_api(&mut core, message).await,
             _ = revive.tick() => core.tick(now_ms()),
+            _ = sleep_until_due(shell.task_events.due()) => shell.flush_task_events().await,
             else => break,
         }
         shell.send_effects(core.take_effects()).await;
     }
+    shell.flush_task_events().await;
     info!("driver stopping");
     client.flush().await?;
     Ok(())
+}
+
+/// Completes at `due`; never, if nothing is due.
+async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, DriverError> {
@@ -99,6 +111,7 @@ struct Shell {
     subjects: Subjects,
     /// The server's max_payload: the largest message anyone can send us.
     limit: usize,
+    task_events: TaskEvents,
 }
 
 impl Shell {
@@ -195,12 +208,17 @@ impl Shell {
         }
     }
 
-    async fn send_effects(&self, effects: Vec<Effect>) {
+    async fn send_effects(&mut self, effects: Vec<Effect>) {
         for effect in effects {
             match effect {
                 Effect::Publish(event) => {
-                    let subject = self.subjects.event(event.kind());
-                    self.publish_batch(subject, event).await;
+                    if let Some(event) = self.task_events.absorb(event) {
+                        // Any other event follows the task events before it.
+                        self.flush_task_events().await;
+                        self.publish_event(event).await;
+                    } else if self.task_events.is_full() {
+                        self.flush_task_events().await;
+                    }
                 }
                 Effect::Send { to, message } => {
                     let subject = self.subjects.executor_inbox(&to);
@@ -208,6 +226,17 @@ impl Shell {
                 }
             }
         }
+    }
+
+    async fn flush_task_events(&mut self) {
+        for event in self.task_events.take() {
+            self.publish_event(event).await;
+        }
+    }
+
+    async fn publish_event(&self, event: crate::protocol::Event) {
+        let subject = self.subjects.event(event.kind());
+        self.publish_batch(subject, event).await;
     }
 
     /// Publishes a batch, cut in halves until each part fits in one message.

@@ -2,6 +2,7 @@
 //! subscriptions, feeds the core, and sends what it returns.
 
 pub mod actor;
+mod coalesce;
 pub mod core;
 
 pub use actor::{run, DriverConfig, DriverError};

@@ -104,23 +104,24 @@ pub async fn run(
     tokio::pin!(shutdown);
     let instance = InstanceId::new_v4();
     let deadline = Some(Instant::now() + config.register_timeout);
-    tokio::select! {
+    let driver = tokio::select! {
         result = register(client.clone(), config.clone(), instance, deadline) => result?,
         _ = &mut shutdown => return Ok(()),
-    }
+    };
     info!(executor = %config.executor_id, cores = config.cores, "registered");
-    Backend::new(client, config, instance, handlers)
+    Backend::new(client, config, instance, driver, handlers)
         .serve(inbox, shutdown)
         .await
 }
 
-/// Sends `RegisterExecutor` until the driver answers, or `deadline` passes.
+/// Sends `RegisterExecutor` until the driver answers, or `deadline` passes; returns the
+/// driver's instance.
 async fn register(
     client: Client,
     config: ExecutorConfig,
     instance: InstanceId,
     deadline: Option<Instant>,
-) -> Result<(), ExecutorError> {
+) -> Result<InstanceId, ExecutorError> {
     let request = RegisterRequest::RegisterExecutor(RegisterExecutor {
         executor_id: config.executor_id.clone(),
         instance_id: instance,
@@ -136,7 +137,9 @@ async fn register(
         let attempt = client.request(subject.clone(), payload.clone());
         match tokio::time::timeout(REQUEST_TIMEOUT, attempt).await {
             Ok(Ok(reply)) => match decode::<RegisterReply>(&reply.payload, usize::MAX) {
-                Ok(RegisterReply::RegisteredExecutor { .. }) => return Ok(()),
+                Ok(RegisterReply::RegisteredExecutor {
+                    driver_instance, ..
+                }) => return Ok(driver_instance),
                 Ok(RegisterReply::RegisterExecutorFailed { message }) => {
                     return Err(ExecutorError::Refused(message))
                 }
@@ -154,6 +157,9 @@ async fn register(
 }
 
 type HeartbeatResult = Result<HeartbeatReply, String>;
+
+/// How long a drained executor keeps trying to deliver its last statuses before it leaves.
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// A request on the heartbeat subject, answered or not within [`REQUEST_TIMEOUT`].
 fn lifecycle_request(
@@ -188,11 +194,14 @@ struct Backend {
     ends: tokio::sync::mpsc::UnboundedReceiver<super::runner::Done>,
     statuses: StatusSender,
     heartbeat: Option<BoxFuture<'static, HeartbeatResult>>,
-    reregister: Option<BoxFuture<'static, Result<(), ExecutorError>>>,
+    reregister: Option<BoxFuture<'static, Result<InstanceId, ExecutorError>>>,
+    /// The driver this executor is registered with.
+    driver: InstanceId,
     /// When the driver last answered anything.
     last_answer: Instant,
     /// Draining until then: no new tasks; what still runs then is handed back.
     draining: Option<Instant>,
+    handed_back: bool,
 }
 
 impl Backend {
@@ -200,6 +209,7 @@ impl Backend {
         client: Client,
         config: ExecutorConfig,
         instance: InstanceId,
+        driver: InstanceId,
         handlers: Handlers,
     ) -> Self {
         let (runner, ends) = Runner::new(handlers, config.cores);
@@ -213,8 +223,10 @@ impl Backend {
             statuses,
             heartbeat: None,
             reregister: None,
+            driver,
             last_answer: Instant::now(),
             draining: None,
+            handed_back: false,
         }
     }
 
@@ -229,37 +241,48 @@ impl Backend {
         let far = Instant::now() + Duration::from_secs(86_400 * 365);
         loop {
             let drain_deadline = self.draining.unwrap_or(far);
+            // Biased, in this order: a registration's answer is handled before any launch
+            // the driver sent after it, and answers before new work.
             tokio::select! {
-                _ = &mut shutdown, if self.draining.is_none() => self.start_drain("signal"),
-                message = inbox.next() => match message {
-                    Some(message) => self.on_inbox(message),
-                    None => return Err(ExecutorError::Connection("the inbox subscription closed".into())),
-                },
-                Some(done) = self.ends.recv() => {
-                    if let Some(update) = self.runner.finish(done) {
-                        self.statuses.push(update);
-                    }
+                biased;
+                result = maybe(&mut self.reregister) => {
+                    self.reregister = None;
+                    self.registered_again(result?);
                 }
                 result = self.statuses.in_flight() => match self.statuses.settle(result) {
                     Settled::Answered => self.last_answer = Instant::now(),
                     Settled::Unknown => self.start_reregister(),
                     Settled::NoAnswer => {}
                 },
-                _ = beat.tick() => self.beat()?,
                 result = maybe(&mut self.heartbeat) => self.on_heartbeat(result),
-                result = maybe(&mut self.reregister) => {
-                    self.reregister = None;
-                    result?;
-                    info!(executor = %self.config.executor_id, "registered again");
-                    self.last_answer = Instant::now();
+                _ = beat.tick() => self.beat()?,
+                Some(done) = self.ends.recv() => {
+                    if let Some(update) = self.runner.finish(done) {
+                        self.statuses.push(update);
+                    }
                 }
-                _ = tokio::time::sleep_until(drain_deadline), if self.draining.is_some() => self.hand_back(),
+                message = inbox.next() => match message {
+                    Some(message) => self.on_inbox(message),
+                    None => return Err(ExecutorError::Connection("the inbox subscription closed".into())),
+                },
+                _ = tokio::time::sleep_until(drain_deadline), if self.draining.is_some() && !self.handed_back => {
+                    self.hand_back();
+                }
+                _ = &mut shutdown, if self.draining.is_none() => self.start_drain("signal"),
             }
             if self.reregister.is_none() {
                 self.statuses.send_if_idle();
             }
-            if self.draining.is_some() && self.runner.is_empty() && self.statuses.is_idle() {
-                return self.exit().await;
+            if let Some(deadline) = self.draining {
+                let drained = self.runner.is_empty() && self.statuses.is_idle();
+                // Without a driver to acknowledge them, statuses cannot hold the exit forever.
+                let overdue = Instant::now() > deadline + DRAIN_GRACE;
+                if drained || overdue {
+                    if !drained {
+                        warn!("leaving with statuses the driver has not acknowledged");
+                    }
+                    return self.exit().await;
+                }
             }
         }
     }
@@ -353,6 +376,20 @@ impl Backend {
         }
     }
 
+    /// Registered again: with a new driver, the old one's attempts mean nothing (its task ids
+    /// will be reused), so they are dropped unreported.
+    fn registered_again(&mut self, driver: InstanceId) {
+        self.last_answer = Instant::now();
+        if driver != self.driver {
+            let dropped = self.runner.abandon_all().len();
+            let unsent = self.statuses.clear();
+            info!(executor = %self.config.executor_id, dropped, unsent, "registered with a new driver; dropped the old driver's tasks");
+            self.driver = driver;
+        } else {
+            info!(executor = %self.config.executor_id, "registered again");
+        }
+    }
+
     fn start_drain(&mut self, why: &str) {
         info!(executor = %self.config.executor_id, why, running = self.runner.len(), "decommissioning");
         self.draining = Some(Instant::now() + self.config.decommission_timeout);
@@ -374,6 +411,7 @@ impl Backend {
 
     /// The drain's time is up: what still runs goes back to the driver to run elsewhere.
     fn hand_back(&mut self) {
+        self.handed_back = true;
         for (task_id, attempt) in self.runner.abandon_all() {
             self.statuses.push(handed_back(task_id, attempt));
         }

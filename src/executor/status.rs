@@ -5,9 +5,7 @@
 use super::backend::ExecutorConfig;
 use crate::driver::core::MAX_UPDATES_PER_BATCH;
 use crate::ids::ExecutorId;
-use crate::protocol::{
-    decode, encode, RunningAttempt, StatusReply, StatusRequest, StatusUpdate, TaskState,
-};
+use crate::protocol::{decode, encode, RunningAttempt, StatusReply, StatusUpdate, TaskState};
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
 use async_nats::Client;
 use futures::future::BoxFuture;
@@ -15,6 +13,17 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 pub(crate) type StatusResult = Result<StatusReply, String>;
+
+/// [`crate::protocol::StatusRequest`] as it is encoded, borrowing the updates instead of
+/// copying them.
+#[derive(serde::Serialize)]
+#[serde(tag = "type")]
+enum StatusBatch<'a> {
+    StatusUpdates {
+        executor_id: &'a ExecutorId,
+        updates: Vec<&'a StatusUpdate>,
+    },
+}
 
 /// What an acknowledged (or failed) batch means for the executor.
 #[derive(Debug, PartialEq, Eq)]
@@ -32,8 +41,9 @@ pub(crate) struct StatusSender {
     subject: String,
     executor_id: ExecutorId,
     pub limit: usize,
-    pending: Vec<StatusUpdate>,
-    sending: Vec<StatusUpdate>,
+    /// Statuses waiting, each with its encoded size.
+    pending: Vec<(StatusUpdate, usize)>,
+    sending: Vec<(StatusUpdate, usize)>,
     request: Option<BoxFuture<'static, StatusResult>>,
 }
 
@@ -52,7 +62,7 @@ impl StatusSender {
 
     /// Queues a status, failing it instead if its result could never fit in a message.
     pub fn push(&mut self, mut update: StatusUpdate) {
-        let size = encode(&update).len();
+        let mut size = encode(&update).len();
         if size > self.limit {
             update.state = TaskState::Failed;
             update.result = None;
@@ -61,8 +71,19 @@ impl StatusSender {
                  (the server's max_payload less headroom); raise max_payload in nats.conf",
                 self.limit
             ));
+            size = encode(&update).len();
         }
-        self.pending.push(update);
+        self.pending.push((update, size));
+    }
+
+    /// Forgets every status not yet acknowledged (they were for another driver); returns how
+    /// many.
+    pub fn clear(&mut self) -> usize {
+        self.request = None;
+        let n = self.pending.len() + self.sending.len();
+        self.pending.clear();
+        self.sending.clear();
+        n
     }
 
     /// Whether every status has been acknowledged.
@@ -76,8 +97,8 @@ impl StatusSender {
             .iter()
             .chain(&self.pending)
             .map(|u| RunningAttempt {
-                task_id: u.task_id,
-                attempt: u.attempt,
+                task_id: u.0.task_id,
+                attempt: u.0.attempt,
             })
     }
 
@@ -91,16 +112,16 @@ impl StatusSender {
             .pending
             .iter()
             .take(MAX_UPDATES_PER_BATCH)
-            .position(|u| {
-                size += encode(u).len() + 1;
+            .position(|(_, bytes)| {
+                size += bytes + 1;
                 size > self.limit
             })
             .unwrap_or(self.pending.len().min(MAX_UPDATES_PER_BATCH))
             .max(1);
         self.sending = self.pending.drain(..take).collect();
-        let payload = encode(&StatusRequest::StatusUpdates {
-            executor_id: self.executor_id.clone(),
-            updates: self.sending.clone(),
+        let payload = encode(&StatusBatch::StatusUpdates {
+            executor_id: &self.executor_id,
+            updates: self.sending.iter().map(|(u, _)| u).collect(),
         });
         let (client, subject) = (self.client.clone(), self.subject.clone());
         self.request = Some(Box::pin(async move {

@@ -112,23 +112,12 @@ impl Job {
 
     /// Task outcomes from `offset`, at most `limit` of them and about `max_bytes` in all.
     pub fn results_page(&self, offset: u32, limit: u32, max_bytes: usize) -> ResultsPage {
-        let end = offset.saturating_add(limit.max(1)).min(self.len());
-        let mut results = Vec::new();
-        let mut bytes = 256;
-        let mut next = offset;
-        while next < end {
-            let outcome = self.outcome(next);
-            bytes += serde_json::to_vec(&outcome).map_or(0, |v| v.len()) + 1;
-            if bytes > max_bytes && !results.is_empty() {
-                break;
-            }
-            results.push(outcome);
-            next += 1;
-        }
+        let outcomes = (offset..self.len()).map(|index| self.outcome(index));
+        let (results, next) = super::page(outcomes, offset, Some(limit.max(1)), max_bytes);
         ResultsPage {
             job_id: self.id,
             results,
-            next_offset: (next < self.len()).then_some(next),
+            next_offset: next.filter(|n| *n < self.len()),
         }
     }
 

@@ -89,12 +89,19 @@ impl Core {
     /// Answers one request on the driver api.
     pub fn api(&mut self, request: ApiRequest, now: u64) -> ApiReply {
         match request {
-            ApiRequest::ListExecutors => ApiReply::Executors(self.executors_snapshot()),
+            ApiRequest::ListExecutors { offset, limit } => {
+                ApiReply::Executors(self.executors_page(offset, limit))
+            }
             ApiRequest::SubmitJob(job) => self.on_submit_job(job, now),
             ApiRequest::KillJob { job_id } => self.on_kill_job(job_id, now),
-            ApiRequest::ListJobs => ApiReply::Jobs {
-                jobs: self.jobs.values().map(Job::summary).collect(),
-            },
+            ApiRequest::ListJobs { offset, limit } => {
+                let jobs = self.jobs.values().skip(offset as usize).map(Job::summary);
+                let (jobs, next) = page(jobs, offset, limit, self.config.max_reply_bytes);
+                ApiReply::Jobs {
+                    jobs,
+                    next_offset: next.filter(|n| (*n as usize) < self.jobs.len()),
+                }
+            }
             ApiRequest::GetJob { job_id } => match self.jobs.get(&job_id) {
                 Some(job) => ApiReply::Job { job: job.summary() },
                 None => no_such_job(job_id),
@@ -124,6 +131,34 @@ impl Core {
     fn publish(&mut self, event: Event) {
         self.effects.push(Effect::Publish(event));
     }
+}
+
+/// Up to `limit` items (all, if none) that encode to about `max_bytes` in all, always at least
+/// one if `limit` allows; with the offset where the next page would start.
+fn page<T: serde::Serialize>(
+    items: impl Iterator<Item = T>,
+    offset: u32,
+    limit: Option<u32>,
+    max_bytes: usize,
+) -> (Vec<T>, Option<u32>) {
+    let limit = limit.unwrap_or(u32::MAX) as usize;
+    let mut taken = Vec::new();
+    let mut bytes = 512;
+    let mut more = false;
+    for item in items {
+        if taken.len() >= limit {
+            more = true;
+            break;
+        }
+        bytes += serde_json::to_vec(&item).map_or(0, |v| v.len()) + 1;
+        if bytes > max_bytes && !taken.is_empty() {
+            more = true;
+            break;
+        }
+        taken.push(item);
+    }
+    let next = more.then(|| offset + taken.len() as u32);
+    (taken, next)
 }
 
 fn no_such_job(job_id: JobId) -> ApiReply {

@@ -89,12 +89,18 @@ impl Core {
         }
     }
 
-    /// The registry and its totals.
+    /// The whole registry and its totals.
     pub fn executors_snapshot(&self) -> ExecutorsSnapshot {
-        ExecutorsSnapshot {
-            executors: self
-                .executors
+        self.executors_page(0, None)
+    }
+
+    /// A page of the registry (at most `limit` executors from `offset`, sized to fit in one
+    /// reply) and the totals.
+    pub fn executors_page(&self, offset: u32, limit: Option<u32>) -> ExecutorsSnapshot {
+        let summaries =
+            self.executors
                 .iter()
+                .skip(offset as usize)
                 .map(|(id, e)| ExecutorSummary {
                     executor_id: id.clone(),
                     host: e.info.host.clone(),
@@ -104,11 +110,14 @@ impl Core {
                     log_urls: e.info.log_urls.clone(),
                     attributes: e.info.attributes.clone(),
                     registered_at_ms: e.registered_at_ms,
-                })
-                .collect(),
+                });
+        let (executors, next) = super::page(summaries, offset, limit, self.config.max_reply_bytes);
+        ExecutorsSnapshot {
+            executors,
             total_cores: self.total_cores,
             registered_executors: self.executors.len() as u64,
             pending_executors: self.pending_executors,
+            next_offset: next.filter(|n| (*n as usize) < self.executors.len()),
         }
     }
 

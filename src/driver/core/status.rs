@@ -48,7 +48,7 @@ impl Core {
             };
         }
         let Some(executor) = self.executors.get_mut(executor_id) else {
-            return StatusReply::Error {
+            return StatusReply::UnknownExecutor {
                 message: format!("executor {executor_id} is not registered"),
             };
         };

@@ -200,8 +200,8 @@ fn summary(core: &mut Core, job_id: JobId) -> JobSummary {
 }
 
 fn list_jobs(core: &mut Core) -> Vec<JobSummary> {
-    match core.api(ApiRequest::ListJobs, 0) {
-        ApiReply::Jobs { jobs } => jobs,
+    match core.api(ApiRequest::list_jobs(), 0) {
+        ApiReply::Jobs { jobs, .. } => jobs,
         other => panic!("ListJobs did not list jobs: {other:?}"),
     }
 }

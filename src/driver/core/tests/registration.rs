@@ -53,6 +53,7 @@ fn a_new_executor_is_registered_and_announced() {
             total_cores: 4,
             registered_executors: 1,
             pending_executors: 1,
+            next_offset: None,
         }
     );
     check_invariants(&core);
@@ -290,19 +291,20 @@ fn invalid_registrations_are_refused_and_change_nothing() {
 fn list_executors_returns_the_registry_and_its_totals() {
     let mut core = new_core(4);
     assert_eq!(
-        core.api(ApiRequest::ListExecutors, 0),
+        core.api(ApiRequest::list_executors(), 0),
         ApiReply::Executors(ExecutorsSnapshot {
             executors: vec![],
             total_cores: 0,
             registered_executors: 0,
             pending_executors: 4,
+            next_offset: None,
         })
     );
     add(&mut core, "b", 2, 10);
     add(&mut core, "a", 3, 20);
     start(&mut core, job(2, 1, 4), 30);
     let snapshot = unchanged(&mut core, |core| {
-        match core.api(ApiRequest::ListExecutors, 40) {
+        match core.api(ApiRequest::list_executors(), 40) {
             ApiReply::Executors(snapshot) => snapshot,
             other => panic!("ListExecutors did not list executors: {other:?}"),
         }

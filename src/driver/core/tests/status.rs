@@ -157,7 +157,7 @@ fn a_status_from_the_wrong_executor_is_refused_and_changes_nothing() {
 }
 
 #[test]
-fn a_status_from_an_unregistered_executor_or_the_wrong_subject_is_an_error() {
+fn a_status_from_an_unregistered_executor_or_the_wrong_subject_is_refused() {
     let mut core = new_core(0);
     add(&mut core, "a", 1, 1);
     start(&mut core, job(1, 1, 4), 2);
@@ -169,7 +169,13 @@ fn a_status_from_an_unregistered_executor_or_the_wrong_subject_is_an_error() {
     let reply = unchanged(&mut core, |core| {
         core.status_updates("ghost", &eid("ghost"), vec![finished(1, 0)], 3)
     });
-    assert_eq!(reply, error("executor ghost is not registered"));
+    assert_eq!(
+        reply,
+        StatusReply::UnknownExecutor {
+            message: "executor ghost is not registered".into()
+        },
+        "an unknown executor is asked to register again"
+    );
     let reply = unchanged(&mut core, |core| {
         core.status_updates("b", &eid("a"), vec![finished(1, 0)], 4)
     });

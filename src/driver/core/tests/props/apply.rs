@@ -107,7 +107,10 @@ impl Sim {
                 let reply = self.unchanged(|core| {
                     core.status_updates("ghost", &eid("ghost"), vec![update], now)
                 });
-                assert!(matches!(reply, StatusReply::Error { .. }), "{reply:?}");
+                assert!(
+                    matches!(reply, StatusReply::UnknownExecutor { .. }),
+                    "{reply:?}"
+                );
             }
             Sender::WrongSubject => {
                 let reply = self.unchanged(|core| {

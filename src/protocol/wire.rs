@@ -1,0 +1,115 @@
+//! Faster decoding for the messages on the hot path (launches, status batches, task specs).
+//!
+//! serde decodes an internally tagged enum by buffering the whole object first and then reading
+//! it a second time; for a batch of thousands of updates that dominated the decode. These
+//! structs read the same JSON in one pass, every field optional, and then build the enum,
+//! reporting a missing field as serde would. Encoding is unchanged.
+
+use super::{ExecutorMessage, StatusRequest, StatusUpdate, TaskDescription, TaskSpec};
+use crate::ids::{ExecutorId, TaskId};
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+fn missing(field: &str) -> String {
+    format!("missing field `{field}`")
+}
+
+#[derive(Deserialize)]
+enum SpecKind {
+    #[serde(rename = "handler")]
+    Handler,
+    #[serde(rename = "command")]
+    Command,
+}
+
+#[derive(Deserialize)]
+pub(super) struct TaskSpecWire {
+    kind: Option<SpecKind>,
+    name: Option<String>,
+    #[serde(default)]
+    arg: Value,
+    argv: Option<Vec<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    timeout_ms: Option<u64>,
+}
+
+impl TryFrom<TaskSpecWire> for TaskSpec {
+    type Error = String;
+    fn try_from(w: TaskSpecWire) -> Result<Self, String> {
+        match w.kind.ok_or_else(|| missing("kind"))? {
+            SpecKind::Handler => Ok(TaskSpec::Handler {
+                name: w.name.ok_or_else(|| missing("name"))?,
+                arg: w.arg,
+            }),
+            SpecKind::Command => Ok(TaskSpec::Command {
+                argv: w.argv.ok_or_else(|| missing("argv"))?,
+                env: w.env,
+                cwd: w.cwd,
+                timeout_ms: w.timeout_ms,
+            }),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+enum MessageKind {
+    LaunchTasks,
+    KillTask,
+    StopExecutor,
+}
+
+#[derive(Deserialize)]
+pub(super) struct ExecutorMessageWire {
+    #[serde(rename = "type")]
+    kind: Option<MessageKind>,
+    tasks: Option<Vec<TaskDescription>>,
+    task_id: Option<TaskId>,
+    attempt: Option<u32>,
+    reason: Option<String>,
+}
+
+impl TryFrom<ExecutorMessageWire> for ExecutorMessage {
+    type Error = String;
+    fn try_from(w: ExecutorMessageWire) -> Result<Self, String> {
+        match w.kind.ok_or_else(|| missing("type"))? {
+            MessageKind::LaunchTasks => Ok(ExecutorMessage::LaunchTasks {
+                tasks: w.tasks.ok_or_else(|| missing("tasks"))?,
+            }),
+            MessageKind::KillTask => Ok(ExecutorMessage::KillTask {
+                task_id: w.task_id.ok_or_else(|| missing("task_id"))?,
+                attempt: w.attempt.ok_or_else(|| missing("attempt"))?,
+                reason: w.reason.ok_or_else(|| missing("reason"))?,
+            }),
+            MessageKind::StopExecutor => Ok(ExecutorMessage::StopExecutor {
+                reason: w.reason.ok_or_else(|| missing("reason"))?,
+            }),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+enum StatusKind {
+    StatusUpdates,
+}
+
+#[derive(Deserialize)]
+pub(super) struct StatusRequestWire {
+    #[serde(rename = "type")]
+    kind: Option<StatusKind>,
+    executor_id: Option<ExecutorId>,
+    updates: Option<Vec<StatusUpdate>>,
+}
+
+impl TryFrom<StatusRequestWire> for StatusRequest {
+    type Error = String;
+    fn try_from(w: StatusRequestWire) -> Result<Self, String> {
+        let StatusKind::StatusUpdates = w.kind.ok_or_else(|| missing("type"))?;
+        Ok(StatusRequest::StatusUpdates {
+            executor_id: w.executor_id.ok_or_else(|| missing("executor_id"))?,
+            updates: w.updates.ok_or_else(|| missing("updates"))?,
+        })
+    }
+}
