@@ -12,6 +12,7 @@
 //! - [`connect`]: NATS connection options shared by every binary; [`server`]: starting a local
 //!   `nats-server` for `ember up`, the demo and the tests.
 
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod connect;

@@ -2,6 +2,7 @@
 //! registry and jobs, submit and kill jobs.
 
 use clap::{Parser, Subcommand};
+use ember::bench::{bench, BenchArgs};
 use ember::cli::creds::{creds, CredsArgs};
 use ember::cli::submit::{submit, SubmitArgs};
 use ember::cli::up::{up, UpArgs};
@@ -61,6 +62,8 @@ enum Command {
     /// Print the users block of a locked-down nats-server (see nats-secure.conf and
     /// docs/security.md): a driver, a client, a listener and one user per executor.
     Creds(CredsArgs),
+    /// Run the standard workloads against a cluster of its own, beside the broker alone.
+    Bench(BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         up(args, &cli.nats, shutdown_signal()).await?;
         return Ok(true);
     }
+    if let Command::Bench(args) = &cli.command {
+        bench(args).await?;
+        return Ok(true);
+    }
     if let Command::Creds(args) = &cli.command {
         print!("{}", creds(args, &cli.nats.cluster)?);
         return Ok(true);
@@ -92,7 +99,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
     let nats = cli.nats.connect("ember", None).await?;
     let client = EmberClient::new(nats.clone(), subjects.clone());
     match cli.command {
-        Command::Up(_) => unreachable!("handled above"),
+        Command::Up(_) | Command::Bench(_) => unreachable!("handled above"),
         Command::Creds(_) => unreachable!("handled above"),
         Command::Events { json } => {
             follow_events(&nats, &subjects, json, shutdown_signal()).await?

@@ -1,0 +1,207 @@
+//! `ember bench`: the standard workloads against a cluster it starts itself, beside what the
+//! broker alone does on the same machine in the same run.
+//!
+//! - **register**: N executors, each its own NATS connection, register at once.
+//! - **throughput**: M no-op tasks on E executors of C cores, for each C given.
+//! - **latency**: one no-op task at a time, submit to the job's end event.
+//! - **limit**: request/reply and pub/sub with the same client library and no Ember in between.
+//! - **memory**: peak RSS of the driver and of an executor, idle and after load; the driver's
+//!   with many registered executors.
+
+mod broker;
+mod procs;
+mod workloads;
+
+use serde::Serialize;
+use std::time::Duration;
+
+/// What to run, and how big.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Executors that register at once in the register workload.
+    #[arg(long, default_value_t = 1000)]
+    pub register: usize,
+    /// No-op tasks per throughput run with many cores per executor.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub tasks: u32,
+    /// No-op tasks per throughput run at 1 core per executor (bound by round trips, not CPU).
+    #[arg(long, default_value_t = 100_000)]
+    pub tasks_one_core: u32,
+    /// Executors in the throughput and latency workloads.
+    #[arg(long, default_value_t = 2)]
+    pub executors: u32,
+    /// Cores per executor for the throughput runs (comma-separated).
+    #[arg(long, default_value = "1,64", value_delimiter = ',')]
+    pub cores: Vec<u32>,
+    /// Single-task jobs in the latency workload (after 200 of warm-up).
+    #[arg(long, default_value_t = 2000)]
+    pub latency_jobs: usize,
+    /// Executors registered (through one connection) for the driver-memory figure.
+    #[arg(long, default_value_t = 10_000)]
+    pub memory_executors: usize,
+    /// Small sizes everywhere: a smoke test of the benchmark itself, not a measurement.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl BenchArgs {
+    fn scaled(&self) -> Self {
+        if !self.quick {
+            return self.clone();
+        }
+        Self {
+            register: 20,
+            tasks: 2_000,
+            tasks_one_core: 500,
+            latency_jobs: 20,
+            memory_executors: 100,
+            ..self.clone()
+        }
+    }
+}
+
+/// Every figure of one run.
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub machine: String,
+    pub register: Option<Register>,
+    pub throughput: Vec<Throughput>,
+    pub latency: Option<Percentiles>,
+    pub limit: Option<broker::Limit>,
+    pub memory: Option<Memory>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Register {
+    pub executors: usize,
+    pub wall_ms: f64,
+    pub one_p50_ms: f64,
+    pub one_p99_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Throughput {
+    pub executors: u32,
+    pub cores: u32,
+    pub tasks: u32,
+    pub seconds: f64,
+    pub tasks_per_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Percentiles {
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Memory {
+    pub driver_idle_mb: f64,
+    pub driver_peak_mb: f64,
+    pub executor_idle_mb: f64,
+    pub executor_peak_mb: f64,
+    pub driver_with_many_executors_mb: f64,
+    pub many_executors: usize,
+}
+
+/// Runs every workload and prints the report.
+pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    let args = args.scaled();
+    let report = workloads::run_all(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+/// p50 and p99 of `samples`, in milliseconds.
+pub(crate) fn percentiles(mut samples: Vec<Duration>) -> Percentiles {
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    Percentiles {
+        samples: samples.len(),
+        p50_ms: at(0.50),
+        p99_ms: at(0.99),
+    }
+}
+
+fn print_table(report: &Report) {
+    use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header(["workload", "figure", "vs the broker alone"]);
+    let limit = report.limit.as_ref();
+    if let Some(r) = &report.register {
+        table.add_row([
+            format!("register {} executors", r.executors),
+            format!(
+                "{:.0} ms wall; one: p50 {:.2} ms, p99 {:.2} ms",
+                r.wall_ms, r.one_p50_ms, r.one_p99_ms
+            ),
+            limit.map_or(String::new(), |l| {
+                format!(
+                    "p50 = {:.1} broker round trips",
+                    r.one_p50_ms / l.request_p50_ms
+                )
+            }),
+        ]);
+    }
+    for t in &report.throughput {
+        table.add_row([
+            format!(
+                "{} no-op tasks, {} x {} cores",
+                t.tasks, t.executors, t.cores
+            ),
+            format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
+            limit.map_or(String::new(), |l| {
+                format!(
+                    "{:.1}% of pipelined requests/s",
+                    100.0 * t.tasks_per_s / l.pipelined_requests_per_s
+                )
+            }),
+        ]);
+    }
+    if let Some(l) = &report.latency {
+        table.add_row([
+            format!("latency, {} single-task jobs", l.samples),
+            format!("p50 {:.3} ms, p99 {:.3} ms", l.p50_ms, l.p99_ms),
+            limit.map_or(String::new(), |b| {
+                format!(
+                    "p50 = {:.1} broker round trips",
+                    l.p50_ms / b.request_p50_ms
+                )
+            }),
+        ]);
+    }
+    if let Some(l) = limit {
+        table.add_row([
+            "broker alone".to_string(),
+            format!(
+                "request/reply p50 {:.3} ms, p99 {:.3} ms; {:.0} pipelined requests/s; {:.0} pub/sub msgs/s",
+                l.request_p50_ms, l.request_p99_ms, l.pipelined_requests_per_s, l.pubsub_msgs_per_s
+            ),
+            String::new(),
+        ]);
+    }
+    if let Some(m) = &report.memory {
+        table.add_row([
+            "memory (RSS)".to_string(),
+            format!(
+                "driver {:.1} MB idle, {:.1} MB peak, {:.1} MB with {} executors; executor {:.1} MB idle, {:.1} MB peak",
+                m.driver_idle_mb, m.driver_peak_mb, m.driver_with_many_executors_mb, m.many_executors, m.executor_idle_mb, m.executor_peak_mb
+            ),
+            String::new(),
+        ]);
+    }
+    println!("{table}");
+    println!("{}", report.machine);
+}

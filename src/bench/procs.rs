@@ -1,0 +1,111 @@
+//! The processes a benchmark runs: a nats-server, a driver and executors, with their memory
+//! read from /proc.
+
+use crate::server::NatsServer;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// A benchmark cluster: its processes are killed when it is dropped.
+pub struct Cluster {
+    pub server: NatsServer,
+    pub cluster: String,
+    pub driver: Child,
+    pub executors: Vec<Child>,
+}
+
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::current_exe()?
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    Ok(dir.join(name))
+}
+
+impl Cluster {
+    /// A nats-server on a free port and a driver; executors come with [`Cluster::add_executors`].
+    pub fn start(name: &str) -> anyhow::Result<Self> {
+        let server = NatsServer::start(&[])?;
+        let cluster = format!(
+            "bench-{name}-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        );
+        let driver = Command::new(sibling("ember-driver")?)
+            .args(["--nats-url", &server.url(), "--cluster", &cluster])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()?;
+        Ok(Self {
+            server,
+            cluster,
+            driver,
+            executors: Vec::new(),
+        })
+    }
+
+    pub fn add_executors(&mut self, n: u32, cores: u32) -> anyhow::Result<()> {
+        for i in 0..n {
+            let child = Command::new(sibling("ember-executor")?)
+                .args(["--nats-url", &self.server.url(), "--cluster", &self.cluster])
+                .args([
+                    "--executor-id",
+                    &format!("bench-{i}"),
+                    "--cores",
+                    &cores.to_string(),
+                ])
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .spawn()?;
+            self.executors.push(child);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self
+            .executors
+            .iter_mut()
+            .chain(std::iter::once(&mut self.driver))
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// (current, peak) resident memory of a process in MB, from /proc/<pid>/status.
+pub fn rss_mb(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A description of this machine for the report.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let server = crate::server::find_binary()
+        .ok()
+        .and_then(|b| Command::new(b).arg("--version").output().ok())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!(
+        "{cores} cores, {cpu}; {server}; ember {}",
+        env!("CARGO_PKG_VERSION")
+    )
+}

@@ -1,0 +1,259 @@
+//! The Ember workloads of `ember bench`.
+
+use super::procs::{machine, rss_mb, Cluster};
+use super::{broker, percentiles, BenchArgs, Memory, Register, Report, Throughput};
+use crate::client::EmberClient;
+use crate::ids::ExecutorId;
+use crate::protocol::{encode, Event, RegisterExecutor, RegisterRequest, SubmitJob, TaskSpec};
+use crate::subjects::Subjects;
+use futures::StreamExt;
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(600);
+
+pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
+    let mut report = Report {
+        machine: machine(),
+        ..Report::default()
+    };
+    eprintln!("bench: broker alone");
+    let cluster = Cluster::start("limit")?;
+    report.limit = Some(
+        broker::measure(
+            &cluster.server.url(),
+            args.latency_jobs.max(100),
+            args.tasks as usize,
+        )
+        .await?,
+    );
+    drop(cluster);
+
+    eprintln!("bench: register {} executors", args.register);
+    report.register = Some(register(args.register).await?);
+
+    let mut memory = Memory::default_zero();
+    for &cores in &args.cores {
+        let tasks = if cores == 1 {
+            args.tasks_one_core
+        } else {
+            args.tasks
+        };
+        eprintln!(
+            "bench: {tasks} no-op tasks on {} x {cores} cores",
+            args.executors
+        );
+        let mut cluster = Cluster::start("throughput")?;
+        cluster.add_executors(args.executors, cores)?;
+        let api = connect(&cluster).await?;
+        wait_for_executors(&api, args.executors as u64).await?;
+        memory.driver_idle_mb = rss_mb(cluster.driver.id()).0;
+        memory.executor_idle_mb = rss_mb(cluster.executors[0].id()).0;
+        let started = Instant::now();
+        let summary = tokio::time::timeout(LIMIT, api.run_job(noops(tasks), |_| {})).await??;
+        let seconds = started.elapsed().as_secs_f64();
+        anyhow::ensure!(
+            summary.succeeded == tasks,
+            "the job did not succeed: {summary:?}"
+        );
+        report.throughput.push(Throughput {
+            executors: args.executors,
+            cores,
+            tasks,
+            seconds,
+            tasks_per_s: f64::from(tasks) / seconds,
+        });
+        memory.driver_peak_mb = memory.driver_peak_mb.max(rss_mb(cluster.driver.id()).1);
+        memory.executor_peak_mb = memory
+            .executor_peak_mb
+            .max(rss_mb(cluster.executors[0].id()).1);
+        if cores == 1 {
+            eprintln!("bench: latency, {} single-task jobs", args.latency_jobs);
+            report.latency = Some(latency(&cluster, &api, args.latency_jobs).await?);
+        }
+    }
+    eprintln!(
+        "bench: driver memory with {} executors",
+        args.memory_executors
+    );
+    memory.many_executors = args.memory_executors;
+    memory.driver_with_many_executors_mb = many_executors_rss(args.memory_executors).await?;
+    report.memory = Some(memory);
+    Ok(report)
+}
+
+impl Memory {
+    fn default_zero() -> Self {
+        Memory {
+            driver_idle_mb: 0.0,
+            driver_peak_mb: 0.0,
+            executor_idle_mb: 0.0,
+            executor_peak_mb: 0.0,
+            driver_with_many_executors_mb: 0.0,
+            many_executors: 0,
+        }
+    }
+}
+
+fn noops(tasks: u32) -> SubmitJob {
+    SubmitJob {
+        name: "bench".into(),
+        tasks: vec![TaskSpec::Handler {
+            name: "noop".into(),
+            arg: serde_json::Value::Null,
+        }],
+        repeat: tasks,
+        max_failures: 4,
+        cpus_per_task: 1,
+    }
+}
+
+async fn connect(cluster: &Cluster) -> anyhow::Result<EmberClient> {
+    let client = async_nats::ConnectOptions::new()
+        .subscription_capacity(crate::SUBSCRIPTION_CAPACITY)
+        .connect(cluster.server.url())
+        .await?;
+    Ok(EmberClient::new(
+        client,
+        Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?,
+    ))
+}
+
+async fn wait_for_executors(api: &EmberClient, n: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if api
+            .executors_page(0, Some(0))
+            .await
+            .is_ok_and(|s| s.registered_executors == n)
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{n} executors did not register within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// N connections register at once; wall time until a listener has N ExecutorAdded.
+async fn register(n: usize) -> anyhow::Result<Register> {
+    let cluster = Cluster::start("register")?;
+    let api = connect(&cluster).await?;
+    wait_for_executors(&api, 0).await?;
+    let subjects = Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?;
+    let mut added = api
+        .nats()
+        .subscribe(subjects.event("executor.added"))
+        .await?;
+    api.nats().flush().await?;
+    let mut clients = Vec::with_capacity(n);
+    for i in 0..n {
+        let prefix = format!("_INBOX.reg-{i}");
+        clients.push(
+            async_nats::ConnectOptions::new()
+                .custom_inbox_prefix(prefix)
+                .connect(cluster.server.url())
+                .await?,
+        );
+    }
+    let started = Instant::now();
+    let requests = clients.iter().enumerate().map(|(i, client)| {
+        let id = ExecutorId::parse(format!("reg-{i}")).expect("valid id");
+        let subject = subjects.register(&id);
+        let payload = encode(&RegisterRequest::RegisterExecutor(registration(id)));
+        async move {
+            let one = Instant::now();
+            client
+                .request(subject, payload)
+                .await
+                .map(|_| one.elapsed())
+        }
+    });
+    let samples: Vec<Duration> = futures::future::try_join_all(requests).await?;
+    let mut seen = 0;
+    while seen < n {
+        let message = tokio::time::timeout(Duration::from_secs(30), added.next()).await?;
+        if message.is_some() {
+            seen += 1;
+        }
+    }
+    let wall = started.elapsed();
+    let one = percentiles(samples);
+    Ok(Register {
+        executors: n,
+        wall_ms: wall.as_secs_f64() * 1000.0,
+        one_p50_ms: one.p50_ms,
+        one_p99_ms: one.p99_ms,
+    })
+}
+
+fn registration(executor_id: ExecutorId) -> RegisterExecutor {
+    RegisterExecutor {
+        executor_id,
+        instance_id: uuid::Uuid::new_v4(),
+        host_port: "bench:0".into(),
+        cores: 1,
+        log_urls: Default::default(),
+        attributes: Default::default(),
+    }
+}
+
+/// One single-task job at a time: submit to the job's end event.
+async fn latency(
+    cluster: &Cluster,
+    api: &EmberClient,
+    jobs: usize,
+) -> anyhow::Result<super::Percentiles> {
+    let subjects = Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?;
+    let mut ends = api.nats().subscribe(subjects.event("job.end")).await?;
+    api.nats().flush().await?;
+    let mut samples = Vec::with_capacity(jobs);
+    for round in 0..jobs + 200 {
+        let started = Instant::now();
+        let job_id = api.submit(noops(1)).await?;
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(10), ends.next())
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("events closed"))?;
+            if let Ok(Event::JobEnd { job_id: id, .. }) =
+                crate::protocol::decode(&message.payload, usize::MAX)
+            {
+                if id == job_id {
+                    break;
+                }
+            }
+        }
+        if round >= 200 {
+            samples.push(started.elapsed());
+        }
+    }
+    Ok(percentiles(samples))
+}
+
+/// Driver RSS after `n` executors registered (through one connection, for the driver's sake).
+async fn many_executors_rss(n: usize) -> anyhow::Result<f64> {
+    let cluster = Cluster::start("memory")?;
+    let api = connect(&cluster).await?;
+    wait_for_executors(&api, 0).await?;
+    let subjects = Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?;
+    let client = api.nats();
+    let mut replies = client.subscribe("_INBOX.>").await?;
+    for i in 0..n {
+        let id = ExecutorId::parse(format!("m-{i}")).expect("valid id");
+        let reply = format!("_INBOX.{id}.r");
+        client
+            .publish_with_reply(
+                subjects.register(&id),
+                reply,
+                encode(&RegisterRequest::RegisterExecutor(registration(id))),
+            )
+            .await?;
+    }
+    client.flush().await?;
+    for _ in 0..n {
+        tokio::time::timeout(Duration::from_secs(30), replies.next()).await?;
+    }
+    wait_for_executors(&api, n as u64).await?;
+    Ok(rss_mb(cluster.driver.id()).0)
+}
