@@ -773,3 +773,97 @@ async fn the_shipped_example_is_what_ember_creds_writes_and_lets_nobody_in() {
     }
     assert!(ConnectOptions::new().connect(server.url()).await.is_err());
 }
+
+/// Makes a test CA and a server and a client certificate for 127.0.0.1 with openssl.
+const MAKE_CERTS: &str = r#"set -e
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+openssl req -x509 $ec -keyout ca.key -out ca.pem -days 2 -subj /CN=ember-test-ca
+for who in server client; do
+  openssl req $ec -keyout $who.key -out $who.csr -subj /CN=$who
+  usage=clientAuth; [ $who = server ] && usage=serverAuth
+  printf "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=$usage\nbasicConstraints=CA:FALSE\n" > $who.ext
+  openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $who.pem -days 2 -extfile $who.ext
+done"#;
+
+/// A directory in the temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn tls_flags_connect_to_a_server_that_verifies_clients() {
+    let dir = TempDir(std::env::temp_dir().join(format!("ember-tls-{}", uuid::Uuid::new_v4())));
+    std::fs::create_dir_all(&dir.0).expect("temp dir");
+    let made = std::process::Command::new("sh")
+        .args(["-c", MAKE_CERTS])
+        .current_dir(&dir.0)
+        .output()
+        .expect("this test needs sh and openssl to make its certificates");
+    assert!(
+        made.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let file = |name: &str| dir.0.join(name).to_str().expect("utf-8 path").to_string();
+    let config = format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true }}\n",
+        file("server.pem"),
+        file("server.key"),
+        file("ca.pem")
+    );
+    let config = TempFile::new("tls.conf", &config);
+    let server = NatsServer::start(&["-c", config.path()]).expect("start nats-server");
+    let url = server.url();
+    let connect = |extra: Vec<String>| {
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            nats: NatsArgs,
+        }
+        let mut argv = vec!["test".to_string(), "--nats-url".into(), url.clone()];
+        argv.extend(extra);
+        async move {
+            let flags = Flags::try_parse_from(argv).expect("flags parse").nats;
+            flags.connect("test", None).await
+        }
+    };
+    let full = vec![
+        "--tls-ca".to_string(),
+        file("ca.pem"),
+        "--tls-cert".into(),
+        file("client.pem"),
+        "--tls-key".into(),
+        file("client.key"),
+    ];
+    let client = connect(full)
+        .await
+        .expect("CA and client certificate connect");
+    client.publish("t", "x".into()).await.expect("publish");
+    client.flush().await.expect("a round trip over TLS");
+    assert!(connect(vec![]).await.is_err(), "no TLS flags");
+    let ca_only = vec!["--tls-ca".to_string(), file("ca.pem")];
+    assert!(connect(ca_only).await.is_err(), "no client certificate");
+    let wrong_ca = vec![
+        "--tls-ca".to_string(),
+        file("client.pem"),
+        "--tls-cert".into(),
+        file("client.pem"),
+        "--tls-key".into(),
+        file("client.key"),
+    ];
+    assert!(
+        connect(wrong_ca).await.is_err(),
+        "a CA that did not sign the server"
+    );
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        nats: NatsArgs,
+    }
+    let half = Flags::try_parse_from(["test", "--tls-cert", "c.pem"]);
+    assert!(half.is_err(), "--tls-cert needs --tls-key");
+}
