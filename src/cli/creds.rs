@@ -308,6 +308,13 @@ fn write_passwords(path: &Path, users: &[User]) -> Result<(), CredsError> {
         source,
     };
     let mut file = options.open(path).map_err(error)?;
+    // `mode` applies only to a new file; an existing one is narrowed too.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(error)?;
+    }
     file.write_all(text.as_bytes()).map_err(error)
 }
 
