@@ -2,6 +2,7 @@
 //! figures are compared with.
 
 use super::percentiles;
+use anyhow::Context;
 use async_nats::Client;
 use futures::StreamExt;
 use serde::Serialize;
@@ -31,13 +32,29 @@ pub async fn measure(url: &str, requests: usize, messages: usize) -> anyhow::Res
     responder.flush().await?;
     let payload =
         bytes::Bytes::from_static(br#"{"type":"StatusUpdates","executor_id":"e","updates":[]}"#);
+    // A flush only writes the SUB; the other connection's requests may reach the server first.
+    let ready = Instant::now() + Duration::from_secs(5);
+    while requester
+        .request("bench.echo", payload.clone())
+        .await
+        .is_err()
+    {
+        anyhow::ensure!(Instant::now() < ready, "the echo responder never answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     for _ in 0..200 {
-        requester.request("bench.echo", payload.clone()).await?;
+        requester
+            .request("bench.echo", payload.clone())
+            .await
+            .context("warm-up")?;
     }
     let mut samples = Vec::with_capacity(requests);
     for _ in 0..requests {
         let started = Instant::now();
-        requester.request("bench.echo", payload.clone()).await?;
+        requester
+            .request("bench.echo", payload.clone())
+            .await
+            .context("latency")?;
         samples.push(started.elapsed());
     }
     let latency = percentiles(samples);
@@ -58,7 +75,7 @@ async fn pipelined(client: &Client, payload: bytes::Bytes, total: usize) -> anyh
         .map(|_| client.request("bench.echo", payload.clone()))
         .buffer_unordered(256);
     while let Some(reply) = in_flight.next().await {
-        reply?;
+        reply.context("pipelined")?;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
@@ -71,7 +88,10 @@ async fn pubsub(url: &str, total: usize) -> anyhow::Result<f64> {
         .connect(url)
         .await?;
     let mut sub = subscriber.subscribe("bench.pubsub").await?;
-    subscriber.flush().await?;
+    // A flush only writes the SUB; a message of its own coming back through the server shows
+    // the subscription is in place before the publisher (another connection) starts.
+    subscriber.publish("bench.pubsub", "probe".into()).await?;
+    tokio::time::timeout(Duration::from_secs(5), sub.next()).await?;
     let counter = tokio::spawn(async move {
         let mut seen = 0;
         let mut first = None;

@@ -1,0 +1,47 @@
+//! `ember bench` at smoke size: every workload runs and reports a figure. Not a measurement:
+//! figures are taken by hand on a quiet machine (docs/benchmarks.md).
+
+use std::time::Duration;
+
+#[tokio::test]
+async fn ember_bench_quick_reports_every_workload() {
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["bench", "--quick", "--json"])
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("ember bench --quick finishes")
+    .expect("ember bench runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON object");
+    assert_eq!(report["register"]["executors"], 20);
+    assert!(report["register"]["wall_ms"].as_f64().unwrap() > 0.0);
+    let runs = report["throughput"].as_array().unwrap();
+    let cores: Vec<u64> = runs.iter().map(|r| r["cores"].as_u64().unwrap()).collect();
+    assert_eq!(cores, [1, 64]);
+    assert!(runs
+        .iter()
+        .all(|r| r["tasks_per_s"].as_f64().unwrap() > 0.0));
+    assert_eq!(report["latency"]["samples"], 20);
+    assert!(report["latency"]["p50_ms"].as_f64().unwrap() > 0.0);
+    for field in [
+        "request_p50_ms",
+        "pipelined_requests_per_s",
+        "pubsub_msgs_per_s",
+    ] {
+        assert!(report["limit"][field].as_f64().unwrap() > 0.0, "{field}");
+    }
+    for field in [
+        "driver_idle_mb",
+        "executor_idle_mb",
+        "driver_with_many_executors_mb",
+    ] {
+        assert!(report["memory"][field].as_f64().unwrap() > 1.0, "{field}");
+    }
+}
