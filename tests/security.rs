@@ -867,3 +867,62 @@ async fn tls_flags_connect_to_a_server_that_verifies_clients() {
     let half = Flags::try_parse_from(["test", "--tls-cert", "c.pem"]);
     assert!(half.is_err(), "--tls-cert needs --tls-key");
 }
+
+/// The binaries read their credentials from EMBER_USER and EMBER_PASSWORD; an executor started
+/// with another executor's id is refused by NATS and says so.
+#[tokio::test]
+async fn the_binaries_log_in_from_the_environment() {
+    let secure = Secure::start("binaries");
+    let as_user = |mut command: tokio::process::Command, user: &str| {
+        command
+            .env("EMBER_USER", user)
+            .env("EMBER_PASSWORD", password(user))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        command
+    };
+    let _driver = as_user(secure.cluster.driver_process(&[]), "driver")
+        .spawn()
+        .expect("ember-driver");
+    let _exec1 = as_user(
+        secure.cluster.executor_process("exec-1", &["--cores", "2"]),
+        "exec-1",
+    )
+    .spawn()
+    .expect("ember-executor");
+    let api =
+        ember::client::EmberClient::new(secure.login("client").await, secure.subjects().clone());
+    common::eventually(Duration::from_secs(20), "exec-1 registered", || async {
+        (api.executors().await.ok()?.registered_executors == 1).then_some(())
+    })
+    .await;
+    let submitted = as_user(secure.cluster.cli(&["submit", "--tasks", "4"]), "client")
+        .output()
+        .await
+        .expect("ember submit");
+    assert!(
+        submitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    let impostor = as_user(
+        secure
+            .cluster
+            .executor_process("exec-1", &["--register-timeout", "1s"]),
+        "exec-2",
+    )
+    .output();
+    let impostor = within(Duration::from_secs(20), impostor)
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&impostor.stderr);
+    assert!(!impostor.status.success());
+    assert!(stderr.contains("Permissions Violation"), "{stderr}");
+    assert_eq!(
+        api.executors()
+            .await
+            .expect("registry")
+            .registered_executors,
+        1
+    );
+}
