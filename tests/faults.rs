@@ -338,17 +338,8 @@ async fn a_nats_server_restart_mid_job_loses_nothing() {
     cluster.server.kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.server = NatsServer::start_on(port, &[]).unwrap();
-    let summary = within(LIMIT, async {
-        loop {
-            if let Ok(s) = api.job(job_id).await {
-                if s.state != JobState::Running {
-                    return s;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
+    // The driver may be out of reach for a moment: wait_end retries.
+    let summary = wait_end(&api, job_id).await;
     assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
     let results = api.results(job_id).await.unwrap();
     stop.send(()).unwrap();
@@ -452,17 +443,8 @@ async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Kill the node the driver is connected to.
     cluster.server.kill();
-    let summary = within(LIMIT, async {
-        loop {
-            if let Ok(s) = api.job(job_id).await {
-                if s.state != JobState::Running {
-                    return s;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
+    // The driver may be out of reach for a moment: wait_end retries.
+    let summary = wait_end(&api, job_id).await;
     assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
     let results = api.results(job_id).await.unwrap();
     assert!(

@@ -45,12 +45,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
 #[tokio::test]
 async fn ten_thousand_noop_tasks_on_four_executors_finish_exactly_once() {
     let cluster = TestCluster::start("jobs-10k");
-    let listener = cluster.client().await;
-    let mut ends = listener
-        .subscribe(cluster.subjects.event("task.end"))
-        .await
-        .unwrap();
-    listener.flush().await.unwrap();
+    let mut ends = cluster.listen(cluster.subjects.event("task.end")).await;
     let _driver = cluster.driver().await;
     let mut executors = Vec::new();
     for i in 0..4 {
@@ -147,12 +142,7 @@ async fn a_shell_command_job_returns_each_tasks_stdout() {
 #[tokio::test]
 async fn a_task_that_fails_twice_then_succeeds_finishes_after_three_attempts() {
     let cluster = TestCluster::start("jobs-retry");
-    let listener = cluster.client().await;
-    let mut ends = listener
-        .subscribe(cluster.subjects.event("task.end"))
-        .await
-        .unwrap();
-    listener.flush().await.unwrap();
+    let mut ends = cluster.listen(cluster.subjects.event("task.end")).await;
     let _driver = cluster.driver().await;
     let _a = cluster.executor("a", 1, Handlers::builtin()).await;
     let _b = cluster.executor("b", 1, Handlers::builtin()).await;
@@ -278,12 +268,7 @@ async fn a_killed_job_stops_its_tasks() {
 #[tokio::test]
 async fn a_status_from_the_wrong_executor_is_refused() {
     let cluster = TestCluster::start("jobs-wrong");
-    let listener = cluster.client().await;
-    let mut starts = listener
-        .subscribe(cluster.subjects.event("task.start"))
-        .await
-        .unwrap();
-    listener.flush().await.unwrap();
+    let mut starts = cluster.listen(cluster.subjects.event("task.start")).await;
     let _driver = cluster.driver().await;
     let _real = cluster.executor("real", 1, Handlers::builtin()).await;
     let api = cluster.api(cluster.client().await);

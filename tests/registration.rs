@@ -55,12 +55,9 @@ fn failure(reply: RegisterReply) -> String {
 #[tokio::test]
 async fn an_executor_registers_and_listeners_see_it() {
     let cluster = TestCluster::start("register-one");
-    let listener = cluster.client().await;
-    let mut events = listener
-        .subscribe(cluster.subjects.event("executor.added"))
-        .await
-        .unwrap();
-    listener.flush().await.unwrap();
+    let mut events = cluster
+        .listen(cluster.subjects.event("executor.added"))
+        .await;
     let _driver = cluster.driver().await;
     let _executor = cluster.executor("exec-1", 3, Handlers::builtin()).await;
 
@@ -90,12 +87,7 @@ async fn an_executor_registers_and_listeners_see_it() {
 #[tokio::test]
 async fn a_duplicate_id_is_refused_and_the_process_exits_1_with_the_message() {
     let cluster = TestCluster::start("register-dup");
-    let listener = cluster.client().await;
-    let mut events = listener
-        .subscribe(cluster.subjects.events_all())
-        .await
-        .unwrap();
-    listener.flush().await.unwrap();
+    let mut events = cluster.listen(cluster.subjects.events_all()).await;
     let _driver = cluster.driver().await;
     let _first = cluster.executor("twin", 2, Handlers::builtin()).await;
     collect_events(&mut events, 1, LIMIT).await;
@@ -124,12 +116,7 @@ async fn a_duplicate_id_is_refused_and_the_process_exits_1_with_the_message() {
 #[tokio::test]
 async fn the_same_instance_retrying_gets_one_event_only() {
     let cluster = TestCluster::start("register-retry");
-    let listener = cluster.client().await;
-    let mut events = listener
-        .subscribe(cluster.subjects.events_all())
-        .await
-        .unwrap();
-    listener.flush().await.unwrap();
+    let mut events = cluster.listen(cluster.subjects.events_all()).await;
     let _driver = cluster.driver().await;
     let instance = uuid::Uuid::new_v4();
     let payload = encode(&RegisterRequest::RegisterExecutor(request(
@@ -168,12 +155,9 @@ async fn the_same_instance_retrying_gets_one_event_only() {
 async fn two_hundred_executors_register_at_once() {
     const N: usize = 200;
     let cluster = TestCluster::start("register-200");
-    let listener = cluster.client().await;
-    let mut subscription = listener
-        .subscribe(cluster.subjects.event("executor.added"))
-        .await
-        .unwrap();
-    listener.flush().await.unwrap();
+    let mut subscription = cluster
+        .listen(cluster.subjects.event("executor.added"))
+        .await;
     let _driver = cluster.driver().await;
     let mut executors = Vec::new();
     for i in 0..N {
@@ -260,12 +244,7 @@ async fn an_executor_gives_up_when_no_driver_answers() {
 #[tokio::test]
 async fn invalid_registrations_get_clear_errors_and_change_nothing() {
     let cluster = TestCluster::start("register-invalid");
-    let listener = cluster.client().await;
-    let mut events = listener
-        .subscribe(cluster.subjects.events_all())
-        .await
-        .unwrap();
-    listener.flush().await.unwrap();
+    let mut events = cluster.listen(cluster.subjects.events_all()).await;
     let _driver = cluster.driver().await;
     let _ok = cluster.executor("good", 2, Handlers::builtin()).await;
     collect_events(&mut events, 1, LIMIT).await;

@@ -51,6 +51,19 @@ impl TestCluster {
             .expect("connect")
     }
 
+    /// A subscription to `subject` on a connection of its own, in place at the server before
+    /// this returns (a message of its own came back through it).
+    pub async fn listen(&self, subject: String) -> async_nats::Subscriber {
+        use futures::StreamExt;
+        let client = self.client().await;
+        let subscription = client.subscribe(subject).await.expect("subscribe");
+        let probe = format!("_PROBE.{}", uuid::Uuid::new_v4().simple());
+        let mut probes = client.subscribe(probe.clone()).await.expect("subscribe");
+        client.publish(probe, "".into()).await.expect("publish");
+        within(Duration::from_secs(10), probes.next()).await;
+        subscription
+    }
+
     /// A client whose replies come back under `_INBOX.<id>`, as an executor's do.
     pub async fn executor_client(&self, id: &str) -> Client {
         async_nats::ConnectOptions::new()
