@@ -90,6 +90,25 @@ pub async fn run(
     Ok(())
 }
 
+/// An api answer may go to any inbox but an executor's, and never into Ember's own subjects:
+/// NATS lets a requester point the reply anywhere the driver may publish, such as an
+/// executor's inbox.
+fn api_reply_allowed(reply: &str, core: &Core) -> Result<(), &'static str> {
+    if reply.starts_with("ember.") {
+        return Err("the reply subject is one of Ember's");
+    }
+    let owner = reply
+        .strip_prefix("_INBOX.")
+        .and_then(|rest| rest.split('.').next());
+    let owned_by_executor = owner
+        .and_then(|token| crate::ids::ExecutorId::parse(token).ok())
+        .is_some_and(|id| core.executors().contains_key(&id));
+    if owned_by_executor {
+        return Err("the reply subject is under a registered executor's inbox");
+    }
+    Ok(())
+}
+
 /// Completes at `due`; never, if nothing is due.
 async fn sleep_until_due(due: Option<tokio::time::Instant>) {
     match due {
@@ -178,6 +197,10 @@ impl Shell {
             debug!("api message without a reply subject dropped");
             return;
         };
+        if let Err(why) = api_reply_allowed(&reply, core) {
+            warn!(reply = %reply, why, "api request refused: its reply would land in Ember's subjects");
+            return;
+        }
         let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
             Ok(request) => core.api(request, now_ms()),
             Err(error) => ApiReply::Error {
