@@ -12,7 +12,6 @@ pub const SERVICE_LOG: &str = "info,async_nats=warn";
 pub const CLI_LOG: &str = "warn";
 
 use std::collections::BTreeMap;
-use std::future::Future;
 
 /// Installs the tracing subscriber on stderr: `RUST_LOG` filters (else `default`, such as
 /// `info` for services and `warn` for the CLI); `json` picks JSON lines.
@@ -30,27 +29,25 @@ pub fn init_tracing(json: bool, default: &str) {
 }
 
 /// Completes on the first SIGINT or SIGTERM.
-pub fn shutdown_signal() -> impl Future<Output = ()> {
-    async {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = term.recv() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
                 }
             }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
