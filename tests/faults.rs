@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{eventually, within, TestCluster};
+use common::{eventually, sh, within, TestCluster};
 use ember::driver::core::Liveness;
 use ember::protocol::{decode, Event, JobState, SubmitJob, TaskSpec, TaskState};
 use ember::server::NatsServer;
@@ -47,15 +47,6 @@ fn sleepers(tasks: u32, ms: u64) -> SubmitJob {
         repeat: tasks,
         max_failures: 4,
         cpus_per_task: 1,
-    }
-}
-
-fn shell(script: &str) -> TaskSpec {
-    TaskSpec::Command {
-        argv: vec!["sh".into(), "-c".into(), script.into()],
-        env: Default::default(),
-        cwd: None,
-        timeout_ms: None,
     }
 }
 
@@ -475,7 +466,7 @@ async fn executors_register_with_the_next_driver_or_exit_56() {
     wait_registered(&api, 2).await;
     // The first driver's tasks are running when it dies; their task ids will be reused.
     let old = SubmitJob {
-        tasks: vec![shell("sleep 5; echo old")],
+        tasks: vec![sh("sleep 5; echo old")],
         ..sleepers(4, 0)
     };
     api.submit(old).await.unwrap();
@@ -499,7 +490,7 @@ async fn executors_register_with_the_next_driver_or_exit_56() {
     let registry = api.executors().await.unwrap();
     assert_eq!(registry.executors[0].executor_id.as_str(), "stays");
     let new = SubmitJob {
-        tasks: vec![shell("sleep 3; echo new")],
+        tasks: vec![sh("sleep 3; echo new")],
         ..sleepers(4, 0)
     };
     let summary = within(LIMIT, api.run_job(new, |_| {})).await.unwrap();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{eventually, within, TestCluster};
+use common::{eventually, sh, within, TestCluster};
 use ember::executor::Handlers;
 use ember::protocol::{
     decode, encode, Event, JobState, StatusReply, StatusRequest, StatusUpdate, SubmitJob, TaskSpec,
@@ -20,15 +20,6 @@ fn handler(name: &str, arg: serde_json::Value) -> TaskSpec {
     TaskSpec::Handler {
         name: name.into(),
         arg,
-    }
-}
-
-fn sh(script: &str) -> TaskSpec {
-    TaskSpec::Command {
-        argv: vec!["sh".into(), "-c".into(), script.into()],
-        env: Default::default(),
-        cwd: None,
-        timeout_ms: None,
     }
 }
 

@@ -229,6 +229,16 @@ impl<T> Drop for Running<T> {
     }
 }
 
+/// A task that runs `script` with `sh -c`.
+pub fn sh(script: &str) -> ember::protocol::TaskSpec {
+    ember::protocol::TaskSpec::Command {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: Default::default(),
+        cwd: None,
+        timeout_ms: None,
+    }
+}
+
 /// Awaits `future`, failing the test if it takes longer than `limit`.
 pub async fn within<F: Future>(limit: Duration, future: F) -> F::Output {
     tokio::time::timeout(limit, future)
