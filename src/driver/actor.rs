@@ -15,6 +15,7 @@ use async_nats::{Client, Message, Subscriber};
 use futures::StreamExt;
 use serde::Serialize;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
@@ -67,6 +68,7 @@ pub async fn run(
         subjects,
         limit,
         task_events: TaskEvents::default(),
+        refusals: Refusals::default(),
     };
     let mut revive = tokio::time::interval(config.revive_interval);
     revive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -78,13 +80,17 @@ pub async fn run(
             Some(message) = status.next() => shell.on_status(&mut core, message).await,
             Some(message) = heartbeat.next() => shell.on_heartbeat(&mut core, message).await,
             Some(message) = api.next() => shell.on_api(&mut core, message).await,
-            _ = revive.tick() => core.tick(now_ms()),
+            _ = revive.tick() => {
+                core.tick(now_ms());
+                shell.refusals.report();
+            }
             _ = sleep_until_due(shell.task_events.due()) => shell.flush_task_events().await,
             else => break,
         }
         shell.send_effects(core.take_effects()).await;
     }
     shell.flush_task_events().await;
+    shell.refusals.report();
     info!("driver stopping");
     client.flush().await?;
     Ok(())
@@ -131,6 +137,42 @@ struct Shell {
     /// The server's max_payload: the largest message anyone can send us.
     limit: usize,
     task_events: TaskEvents,
+    refusals: Refusals,
+}
+
+/// Requests the driver refused or dropped before the core saw them, counted; the counts go to
+/// the log (one line when they change, at most once per revive tick) rather than a line per
+/// message, which a flood could turn into a flood of log lines.
+#[derive(Default)]
+struct Refusals {
+    no_reply: AtomicU64,
+    foreign_reply: AtomicU64,
+    undecodable: AtomicU64,
+    reported: AtomicU64,
+}
+
+impl Refusals {
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    /// Logs the counts if they changed since the last report.
+    fn report(&self) {
+        let (no_reply, foreign, undecodable) = (
+            self.no_reply.load(Relaxed),
+            self.foreign_reply.load(Relaxed),
+            self.undecodable.load(Relaxed),
+        );
+        let total = no_reply + foreign + undecodable;
+        if total != self.reported.swap(total, Relaxed) {
+            warn!(
+                no_reply,
+                foreign_reply = foreign,
+                undecodable,
+                "requests refused so far"
+            );
+        }
+    }
 }
 
 impl Shell {
@@ -143,9 +185,12 @@ impl Shell {
             Ok(RegisterRequest::RegisterExecutor(request)) => {
                 core.register(&claimed, request, now_ms())
             }
-            Err(error) => RegisterReply::RegisterExecutorFailed {
-                message: format!("could not decode RegisterExecutor: {error}"),
-            },
+            Err(error) => {
+                Refusals::count(&self.refusals.undecodable);
+                RegisterReply::RegisterExecutorFailed {
+                    message: format!("could not decode RegisterExecutor: {error}"),
+                }
+            }
         };
         match &answer {
             RegisterReply::RegisteredExecutor { .. } => debug!(executor = %claimed, "registered"),
@@ -166,9 +211,12 @@ impl Shell {
                 executor_id,
                 updates,
             }) => core.status_updates(&claimed, &executor_id, updates, now_ms()),
-            Err(error) => StatusReply::Error {
-                message: format!("could not decode StatusUpdates: {error}"),
-            },
+            Err(error) => {
+                Refusals::count(&self.refusals.undecodable);
+                StatusReply::Error {
+                    message: format!("could not decode StatusUpdates: {error}"),
+                }
+            }
         };
         if let StatusReply::StatusAck { refused, .. } = &answer {
             for r in refused {
@@ -185,9 +233,12 @@ impl Shell {
         };
         let answer = match decode::<HeartbeatRequest>(&message.payload, self.limit) {
             Ok(request) => core.heartbeat(&claimed, request, now_ms()),
-            Err(error) => HeartbeatReply::Error {
-                message: format!("could not decode the heartbeat: {error}"),
-            },
+            Err(error) => {
+                Refusals::count(&self.refusals.undecodable);
+                HeartbeatReply::Error {
+                    message: format!("could not decode the heartbeat: {error}"),
+                }
+            }
         };
         self.answer(reply, encode(&answer)).await;
     }
@@ -195,17 +246,22 @@ impl Shell {
     async fn on_api(&self, core: &mut Core, message: Message) {
         let Some(reply) = message.reply.clone() else {
             debug!("api message without a reply subject dropped");
+            Refusals::count(&self.refusals.no_reply);
             return;
         };
         if let Err(why) = api_reply_allowed(&reply, core) {
-            warn!(reply = %reply, why, "api request refused: its reply would land in Ember's subjects");
+            debug!(reply = %reply, why, "api request refused");
+            Refusals::count(&self.refusals.foreign_reply);
             return;
         }
         let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
             Ok(request) => core.api(request, now_ms()),
-            Err(error) => ApiReply::Error {
-                message: format!("could not decode the api request: {error}"),
-            },
+            Err(error) => {
+                Refusals::count(&self.refusals.undecodable);
+                ApiReply::Error {
+                    message: format!("could not decode the api request: {error}"),
+                }
+            }
         };
         self.answer(reply.to_string(), encode(&answer)).await;
     }
@@ -216,10 +272,12 @@ impl Shell {
     fn executor_reply(&self, message: &Message, claimed: &str) -> Option<String> {
         let Some(reply) = &message.reply else {
             debug!(subject = %message.subject, "request without a reply subject dropped");
+            Refusals::count(&self.refusals.no_reply);
             return None;
         };
         if !Subjects::reply_is_owned_by(reply, claimed) {
-            warn!(subject = %message.subject, reply = %reply, "reply subject outside the sender's inbox; refused");
+            debug!(subject = %message.subject, reply = %reply, "reply subject outside the sender's inbox; refused");
+            Refusals::count(&self.refusals.foreign_reply);
             return None;
         }
         Some(reply.to_string())
