@@ -129,53 +129,40 @@ impl TestCluster {
         }
     }
 
-    /// An `ember-executor` process.
-    pub fn executor_process(&self, id: &str, extra: &[&str]) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ember-executor"));
+    /// A process of one of Ember's binaries on this cluster, logging warnings only, killed
+    /// when dropped.
+    fn process(&self, binary: &str, args: &[&str]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(binary);
         command
-            .args([
-                "--nats-url",
-                &self.url(),
-                "--cluster",
-                &self.cluster,
-                "--executor-id",
-                id,
-            ])
-            .args(extra)
+            .args(["--nats-url", &self.url(), "--cluster", &self.cluster])
+            .args(args)
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)
             .stdin(std::process::Stdio::null());
+        command
+    }
+
+    /// An `ember-executor` process.
+    pub fn executor_process(&self, id: &str, extra: &[&str]) -> tokio::process::Command {
+        let mut command =
+            self.process(env!("CARGO_BIN_EXE_ember-executor"), &["--executor-id", id]);
+        command.args(extra);
         command
     }
 
     /// An `ember-driver` process.
     pub fn driver_process(&self, extra: &[&str]) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ember-driver"));
-        command
-            .args([
-                "--nats-url",
-                &self.url(),
-                "--cluster",
-                &self.cluster,
-                "--revive-interval",
-                "200ms",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .kill_on_drop(true)
-            .stdin(std::process::Stdio::null());
+        let mut command = self.process(
+            env!("CARGO_BIN_EXE_ember-driver"),
+            &["--revive-interval", "200ms"],
+        );
+        command.args(extra);
         command
     }
 
     /// An `ember` CLI process against this cluster.
     pub fn cli(&self, args: &[&str]) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ember"));
-        command
-            .args(["--nats-url", &self.url(), "--cluster", &self.cluster])
-            .args(args)
-            .kill_on_drop(true)
-            .stdin(std::process::Stdio::null());
-        command
+        self.process(env!("CARGO_BIN_EXE_ember"), args)
     }
 }
 
