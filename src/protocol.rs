@@ -429,13 +429,17 @@ pub struct StatusUpdate {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type")]
+#[serde(tag = "type", try_from = "wire::StatusReplyWire")]
 pub enum StatusReply {
     /// The batch was handled; the executor may forget it. `refused` lists the updates that
-    /// changed nothing, and why.
+    /// changed nothing, and why. `launch` carries the tasks the driver offered this executor's
+    /// freed cores in answer, as a `LaunchTasks` would: one message per round trip instead of
+    /// two.
     StatusAck {
         accepted: u32,
         refused: Vec<RefusedStatus>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        launch: Vec<TaskDescription>,
     },
     /// The driver does not know this executor: register again, then resend the batch.
     UnknownExecutor {

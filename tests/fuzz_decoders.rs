@@ -26,6 +26,7 @@ const SEEDS: &[&str] = &[
     r#"{"type":"RegisterExecutorFailed","message":"Duplicate executor ID: exec-1"}"#,
     r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[{"task_id":42,"attempt":0,"state":"FINISHED","result":{"exit_code":0}},{"task_id":43,"attempt":1,"state":"FAILED","error":"boom"}]}"#,
     r#"{"type":"StatusAck","accepted":1,"refused":[{"task_id":43,"attempt":1,"reason":"stale"}]}"#,
+    r#"{"type":"StatusAck","accepted":1,"refused":[],"launch":[{"task_id":44,"job_id":2,"index":3,"attempt":0,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null}}]}"#,
     r#"{"type":"UnknownExecutor","message":"executor exec-1 is not registered"}"#,
     r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[{"task_id":42,"attempt":0}]}"#,
     r#"{"type":"DecommissionExecutor","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b"}"#,

@@ -304,7 +304,9 @@ async fn a_status_from_the_wrong_executor_is_refused() {
         .await
         .unwrap();
     match decode::<StatusReply>(&reply.payload, usize::MAX).unwrap() {
-        StatusReply::StatusAck { accepted, refused } => {
+        StatusReply::StatusAck {
+            accepted, refused, ..
+        } => {
             assert_eq!(accepted, 0);
             assert_eq!(refused.len(), 1);
             assert!(

@@ -1133,6 +1133,7 @@ fn status_ack() {
                 attempt: 2,
                 reason: "task 43 attempt 2 was not launched on executor exec-1".into(),
             }],
+            launch: vec![],
         },
         json!({
             "type": "StatusAck",
@@ -1148,8 +1149,39 @@ fn status_ack() {
         &StatusReply::StatusAck {
             accepted: 0,
             refused: vec![],
+            launch: vec![],
         },
         json!({"type": "StatusAck", "accepted": 0, "refused": []}),
+    );
+    golden(
+        &StatusReply::StatusAck {
+            accepted: 1,
+            refused: vec![],
+            launch: vec![TaskDescription {
+                task_id: 44,
+                job_id: 2,
+                index: 3,
+                attempt: 0,
+                cpus: 1,
+                spec: Arc::new(TaskSpec::Handler {
+                    name: "noop".into(),
+                    arg: Value::Null,
+                }),
+            }],
+        },
+        json!({
+            "type": "StatusAck",
+            "accepted": 1,
+            "refused": [],
+            "launch": [{
+                "task_id": 44,
+                "job_id": 2,
+                "index": 3,
+                "attempt": 0,
+                "cpus": 1,
+                "spec": {"kind": "handler", "name": "noop", "arg": null}
+            }]
+        }),
     );
 }
 

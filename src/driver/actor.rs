@@ -6,8 +6,8 @@
 use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness};
 use crate::protocol::{
-    decode, encode, ApiReply, ApiRequest, Batch, HeartbeatReply, HeartbeatRequest, RegisterReply,
-    RegisterRequest, StatusReply, StatusRequest,
+    decode, encode, ApiReply, ApiRequest, Batch, ExecutorMessage, HeartbeatReply, HeartbeatRequest,
+    RegisterReply, RegisterRequest, StatusReply, StatusRequest,
 };
 use crate::subjects::Subjects;
 use crate::{now_ms, PAYLOAD_HEADROOM};
@@ -206,16 +206,19 @@ impl Shell {
         let Some(reply) = self.executor_reply(&message, &claimed) else {
             return;
         };
-        let answer = match decode::<StatusRequest>(&message.payload, self.limit) {
+        let (executor_id, mut answer) = match decode::<StatusRequest>(&message.payload, self.limit)
+        {
             Ok(StatusRequest::StatusUpdates {
                 executor_id,
                 updates,
-            }) => core.status_updates(&claimed, &executor_id, updates, now_ms()),
+            }) => {
+                let answer = core.status_updates(&claimed, &executor_id, updates, now_ms());
+                (Some(executor_id), answer)
+            }
             Err(error) => {
                 Refusals::count(&self.refusals.undecodable);
-                StatusReply::Error {
-                    message: format!("could not decode StatusUpdates: {error}"),
-                }
+                let message = format!("could not decode StatusUpdates: {error}");
+                (None, StatusReply::Error { message })
             }
         };
         if let StatusReply::StatusAck { refused, .. } = &answer {
@@ -223,7 +226,21 @@ impl Shell {
                 warn!(executor = %claimed, task = r.task_id, attempt = r.attempt, reason = %r.reason, "status refused");
             }
         }
-        self.answer(reply, encode(&answer)).await;
+        let mut payload = encode(&answer);
+        let mut overflow = Vec::new();
+        if payload.len() > self.limit - PAYLOAD_HEADROOM {
+            if let StatusReply::StatusAck { launch, .. } = &mut answer {
+                // Too many tasks to ride on the acknowledgement: they go to the inbox instead.
+                overflow = std::mem::take(launch);
+                payload = encode(&answer);
+            }
+        }
+        self.answer(reply, payload).await;
+        if let (Some(executor_id), false) = (executor_id, overflow.is_empty()) {
+            let inbox = self.subjects.executor_inbox(&executor_id);
+            let launch = ExecutorMessage::LaunchTasks { tasks: overflow };
+            self.publish_batch(inbox, launch).await;
+        }
     }
 
     async fn on_heartbeat(&self, core: &mut Core, message: Message) {

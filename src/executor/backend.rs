@@ -8,7 +8,7 @@ use super::tasks::Handlers;
 use crate::ids::{ExecutorId, InstanceId};
 use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
-    RegisterReply, RegisterRequest, RunningAttempt, StatusUpdate, TaskState,
+    RegisterReply, RegisterRequest, RunningAttempt, StatusUpdate, TaskDescription, TaskState,
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
@@ -250,7 +250,10 @@ impl Backend {
                     self.registered_again(result?);
                 }
                 result = self.statuses.in_flight() => match self.statuses.settle(result) {
-                    Settled::Answered => self.last_answer = Instant::now(),
+                    Settled::Answered(launch) => {
+                        self.last_answer = Instant::now();
+                        self.launch(launch);
+                    }
                     Settled::Unknown => self.start_reregister(),
                     Settled::NoAnswer => {}
                 },
@@ -289,15 +292,7 @@ impl Backend {
 
     fn on_inbox(&mut self, message: Message) {
         match decode::<ExecutorMessage>(&message.payload, self.statuses.limit + PAYLOAD_HEADROOM) {
-            Ok(ExecutorMessage::LaunchTasks { tasks }) => {
-                for task in tasks {
-                    let update = match self.draining {
-                        Some(_) => handed_back(task.task_id, task.attempt),
-                        None => self.runner.launch(task),
-                    };
-                    self.statuses.push(update);
-                }
-            }
+            Ok(ExecutorMessage::LaunchTasks { tasks }) => self.launch(tasks),
             Ok(ExecutorMessage::KillTask {
                 task_id,
                 attempt,
@@ -317,6 +312,18 @@ impl Backend {
             Err(error) => {
                 warn!(%error, subject = %message.subject, "undecodable inbox message dropped")
             }
+        }
+    }
+
+    /// Starts tasks the driver sent, in a `LaunchTasks` or with a status acknowledgement; a
+    /// draining executor hands them straight back.
+    fn launch(&mut self, tasks: Vec<TaskDescription>) {
+        for task in tasks {
+            let update = match self.draining {
+                Some(_) => handed_back(task.task_id, task.attempt),
+                None => self.runner.launch(task),
+            };
+            self.statuses.push(update);
         }
     }
 

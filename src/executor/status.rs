@@ -5,7 +5,9 @@
 use super::backend::ExecutorConfig;
 use crate::driver::core::MAX_UPDATES_PER_BATCH;
 use crate::ids::ExecutorId;
-use crate::protocol::{decode, encode, RunningAttempt, StatusReply, StatusUpdate, TaskState};
+use crate::protocol::{
+    decode, encode, RunningAttempt, StatusReply, StatusUpdate, TaskDescription, TaskState,
+};
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
 use async_nats::Client;
 use futures::future::BoxFuture;
@@ -26,10 +28,10 @@ enum StatusBatch<'a> {
 }
 
 /// What an acknowledged (or failed) batch means for the executor.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub(crate) enum Settled {
-    /// The driver answered.
-    Answered,
+    /// The driver answered, with the tasks it launched on the cores the batch freed.
+    Answered(Vec<TaskDescription>),
     /// The driver does not know this executor: register again; the batch waits.
     Unknown,
     /// No answer; the batch goes again.
@@ -153,17 +155,19 @@ impl StatusSender {
     pub fn settle(&mut self, result: StatusResult) -> Settled {
         self.request = None;
         match result {
-            Ok(StatusReply::StatusAck { refused, .. }) => {
+            Ok(StatusReply::StatusAck {
+                refused, launch, ..
+            }) => {
                 for r in refused {
                     warn!(task = r.task_id, attempt = r.attempt, reason = %r.reason, "driver refused a status");
                 }
                 self.sending.clear();
-                Settled::Answered
+                Settled::Answered(launch)
             }
             Ok(StatusReply::Error { message }) => {
                 warn!(%message, "driver rejected a status batch");
                 self.sending.clear();
-                Settled::Answered
+                Settled::Answered(Vec::new())
             }
             Ok(StatusReply::UnknownExecutor { message }) => {
                 debug!(%message, "driver does not know this executor");

@@ -1,11 +1,15 @@
-//! Faster decoding for the messages on the hot path (launches, status batches, task specs).
+//! Faster decoding for the messages on the hot path (launches, status batches and their
+//! answers, task specs).
 //!
 //! serde decodes an internally tagged enum by buffering the whole object first and then reading
 //! it a second time; for a batch of thousands of updates that dominated the decode. These
 //! structs read the same JSON in one pass, every field optional, and then build the enum,
 //! reporting a missing field as serde would. Encoding is unchanged.
 
-use super::{ExecutorMessage, StatusRequest, StatusUpdate, TaskDescription, TaskSpec};
+use super::{
+    ExecutorMessage, RefusedStatus, StatusReply, StatusRequest, StatusUpdate, TaskDescription,
+    TaskSpec,
+};
 use crate::ids::{ExecutorId, TaskId};
 use serde::Deserialize;
 use serde_json::Value;
@@ -111,5 +115,43 @@ impl TryFrom<StatusRequestWire> for StatusRequest {
             executor_id: w.executor_id.ok_or_else(|| missing("executor_id"))?,
             updates: w.updates.ok_or_else(|| missing("updates"))?,
         })
+    }
+}
+
+#[derive(Deserialize)]
+enum ReplyKind {
+    StatusAck,
+    UnknownExecutor,
+    Error,
+}
+
+#[derive(Deserialize)]
+pub(super) struct StatusReplyWire {
+    #[serde(rename = "type")]
+    kind: Option<ReplyKind>,
+    accepted: Option<u32>,
+    refused: Option<Vec<RefusedStatus>>,
+    #[serde(default)]
+    launch: Vec<TaskDescription>,
+    message: Option<String>,
+}
+
+impl TryFrom<StatusReplyWire> for StatusReply {
+    type Error = String;
+    fn try_from(w: StatusReplyWire) -> Result<Self, String> {
+        let message = || w.message.clone().ok_or_else(|| missing("message"));
+        match w.kind.as_ref().ok_or_else(|| missing("type"))? {
+            ReplyKind::StatusAck => Ok(StatusReply::StatusAck {
+                accepted: w.accepted.ok_or_else(|| missing("accepted"))?,
+                refused: w.refused.ok_or_else(|| missing("refused"))?,
+                launch: w.launch,
+            }),
+            ReplyKind::UnknownExecutor => Ok(StatusReply::UnknownExecutor {
+                message: message()?,
+            }),
+            ReplyKind::Error => Ok(StatusReply::Error {
+                message: message()?,
+            }),
+        }
     }
 }

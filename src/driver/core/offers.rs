@@ -3,7 +3,7 @@
 //! one `LaunchTasks` for the whole round, and each job one `TaskStart` event.
 
 use super::jobs::TaskStatus;
-use super::Core;
+use super::{Core, Effect};
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{Event, ExecutorMessage, TaskDescription, TaskStarted};
 use std::collections::BTreeMap;
@@ -65,6 +65,23 @@ impl Core {
                 tasks,
             });
         }
+    }
+
+    /// Takes the launches queued for `executor` out of the effects, to go in the answer to its
+    /// status batch: the executor gets its next tasks with the acknowledgement, in one message.
+    pub(super) fn take_launches(&mut self, executor: &ExecutorId) -> Vec<TaskDescription> {
+        let mut launch = Vec::new();
+        self.effects.retain_mut(|effect| match effect {
+            Effect::Send {
+                to,
+                message: ExecutorMessage::LaunchTasks { tasks },
+            } if to == executor => {
+                launch.append(tasks);
+                false
+            }
+            _ => true,
+        });
+        launch
     }
 
     /// Launches one waiting task on `executor` if one fits; FIFO over jobs.

@@ -97,7 +97,11 @@ impl Core {
         } else if freed {
             self.make_offers(Some(executor_id), now);
         }
-        StatusReply::StatusAck { accepted, refused }
+        StatusReply::StatusAck {
+            accepted,
+            refused,
+            launch: self.take_launches(executor_id),
+        }
     }
 
     fn apply_status(

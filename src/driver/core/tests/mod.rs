@@ -155,7 +155,38 @@ fn ack(accepted: u32) -> StatusReply {
     StatusReply::StatusAck {
         accepted,
         refused: vec![],
+        launch: vec![],
     }
+}
+
+/// Hands `core` a status batch from executor `from` on `subject`'s subject. Tasks that came
+/// back with the acknowledgement are put among the effects where the `LaunchTasks` they
+/// replace would have been, so tests read every launch in one place.
+fn send_status(
+    core: &mut Core,
+    subject: &str,
+    from: &str,
+    updates: Vec<StatusUpdate>,
+    now: u64,
+) -> StatusReply {
+    let mut reply = core.status_updates(subject, &eid(from), updates, now);
+    if let StatusReply::StatusAck { launch, .. } = &mut reply {
+        if !launch.is_empty() {
+            let to = eid(from);
+            let at = core
+                .effects
+                .iter()
+                .position(|effect| match effect {
+                    Effect::Send { to: other, .. } => *other > to,
+                    Effect::Publish(event) => matches!(event, Event::TaskStart { .. }),
+                })
+                .unwrap_or(core.effects.len());
+            let tasks = std::mem::take(launch);
+            let message = ExecutorMessage::LaunchTasks { tasks };
+            core.effects.insert(at, Effect::Send { to, message });
+        }
+    }
+    reply
 }
 
 /// Sends `updates` from executor `from` on its own subject; the batch must be acknowledged.
@@ -165,8 +196,10 @@ fn status(
     updates: Vec<StatusUpdate>,
     now: u64,
 ) -> (u32, Vec<RefusedStatus>) {
-    match core.status_updates(from, &eid(from), updates, now) {
-        StatusReply::StatusAck { accepted, refused } => (accepted, refused),
+    match send_status(core, from, from, updates, now) {
+        StatusReply::StatusAck {
+            accepted, refused, ..
+        } => (accepted, refused),
         other => panic!("status batch not acknowledged: {other:?}"),
     }
 }

@@ -53,6 +53,38 @@ fn a_job_submitted_with_no_executors_launches_when_one_registers() {
 }
 
 #[test]
+fn cores_a_status_batch_frees_are_refilled_in_its_acknowledgement() {
+    let mut core = new_core(0);
+    add(&mut core, "a", 1, 1);
+    add(&mut core, "b", 1, 1);
+    let (_, launched) = start(&mut core, job(4, 1, 4), 2);
+    assert_eq!(launched.len(), 2);
+    let reply = core.status_updates("a", &eid("a"), vec![finished(1, 0)], 3);
+    let StatusReply::StatusAck {
+        accepted, launch, ..
+    } = reply
+    else {
+        panic!("not acknowledged: {reply:?}");
+    };
+    assert_eq!(accepted, 1);
+    let ids: Vec<_> = launch.iter().map(|t| (t.task_id, t.attempt)).collect();
+    assert_eq!(ids, [(3, 0)]);
+    // The launch went with the answer, so no LaunchTasks is sent as well; the event still is.
+    let effects = core.take_effects();
+    assert!(launches(&effects).is_empty(), "{effects:?}");
+    let started: Vec<_> = events(&effects)
+        .into_iter()
+        .flat_map(|e| match e {
+            Event::TaskStart { tasks, .. } => tasks.into_iter().map(|t| t.task_id).collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(started, [3]);
+    assert_eq!(free(&core, "a"), 0);
+    check_invariants(&core);
+}
+
+#[test]
 fn offers_deal_tasks_round_robin_with_one_launch_per_executor() {
     let mut core = new_core(0);
     for id in ["a", "b", "c"] {

@@ -90,7 +90,10 @@ impl Sim {
             .filter(|name| *name != executor)
             .collect();
         let refused_one = |reply: StatusReply| {
-            let StatusReply::StatusAck { accepted, refused } = reply else {
+            let StatusReply::StatusAck {
+                accepted, refused, ..
+            } = reply
+            else {
                 panic!("{reply:?}");
             };
             assert_eq!((accepted, refused.len()), (0, 1));

@@ -143,8 +143,7 @@ impl Sim {
 
     /// Sends `updates` from `from` on `subject`'s subject.
     fn send(&mut self, subject: &str, from: &str, updates: Vec<StatusUpdate>) -> StatusReply {
-        self.core
-            .status_updates(subject, &eid(from), updates, self.now)
+        send_status(&mut self.core, subject, from, updates, self.now)
     }
 
     fn tick(&mut self) {
