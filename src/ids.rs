@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// The longest id (or cluster name) Ember accepts, in bytes.
 pub const MAX_ID_LEN: usize = 64;
@@ -31,26 +32,33 @@ pub fn validate_token(what: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// An executor's id: one subject token, given by the operator or a generated UUID.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ExecutorId(String);
+/// An executor's id: one subject token, given by the operator or a generated UUID. Shared, not
+/// copied: the driver stores it with every attempt it launches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ExecutorId(Arc<str>);
 
 impl ExecutorId {
     /// Parses and validates an id.
     pub fn parse(value: impl Into<String>) -> Result<Self, String> {
         let value = value.into();
         validate_token("executor id", &value)?;
-        Ok(Self(value))
+        Ok(Self(value.into()))
     }
 
     /// A fresh id: a v4 UUID.
     pub fn generate() -> Self {
-        Self(uuid::Uuid::new_v4().to_string())
+        Self(uuid::Uuid::new_v4().to_string().into())
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl Serialize for ExecutorId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
     }
 }
 
@@ -63,7 +71,7 @@ impl TryFrom<String> for ExecutorId {
 
 impl From<ExecutorId> for String {
     fn from(id: ExecutorId) -> String {
-        id.0
+        id.0.to_string()
     }
 }
 
