@@ -92,18 +92,43 @@ fn spawn(bin: &Path, name: &str, nats: &NatsArgs, extra: &[String]) -> anyhow::R
         })
 }
 
-/// SIGTERM to each child, then SIGKILL to any still running after 5 s.
+/// Stops the executors first, so they can drain while the driver still acknowledges their
+/// statuses, then the driver. Each group gets SIGTERM and, if still running when its time is
+/// up or at a second Ctrl-C, SIGKILL.
 async fn stop_all(mut children: Vec<Child>) {
-    for child in &children {
+    let driver = children.remove(0);
+    // An executor drains for its decommission timeout, then tries to deliver its last statuses
+    // for a grace; a little more than that before it is killed.
+    let drain = crate::DEFAULT_DECOMMISSION_TIMEOUT + Duration::from_secs(15);
+    if !children.is_empty() {
+        eprintln!(
+            "stopping: executors finish their running tasks (at most {}s); Ctrl-C again to kill them now",
+            drain.as_secs()
+        );
+    }
+    stop(&mut children, drain).await;
+    stop(&mut [driver], Duration::from_secs(5)).await;
+}
+
+/// SIGTERM to each child, then SIGKILL to those still running after `patience` or at Ctrl-C.
+async fn stop(children: &mut [Child], patience: Duration) {
+    for child in children.iter() {
         if let Some(pid) = child.id() {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
         }
     }
-    for child in &mut children {
-        if tokio::time::timeout(Duration::from_secs(5), child.wait())
-            .await
-            .is_err()
-        {
+    let all_exited = async {
+        for child in children.iter_mut() {
+            let _ = child.wait().await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(patience, all_exited) => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    for child in children.iter_mut() {
+        if matches!(child.try_wait(), Ok(None)) {
+            eprintln!("killing process {}", child.id().unwrap_or_default());
             let _ = child.kill().await;
         }
     }
