@@ -22,6 +22,7 @@ pub mod executor;
 pub mod ids;
 pub mod protocol;
 pub mod server;
+pub mod sim;
 pub mod subjects;
 
 use std::time::Duration;
