@@ -451,3 +451,7 @@ fn killed_status(task_id: TaskId, attempt: u32) -> StatusUpdate {
         error: Some("killed by the driver".into()),
     }
 }
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;
