@@ -22,6 +22,7 @@ pub mod executor;
 pub mod ids;
 pub mod protocol;
 pub mod server;
+pub mod sim;
 pub mod subjects;
 
 use std::time::Duration;
@@ -55,6 +56,10 @@ pub const PAYLOAD_HEADROOM: usize = 4 * 1024;
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 /// How many messages a subscription buffers before NATS would call it a slow consumer.
 pub const SUBSCRIPTION_CAPACITY: usize = 1 << 16;
+
+/// Hashing with fixed keys, for the maps whose iteration order reaches messages: the same
+/// inputs then give the same outputs, which a seeded simulation needs to replay a run.
+pub type FixedHasher = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
 
 /// Milliseconds since the Unix epoch: the clock fed into the driver core and stamped on events.
 pub fn now_ms() -> u64 {

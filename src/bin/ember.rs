@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use ember::bench::{bench, BenchArgs};
 use ember::cli::creds::{creds, CredsArgs};
+use ember::cli::sim::{sim, SimArgs};
 use ember::cli::submit::{submit, SubmitArgs};
 use ember::cli::up::{up, UpArgs};
 use ember::cli::view::{follow_events, show_executors, show_jobs};
@@ -64,11 +65,18 @@ enum Command {
     Creds(CredsArgs),
     /// Run the standard workloads against a cluster of its own, beside the broker alone.
     Bench(BenchArgs),
+    /// Simulate a whole cluster with faults, deterministically from a seed (no NATS needed).
+    Sim(SimArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(false, ember::cli::CLI_LOG);
+    // A simulation's executors warn as real ones would, thousands of times a run: errors only.
+    let log = match cli.command {
+        Command::Sim(_) => "error",
+        _ => ember::cli::CLI_LOG,
+    };
+    init_tracing(false, log);
     let result = runtime()
         .map_err(anyhow::Error::from)
         .and_then(|rt| rt.block_on(dispatch(cli)));
@@ -91,6 +99,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         bench(args).await?;
         return Ok(true);
     }
+    if let Command::Sim(args) = &cli.command {
+        return Ok(sim(args));
+    }
     if let Command::Creds(args) = &cli.command {
         print!("{}", creds(args, &cli.nats.cluster)?);
         return Ok(true);
@@ -100,7 +111,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
     let client = EmberClient::new(nats.clone(), subjects.clone());
     match cli.command {
         Command::Up(_) | Command::Bench(_) => unreachable!("handled above"),
-        Command::Creds(_) => unreachable!("handled above"),
+        Command::Creds(_) | Command::Sim(_) => unreachable!("handled above"),
         Command::Events { json } => {
             follow_events(&nats, &subjects, json, shutdown_signal()).await?
         }

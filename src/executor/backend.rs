@@ -1,21 +1,22 @@
-//! Registration and the executor's main loop: one task on the messaging thread that reads the
-//! inbox, collects attempt ends, keeps at most one status batch and one heartbeat in flight,
-//! registers again when the driver has forgotten it, and drains on SIGTERM or `StopExecutor`.
+//! The executor's NATS shell: registration, and one loop on the messaging thread that reads the
+//! inbox, collects attempt ends, runs the timers, and sends what the executor machine
+//! (`machine.rs`, which decides everything) asks for: at most one status batch and one heartbeat
+//! in flight, a registration again when the driver has forgotten it, the drain's notices.
 
+use super::machine::{Backoff, Machine, MachineConfig, Registered, Request};
 use super::runner::Runner;
-use super::status::{Settled, StatusSender};
 use super::tasks::Handlers;
 use crate::ids::{ExecutorId, InstanceId};
 use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
-    RegisterReply, RegisterRequest, RunningAttempt, StatusUpdate, TaskDescription, TaskState,
+    RegisterReply, RegisterRequest, StatusReply, TaskDescription,
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
 use async_nats::{Client, Message, Subscriber};
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -132,7 +133,8 @@ async fn register(
     });
     let payload = encode(&request);
     let subject = config.subjects.register(&config.executor_id);
-    let mut pause = Duration::from_millis(50);
+    let start = Instant::now();
+    let mut backoff = Backoff::new(deadline.map(|d| millis(d - start)));
     loop {
         let attempt = client.request(subject.clone(), payload.clone());
         match tokio::time::timeout(REQUEST_TIMEOUT, attempt).await {
@@ -148,26 +150,24 @@ async fn register(
             Ok(Err(error)) => debug!(%error, "no driver yet; retrying"),
             Err(_) => debug!("registration timed out; retrying"),
         }
-        if deadline.is_some_and(|d| Instant::now() + pause > d) {
+        let Some(pause) = backoff.next_pause(millis(start.elapsed())) else {
             return Err(ExecutorError::RegisterTimeout(config.register_timeout));
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
+        };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
 
-type HeartbeatResult = Result<HeartbeatReply, String>;
+fn millis(duration: Duration) -> u64 {
+    duration.as_millis() as u64
+}
 
-/// How long a drained executor keeps trying to deliver its last statuses before it leaves.
-const DRAIN_GRACE: Duration = Duration::from_secs(10);
-
-/// A request on the heartbeat subject, answered or not within [`REQUEST_TIMEOUT`].
-fn lifecycle_request(
+/// A request answered or not within [`REQUEST_TIMEOUT`].
+fn request<T: serde::de::DeserializeOwned + 'static>(
     client: &Client,
     subject: String,
-    request: &HeartbeatRequest,
-) -> BoxFuture<'static, HeartbeatResult> {
-    let (client, payload) = (client.clone(), encode(request));
+    payload: bytes::Bytes,
+) -> BoxFuture<'static, Result<T, String>> {
+    let client = client.clone();
     Box::pin(async move {
         match tokio::time::timeout(REQUEST_TIMEOUT, client.request(subject, payload)).await {
             Ok(Ok(reply)) => decode(&reply.payload, usize::MAX).map_err(|e| e.to_string()),
@@ -185,23 +185,21 @@ async fn maybe<T>(future: &mut Option<BoxFuture<'static, T>>) -> T {
     }
 }
 
-/// The executor once registered.
+/// The executor once registered: the machine, and the I/O it asks for.
 struct Backend {
     client: Client,
     config: ExecutorConfig,
     instance: InstanceId,
+    machine: Machine<Option<tokio::task::AbortHandle>>,
     runner: Runner,
     ends: tokio::sync::mpsc::UnboundedReceiver<super::runner::Done>,
-    statuses: StatusSender,
-    heartbeat: Option<BoxFuture<'static, HeartbeatResult>>,
+    /// The machine's clock: milliseconds since this instant.
+    epoch: Instant,
+    status: Option<BoxFuture<'static, Result<StatusReply, String>>>,
+    heartbeat: Option<BoxFuture<'static, Result<HeartbeatReply, String>>>,
     reregister: Option<BoxFuture<'static, Result<InstanceId, ExecutorError>>>,
-    /// The driver this executor is registered with.
-    driver: InstanceId,
-    /// When the driver last answered anything.
-    last_answer: Instant,
-    /// Draining until then: no new tasks; what still runs then is handed back.
-    draining: Option<Instant>,
-    handed_back: bool,
+    /// `ExecutorExiting`, once the machine has decided to leave.
+    leaving: Option<HeartbeatRequest>,
 }
 
 impl Backend {
@@ -212,22 +210,38 @@ impl Backend {
         driver: InstanceId,
         handlers: Handlers,
     ) -> Self {
-        let (runner, ends) = Runner::new(handlers, config.cores);
-        let statuses = StatusSender::new(&client, &config);
+        let (runner, ends) = Runner::new(handlers);
+        let status_limit =
+            client.server_info().max_payload.max(2 * PAYLOAD_HEADROOM) - PAYLOAD_HEADROOM;
+        let mut machine = Machine::new(
+            MachineConfig {
+                executor_id: config.executor_id.clone(),
+                instance,
+                cores: config.cores,
+                driver_timeout_ms: millis(config.driver_timeout),
+                decommission_timeout_ms: millis(config.decommission_timeout),
+                status_limit,
+            },
+            0,
+        );
+        machine.on_registered(driver, 0);
         Self {
             client,
             config,
             instance,
+            machine,
             runner,
             ends,
-            statuses,
+            epoch: Instant::now(),
+            status: None,
             heartbeat: None,
             reregister: None,
-            driver,
-            last_answer: Instant::now(),
-            draining: None,
-            handed_back: false,
+            leaving: None,
         }
+    }
+
+    fn now(&self) -> u64 {
+        millis(self.epoch.elapsed())
     }
 
     async fn serve(
@@ -240,7 +254,9 @@ impl Backend {
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let far = Instant::now() + Duration::from_secs(86_400 * 365);
         loop {
-            let drain_deadline = self.draining.unwrap_or(far);
+            let hand_back_at = self.machine.hand_back_at();
+            let hand_back_deadline =
+                hand_back_at.map_or(far, |ms| self.epoch + Duration::from_millis(ms));
             // Biased, in this order: a registration's answer is handled before any launch
             // the driver sent after it, and answers before new work.
             tokio::select! {
@@ -249,65 +265,67 @@ impl Backend {
                     self.reregister = None;
                     self.registered_again(result?);
                 }
-                result = self.statuses.in_flight() => match self.statuses.settle(result) {
-                    Settled::Answered(launch) => {
-                        self.last_answer = Instant::now();
-                        self.launch(launch);
-                    }
-                    Settled::Unknown => self.start_reregister(),
-                    Settled::NoAnswer => {}
-                },
-                result = maybe(&mut self.heartbeat) => self.on_heartbeat(result),
-                _ = beat.tick() => self.beat()?,
-                Some(done) = self.ends.recv() => {
-                    if let Some(update) = self.runner.finish(done) {
-                        self.statuses.push(update);
-                    }
+                result = maybe(&mut self.status) => {
+                    self.status = None;
+                    let now = self.now();
+                    let launch = self.machine.on_status(result, now);
+                    self.launch(&launch);
                 }
+                result = maybe(&mut self.heartbeat) => {
+                    self.heartbeat = None;
+                    let now = self.now();
+                    self.machine.on_heartbeat(result, now);
+                }
+                _ = beat.tick() => {
+                    let now = self.now();
+                    self.machine
+                        .beat(self.config.exit_on_driver_loss, now)
+                        .map_err(|silent| ExecutorError::DriverLost(Duration::from_millis(silent)))?;
+                }
+                Some(done) = self.ends.recv() => self.machine.finish(done.into_status()),
                 message = inbox.next() => match message {
                     Some(message) => self.on_inbox(message),
                     None => return Err(ExecutorError::Connection("the inbox subscription closed".into())),
                 },
-                _ = tokio::time::sleep_until(drain_deadline), if self.draining.is_some() && !self.handed_back => {
-                    self.hand_back();
+                _ = tokio::time::sleep_until(hand_back_deadline), if hand_back_at.is_some() => {
+                    self.machine.hand_back();
                 }
-                _ = &mut shutdown, if self.draining.is_none() => self.start_drain("signal"),
-            }
-            if self.reregister.is_none() {
-                self.statuses.send_if_idle();
-            }
-            if let Some(deadline) = self.draining {
-                let drained = self.runner.is_empty() && self.statuses.is_idle();
-                // Without a driver to acknowledge them, statuses cannot hold the exit forever.
-                let overdue = Instant::now() > deadline + DRAIN_GRACE;
-                if drained || overdue {
-                    if !drained {
-                        warn!("leaving with statuses the driver has not acknowledged");
-                    }
-                    return self.exit().await;
+                _ = &mut shutdown, if !self.machine.is_draining() => {
+                    let now = self.now();
+                    self.machine.stop("signal", now);
                 }
+            }
+            let leave = self.machine.poll(self.now());
+            self.send_requests();
+            if leave {
+                return self.exit().await;
             }
         }
     }
 
+    /// Starts tasks the driver sent, in a `LaunchTasks` or with a status acknowledgement.
+    fn launch(&mut self, tasks: &[TaskDescription]) {
+        for task in tasks {
+            self.machine.launch(task, |task| self.runner.start(task));
+        }
+    }
+
     fn on_inbox(&mut self, message: Message) {
-        match decode::<ExecutorMessage>(&message.payload, self.statuses.limit + PAYLOAD_HEADROOM) {
-            Ok(ExecutorMessage::LaunchTasks { tasks }) => self.launch(tasks),
+        let limit = self.machine.statuses().limit + PAYLOAD_HEADROOM;
+        match decode::<ExecutorMessage>(&message.payload, limit) {
+            Ok(ExecutorMessage::LaunchTasks { tasks }) => self.launch(&tasks),
             Ok(ExecutorMessage::KillTask {
                 task_id,
                 attempt,
                 reason,
             }) => {
                 info!(task = task_id, attempt, %reason, "kill");
-                if let Some(update) = self.runner.kill(task_id, attempt) {
-                    self.statuses.push(update);
-                }
+                self.machine.kill(task_id, attempt);
             }
             Ok(ExecutorMessage::StopExecutor { reason }) => {
                 info!(%reason, "the driver asked this executor to stop");
-                if self.draining.is_none() {
-                    self.start_drain(&reason);
-                }
+                let now = self.now();
+                self.machine.stop(&reason, now);
             }
             Err(error) => {
                 warn!(%error, subject = %message.subject, "undecodable inbox message dropped")
@@ -315,138 +333,70 @@ impl Backend {
         }
     }
 
-    /// Starts tasks the driver sent, in a `LaunchTasks` or with a status acknowledgement; a
-    /// draining executor hands them straight back.
-    fn launch(&mut self, tasks: Vec<TaskDescription>) {
-        for task in tasks {
-            let update = match self.draining {
-                Some(_) => handed_back(task.task_id, task.attempt),
-                None => self.runner.launch(task),
-            };
-            self.statuses.push(update);
-        }
-    }
-
-    /// Sends a heartbeat if none is in flight, and notices a driver that stopped answering.
-    fn beat(&mut self) -> Result<(), ExecutorError> {
-        let silent = self.last_answer.elapsed();
-        if silent > self.config.driver_timeout && self.reregister.is_none() {
-            if self.config.exit_on_driver_loss {
-                return Err(ExecutorError::DriverLost(silent));
-            }
-            warn!(
-                silent_ms = silent.as_millis() as u64,
-                "the driver is not answering; registering again"
-            );
-            self.start_reregister();
-        }
-        if self.heartbeat.is_none() && self.reregister.is_none() {
-            let request = HeartbeatRequest::Heartbeat {
-                executor_id: self.config.executor_id.clone(),
-                instance_id: self.instance,
-                running: self.held_attempts(),
-            };
-            let subject = self.config.subjects.heartbeat(&self.config.executor_id);
-            self.heartbeat = Some(lifecycle_request(&self.client, subject, &request));
-        }
-        Ok(())
-    }
-
-    /// What this executor holds: attempts running, and ends not yet acknowledged.
-    fn held_attempts(&self) -> Vec<RunningAttempt> {
-        let mut held: HashSet<RunningAttempt> = self.runner.running().collect();
-        held.extend(self.statuses.unacknowledged());
-        held.into_iter().collect()
-    }
-
-    fn on_heartbeat(&mut self, result: Result<HeartbeatReply, String>) {
-        self.heartbeat = None;
-        match result {
-            Ok(HeartbeatReply::HeartbeatResponse { reregister }) => {
-                self.last_answer = Instant::now();
-                if reregister {
-                    info!("the driver does not know this executor; registering again");
-                    self.start_reregister();
+    /// Sends what the machine asked for.
+    fn send_requests(&mut self) {
+        let lifecycle = self.config.subjects.heartbeat(&self.config.executor_id);
+        while let Some(next) = self.machine.next_request() {
+            match next {
+                Request::Register => {
+                    let (client, config) = (self.client.clone(), self.config.clone());
+                    self.reregister = Some(Box::pin(register(client, config, self.instance, None)));
                 }
+                Request::Heartbeat(beat) => {
+                    self.heartbeat = Some(request(&self.client, lifecycle.clone(), encode(&beat)));
+                }
+                Request::Status => {
+                    let payload = self.machine.statuses().encode_batch();
+                    let subject = self.config.subjects.status(&self.config.executor_id);
+                    let reply = request(&self.client, subject, payload);
+                    self.status = Some(Box::pin(async move {
+                        let result = reply.await;
+                        if result.is_err() {
+                            // Back off a little before the batch goes again.
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        result
+                    }));
+                }
+                Request::Decommission(notice) => {
+                    let notice: BoxFuture<'static, Result<HeartbeatReply, String>> =
+                        request(&self.client, lifecycle.clone(), encode(&notice));
+                    tokio::spawn(async move {
+                        if let Err(error) = notice.await {
+                            warn!(%error, "the driver did not hear of the decommission; it will hand tasks back");
+                        }
+                    });
+                }
+                Request::Exiting(exiting) => self.leaving = Some(exiting),
             }
-            Ok(HeartbeatReply::Error { message }) => warn!(%message, "heartbeat refused"),
-            Err(error) => debug!(%error, "heartbeat not answered"),
         }
     }
 
-    /// Registers again with the same id and instance, with no deadline: the next driver that
-    /// comes up accepts it.
-    fn start_reregister(&mut self) {
-        if self.reregister.is_none() {
-            let (client, config) = (self.client.clone(), self.config.clone());
-            self.reregister = Some(Box::pin(register(client, config, self.instance, None)));
-        }
-    }
-
-    /// Registered again: with a new driver, the old one's attempts mean nothing (its task ids
-    /// will be reused), so they are dropped unreported.
+    /// Registered again: with a new driver, the old one's attempts and statuses were dropped,
+    /// and so is the batch in flight to the old driver.
     fn registered_again(&mut self, driver: InstanceId) {
-        self.last_answer = Instant::now();
-        if driver != self.driver {
-            let dropped = self.runner.abandon_all().len();
-            let unsent = self.statuses.clear();
-            info!(executor = %self.config.executor_id, dropped, unsent, "registered with a new driver; dropped the old driver's tasks");
-            self.driver = driver;
-        } else {
-            info!(executor = %self.config.executor_id, "registered again");
-        }
-    }
-
-    fn start_drain(&mut self, why: &str) {
-        info!(executor = %self.config.executor_id, why, running = self.runner.len(), "decommissioning");
-        self.draining = Some(Instant::now() + self.config.decommission_timeout);
-        let request = HeartbeatRequest::DecommissionExecutor {
-            executor_id: self.config.executor_id.clone(),
-            instance_id: self.instance,
-        };
-        let notice = lifecycle_request(
-            &self.client,
-            self.config.subjects.heartbeat(&self.config.executor_id),
-            &request,
-        );
-        tokio::spawn(async move {
-            if let Err(error) = notice.await {
-                warn!(%error, "the driver did not hear of the decommission; it will hand tasks back");
+        let now = self.now();
+        match self.machine.on_registered(driver, now) {
+            Registered::Same => info!(executor = %self.config.executor_id, "registered again"),
+            Registered::NewDriver { dropped, unsent } => {
+                self.status = None;
+                info!(executor = %self.config.executor_id, dropped, unsent, "registered with a new driver; dropped the old driver's tasks");
             }
-        });
-    }
-
-    /// The drain's time is up: what still runs goes back to the driver to run elsewhere.
-    fn hand_back(&mut self) {
-        self.handed_back = true;
-        for (task_id, attempt) in self.runner.abandon_all() {
-            self.statuses.push(handed_back(task_id, attempt));
         }
     }
 
     /// Tells the driver this executor leaves, and returns.
     async fn exit(self) -> Result<(), ExecutorError> {
-        let request = HeartbeatRequest::ExecutorExiting {
-            executor_id: self.config.executor_id.clone(),
-            instance_id: self.instance,
-        };
-        let subject = self.config.subjects.heartbeat(&self.config.executor_id);
-        if let Err(error) = lifecycle_request(&self.client, subject, &request).await {
-            warn!(%error, "the driver did not hear this executor leave; it will time it out");
+        if let Some(exiting) = self.leaving {
+            let subject = self.config.subjects.heartbeat(&self.config.executor_id);
+            let told: Result<HeartbeatReply, String> =
+                request(&self.client, subject, encode(&exiting)).await;
+            if let Err(error) = told {
+                warn!(%error, "the driver did not hear this executor leave; it will time it out");
+            }
         }
         info!(executor = %self.config.executor_id, "executor stopped");
         let _ = self.client.flush().await;
         Ok(())
-    }
-}
-
-/// A task given back to the driver, to run elsewhere: KILLED, which does not count as a failure.
-fn handed_back(task_id: crate::ids::TaskId, attempt: u32) -> StatusUpdate {
-    StatusUpdate {
-        task_id,
-        attempt,
-        state: TaskState::Killed,
-        result: None,
-        error: Some("handed back: the executor is decommissioning".into()),
     }
 }

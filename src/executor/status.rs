@@ -1,20 +1,14 @@
 //! Status batches: statuses queue while one batch is in flight; when it is acknowledged,
 //! everything pending goes in the next (bounded by max_payload and the driver's batch limit).
-//! An unacknowledged batch is sent again; the driver treats a repeat as a no-op.
+//! An unacknowledged batch is sent again; the driver treats a repeat as a no-op. No I/O here:
+//! the executor's shell encodes and sends the batch [`StatusQueue::take_batch`] sets aside.
 
-use super::backend::ExecutorConfig;
 use crate::driver::core::MAX_UPDATES_PER_BATCH;
 use crate::ids::ExecutorId;
 use crate::protocol::{
-    decode, encode, RunningAttempt, StatusReply, StatusUpdate, TaskDescription, TaskState,
+    encode, RunningAttempt, StatusReply, StatusUpdate, TaskDescription, TaskState,
 };
-use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
-use async_nats::Client;
-use futures::future::BoxFuture;
-use std::time::Duration;
 use tracing::{debug, warn};
-
-pub(crate) type StatusResult = Result<StatusReply, String>;
 
 /// [`crate::protocol::StatusRequest`] as it is encoded, borrowing the updates instead of
 /// copying them.
@@ -38,27 +32,24 @@ pub(crate) enum Settled {
     NoAnswer,
 }
 
-pub(crate) struct StatusSender {
-    client: Client,
-    subject: String,
+pub struct StatusQueue {
     executor_id: ExecutorId,
+    /// The largest batch, in bytes.
     pub limit: usize,
     /// Statuses waiting, each with its encoded size.
     pending: Vec<(StatusUpdate, usize)>,
     sending: Vec<(StatusUpdate, usize)>,
-    request: Option<BoxFuture<'static, StatusResult>>,
+    in_flight: bool,
 }
 
-impl StatusSender {
-    pub fn new(client: &Client, config: &ExecutorConfig) -> Self {
+impl StatusQueue {
+    pub fn new(executor_id: ExecutorId, limit: usize) -> Self {
         Self {
-            client: client.clone(),
-            subject: config.subjects.status(&config.executor_id),
-            executor_id: config.executor_id.clone(),
-            limit: client.server_info().max_payload.max(2 * PAYLOAD_HEADROOM) - PAYLOAD_HEADROOM,
+            executor_id,
+            limit,
             pending: Vec::new(),
             sending: Vec::new(),
-            request: None,
+            in_flight: false,
         }
     }
 
@@ -81,7 +72,7 @@ impl StatusSender {
     /// Forgets every status not yet acknowledged (they were for another driver); returns how
     /// many.
     pub fn clear(&mut self) -> usize {
-        self.request = None;
+        self.in_flight = false;
         let n = self.pending.len() + self.sending.len();
         self.pending.clear();
         self.sending.clear();
@@ -90,7 +81,7 @@ impl StatusSender {
 
     /// Whether every status has been acknowledged.
     pub fn is_idle(&self) -> bool {
-        self.request.is_none() && self.pending.is_empty()
+        !self.in_flight && self.pending.is_empty()
     }
 
     /// The attempts whose end the driver has not yet acknowledged.
@@ -104,10 +95,24 @@ impl StatusSender {
             })
     }
 
-    /// Sends the pending statuses if no batch is in flight: as many as fit in one message.
-    pub fn send_if_idle(&mut self) {
-        if self.request.is_some() || self.pending.is_empty() {
-            return;
+    /// The batch in flight.
+    pub fn sending(&self) -> impl Iterator<Item = &StatusUpdate> + '_ {
+        self.sending.iter().map(|(u, _)| u)
+    }
+
+    /// The batch in flight as it goes on the wire.
+    pub fn encode_batch(&self) -> bytes::Bytes {
+        encode(&StatusBatch::StatusUpdates {
+            executor_id: &self.executor_id,
+            updates: self.sending().collect(),
+        })
+    }
+
+    /// If no batch is in flight and statuses wait, sets aside as many as fit in one message
+    /// as the batch in flight, and returns true: it is to be sent.
+    pub fn take_batch(&mut self) -> bool {
+        if self.in_flight || self.pending.is_empty() {
+            return false;
         }
         let mut size = 256;
         let take = self
@@ -120,40 +125,14 @@ impl StatusSender {
             })
             .unwrap_or(self.pending.len().min(MAX_UPDATES_PER_BATCH))
             .max(1);
-        self.sending = self.pending.drain(..take).collect();
-        let payload = encode(&StatusBatch::StatusUpdates {
-            executor_id: &self.executor_id,
-            updates: self.sending.iter().map(|(u, _)| u).collect(),
-        });
-        let (client, subject) = (self.client.clone(), self.subject.clone());
-        self.request = Some(Box::pin(async move {
-            let reply =
-                tokio::time::timeout(REQUEST_TIMEOUT, client.request(subject, payload)).await;
-            let result = match reply {
-                Ok(Ok(message)) => {
-                    decode::<StatusReply>(&message.payload, usize::MAX).map_err(|e| e.to_string())
-                }
-                Ok(Err(error)) => Err(error.to_string()),
-                Err(_) => Err("timed out".into()),
-            };
-            if result.is_err() {
-                // Back off a little before the batch goes again.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            result
-        }));
+        self.sending.extend(self.pending.drain(..take));
+        self.in_flight = true;
+        true
     }
 
-    /// Waits for the batch in flight; never completes when there is none.
-    pub async fn in_flight(&mut self) -> StatusResult {
-        match self.request.as_mut() {
-            Some(request) => request.await,
-            None => std::future::pending().await,
-        }
-    }
-
-    pub fn settle(&mut self, result: StatusResult) -> Settled {
-        self.request = None;
+    /// The answer to the batch in flight, or why none came.
+    pub(crate) fn settle(&mut self, result: Result<StatusReply, String>) -> Settled {
+        self.in_flight = false;
         match result {
             Ok(StatusReply::StatusAck {
                 refused, launch, ..

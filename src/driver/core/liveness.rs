@@ -101,7 +101,7 @@ impl Core {
             return;
         };
         data.last_seen_ms = now;
-        let reported: HashSet<(TaskId, u32)> =
+        let reported: HashSet<(TaskId, u32), crate::FixedHasher> =
             reported.iter().map(|r| (r.task_id, r.attempt)).collect();
         let assigned: Vec<(TaskId, u32)> = data.running.iter().map(|(t, a)| (*t, *a)).collect();
         let missing: Vec<(TaskId, u32)> = assigned

@@ -23,7 +23,7 @@ pub struct ExecutorData {
     pub registered_at_ms: u64,
     pub last_seen_ms: u64,
     /// The attempts running there: task id -> attempt.
-    pub running: HashMap<TaskId, u32>,
+    pub running: HashMap<TaskId, u32, crate::FixedHasher>,
     /// Draining: it gets no new tasks.
     pub decommissioning: bool,
 }
@@ -68,7 +68,7 @@ impl Core {
                 free_cores: req.cores,
                 registered_at_ms: now,
                 last_seen_ms: now,
-                running: HashMap::new(),
+                running: HashMap::default(),
                 decommissioning: false,
             },
         );

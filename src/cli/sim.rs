@@ -1,0 +1,142 @@
+//! `ember sim`: runs the deterministic simulation for one seed or many, prints what each run
+//! did, and on a broken invariant prints the seed, the step and the command that replays it.
+
+use crate::sim::{run, Faults, Report, SimConfig};
+use std::time::Instant;
+
+/// Flags of `ember sim`; the defaults are [`SimConfig::default`]'s.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// The seed of the (first) run.
+    #[arg(long, env = "EMBER_SIM_SEED", default_value_t = SimConfig::default().seed)]
+    pub seed: u64,
+    /// How many runs, with seeds from --seed up.
+    #[arg(long, env = "EMBER_SIM_SEEDS", default_value_t = 1)]
+    pub seeds: u64,
+    #[arg(long, env = "EMBER_SIM_EXECUTORS", default_value_t = SimConfig::default().executors)]
+    pub executors: u32,
+    /// Cores per executor.
+    #[arg(long, env = "EMBER_SIM_CORES", default_value_t = SimConfig::default().cores)]
+    pub cores: u32,
+    /// Tasks in all, split evenly over the jobs.
+    #[arg(long, env = "EMBER_SIM_TASKS", default_value_t = SimConfig::default().tasks)]
+    pub tasks: u64,
+    #[arg(long, env = "EMBER_SIM_JOBS", default_value_t = SimConfig::default().jobs)]
+    pub jobs: u32,
+    /// The longest a task runs, in virtual ms.
+    #[arg(long, env = "EMBER_SIM_TASK_MS", default_value_t = SimConfig::default().task_ms)]
+    pub task_ms: u64,
+    /// The chance that an attempt fails.
+    #[arg(long, env = "EMBER_SIM_TASK_FAILURE", default_value_t = SimConfig::default().task_failure)]
+    pub task_failure: f64,
+    /// The chance that a message is lost.
+    #[arg(long, env = "EMBER_SIM_DROP", default_value_t = Faults::default().drop)]
+    pub drop: f64,
+    /// The chance that a message arrives twice.
+    #[arg(long, env = "EMBER_SIM_DUPLICATE", default_value_t = Faults::default().duplicate)]
+    pub duplicate: f64,
+    /// The chance that a message is held up to --delay-ms.
+    #[arg(long, env = "EMBER_SIM_DELAY", default_value_t = Faults::default().delay)]
+    pub delay: f64,
+    #[arg(long, env = "EMBER_SIM_DELAY_MS", default_value_t = Faults::default().delay_ms)]
+    pub delay_ms: u64,
+    /// Partitions per executor per virtual minute.
+    #[arg(long, env = "EMBER_SIM_PARTITION", default_value_t = Faults::default().partition)]
+    pub partition: f64,
+    /// The longest partition, in virtual ms.
+    #[arg(long, env = "EMBER_SIM_PARTITION_MS", default_value_t = Faults::default().partition_ms)]
+    pub partition_ms: u64,
+    /// Kills per executor per virtual minute.
+    #[arg(long, env = "EMBER_SIM_KILL", default_value_t = Faults::default().kill)]
+    pub kill: f64,
+    /// How long after a process goes away its replacement starts, in virtual ms.
+    #[arg(long, env = "EMBER_SIM_RESTART_MS", default_value_t = Faults::default().restart_ms)]
+    pub restart_ms: u64,
+    /// Decommissions per executor per virtual minute.
+    #[arg(long, env = "EMBER_SIM_STOP", default_value_t = Faults::default().stop)]
+    pub stop: f64,
+    /// Driver kills per virtual minute (its jobs are lost: it keeps them in memory only).
+    #[arg(long, env = "EMBER_SIM_DRIVER_RESTART", default_value_t = Faults::default().driver_restart)]
+    pub driver_restart: f64,
+    /// How long faults go on, in virtual ms; then every job must end.
+    #[arg(long, env = "EMBER_SIM_FAULTS_FOR_MS", default_value_t = Faults::default().for_ms)]
+    pub faults_for_ms: u64,
+    /// Print every step of the run.
+    #[arg(long, env = "EMBER_SIM_TRACE")]
+    pub trace: bool,
+}
+
+impl SimArgs {
+    /// The configuration of the run with `seed`.
+    pub fn config(&self, seed: u64) -> SimConfig {
+        SimConfig {
+            seed,
+            executors: self.executors,
+            cores: self.cores,
+            tasks: self.tasks,
+            jobs: self.jobs,
+            task_ms: self.task_ms,
+            task_failure: self.task_failure,
+            faults: Faults {
+                drop: self.drop,
+                duplicate: self.duplicate,
+                delay: self.delay,
+                delay_ms: self.delay_ms,
+                partition: self.partition,
+                partition_ms: self.partition_ms,
+                kill: self.kill,
+                restart_ms: self.restart_ms,
+                stop: self.stop,
+                driver_restart: self.driver_restart,
+                for_ms: self.faults_for_ms,
+            },
+        }
+    }
+}
+
+/// Runs the seeds; false once one breaks an invariant (the rest are not run).
+pub fn sim(args: &SimArgs) -> bool {
+    let started = Instant::now();
+    for seed in args.seed..args.seed.saturating_add(args.seeds) {
+        let config = args.config(seed);
+        let run_started = Instant::now();
+        let report = run(config.clone(), args.trace);
+        println!("{}", summary(&report, run_started.elapsed().as_secs_f64()));
+        if let Some(violation) = &report.violation {
+            println!(
+                "seed {seed} broke an invariant at step {} (virtual {} ms): {}",
+                violation.step, violation.time_ms, violation.what
+            );
+            println!("replay it: {}", config.command());
+            return false;
+        }
+    }
+    if args.seeds > 1 {
+        let secs = started.elapsed().as_secs_f64();
+        println!("{} seeds passed in {secs:.1} s", args.seeds);
+    }
+    true
+}
+
+fn summary(report: &Report, secs: f64) -> String {
+    let f = &report.faults;
+    format!(
+        "seed {}: {} steps, {:.1} s virtual, {} tasks finished, {} jobs ended; faults: {} \
+         (dropped {}, duplicated {}, delayed {}, partitions {}, kills {}, stops {}, driver \
+         restarts {}); trace {:016x}; {secs:.2} s",
+        report.seed,
+        report.steps,
+        report.virtual_ms as f64 / 1000.0,
+        report.tasks_finished,
+        report.jobs_ended,
+        f.total(),
+        f.dropped,
+        f.duplicated,
+        f.delayed,
+        f.partitions,
+        f.kills,
+        f.stops,
+        f.driver_restarts,
+        report.trace
+    )
+}

@@ -1,0 +1,468 @@
+//! The executor's logic as a state machine that does no I/O and never reads the clock, in the
+//! style of the driver's core: inputs are method calls with `now` (milliseconds on any clock),
+//! outputs are [`Request`]s to the driver, taken with [`Machine::next_request`].
+//!
+//! It owns what an executor decides: whether it is registered and with which driver, the task
+//! slots and the attempts in them, the status queue with at most one batch in flight, when to
+//! send a heartbeat and what it lists, when the driver counts as lost, and the drain. The NATS
+//! shell (`backend.rs`) and the simulator (`crate::sim`) both drive it, so the simulated
+//! executors follow the real executor's logic step for step.
+
+use super::status::{Settled, StatusQueue};
+use crate::ids::{ExecutorId, InstanceId, TaskId};
+use crate::protocol::{
+    HeartbeatReply, HeartbeatRequest, RunningAttempt, StatusReply, StatusUpdate, TaskDescription,
+    TaskState,
+};
+use crate::FixedHasher as Fixed;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// How long a drained executor keeps trying to deliver its last statuses before it leaves.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
+/// Work that may be stopped when its attempt is killed or given up.
+pub trait Cancel {
+    /// Stops the work if it can; whether it stopped (its end will not come).
+    fn cancel(&mut self) -> bool;
+}
+
+impl Cancel for Option<tokio::task::AbortHandle> {
+    fn cancel(&mut self) -> bool {
+        self.take().map(|handle| handle.abort()).is_some()
+    }
+}
+
+/// How a launched attempt started.
+pub enum Started<H> {
+    /// It was done at once (or could not start): its terminal status.
+    Ended(StatusUpdate),
+    /// It runs in the background; its end comes later through [`Machine::finish`].
+    Running(H),
+}
+
+/// Something the machine wants sent to the driver. Each request is answered (or times out) and
+/// the answer goes back in through the matching `on_` method.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    /// `RegisterExecutor` again, with the same id and instance, until a driver answers; the
+    /// answer goes to [`Machine::on_registered`].
+    Register,
+    /// A heartbeat; its answer goes to [`Machine::on_heartbeat`].
+    Heartbeat(HeartbeatRequest),
+    /// The batch in [`StatusQueue::sending`]; its answer goes to [`Machine::on_status`].
+    Status,
+    /// `DecommissionExecutor`, sent once; its answer only matters for logs.
+    Decommission(HeartbeatRequest),
+    /// `ExecutorExiting`, sent once as the executor leaves.
+    Exiting(HeartbeatRequest),
+}
+
+/// Who the executor is and its timings, in milliseconds.
+#[derive(Debug, Clone)]
+pub struct MachineConfig {
+    pub executor_id: ExecutorId,
+    pub instance: InstanceId,
+    pub cores: u32,
+    /// With no answer from the driver for this long, the driver counts as lost.
+    pub driver_timeout_ms: u64,
+    pub decommission_timeout_ms: u64,
+    /// The largest status batch, in bytes.
+    pub status_limit: usize,
+}
+
+/// What a registration's answer meant.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Registered {
+    /// The first registration, or again with the same driver: attempts and statuses are kept.
+    Same,
+    /// A new driver: the old one's attempts and statuses were dropped (how many of each).
+    NewDriver { dropped: usize, unsent: usize },
+}
+
+/// One attempt in a slot.
+struct Slot<H> {
+    attempt: u32,
+    cpus: u32,
+    work: H,
+    /// A kill arrived while uncancellable work ran: its end will report KILLED.
+    killed: bool,
+}
+
+/// The executor's state; `H` is the handle of an attempt's running work.
+pub struct Machine<H> {
+    config: MachineConfig,
+    running: HashMap<TaskId, Slot<H>, Fixed>,
+    busy: u32,
+    statuses: StatusQueue,
+    requests: std::collections::VecDeque<Request>,
+    /// The driver this executor is registered with; none before the first registration.
+    driver: Option<InstanceId>,
+    registering: bool,
+    heartbeat_in_flight: bool,
+    /// When the driver last answered anything.
+    last_answer: u64,
+    /// Draining until then: no new tasks; what still runs then is handed back.
+    draining: Option<u64>,
+    handed_back: bool,
+    exited: bool,
+}
+
+impl<H: Cancel> Machine<H> {
+    /// An executor about to register for the first time (its caller sends that registration
+    /// and reports the answer to [`Machine::on_registered`]).
+    pub fn new(config: MachineConfig, now: u64) -> Self {
+        Self {
+            statuses: StatusQueue::new(config.executor_id.clone(), config.status_limit),
+            config,
+            running: HashMap::default(),
+            busy: 0,
+            requests: Default::default(),
+            driver: None,
+            registering: true,
+            heartbeat_in_flight: false,
+            last_answer: now,
+            draining: None,
+            handed_back: false,
+            exited: false,
+        }
+    }
+
+    pub fn config(&self) -> &MachineConfig {
+        &self.config
+    }
+
+    /// The next request to send, first queued first.
+    pub fn next_request(&mut self) -> Option<Request> {
+        self.requests.pop_front()
+    }
+
+    pub fn statuses(&self) -> &StatusQueue {
+        &self.statuses
+    }
+
+    /// Whether a registration is under way (statuses wait for it).
+    pub fn is_registering(&self) -> bool {
+        self.registering
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.is_some()
+    }
+
+    /// How many attempts run now.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// A driver accepted a registration: with a new driver, the old one's attempts mean
+    /// nothing (its task ids will be reused), so they are dropped unreported.
+    pub fn on_registered(&mut self, driver: InstanceId, now: u64) -> Registered {
+        self.registering = false;
+        self.last_answer = now;
+        let previous = self.driver.replace(driver);
+        if !previous.is_some_and(|p| p != driver) {
+            return Registered::Same;
+        }
+        let dropped = self.abandon_all().len();
+        let unsent = self.statuses.clear();
+        Registered::NewDriver { dropped, unsent }
+    }
+
+    /// Starts one launched attempt with `start`, or hands it back if the executor drains.
+    pub fn launch(
+        &mut self,
+        task: &TaskDescription,
+        start: impl FnOnce(&TaskDescription) -> Started<H>,
+    ) {
+        if self.draining.is_some() {
+            self.statuses.push(handed_back(task.task_id, task.attempt));
+            return;
+        }
+        if self.busy + task.cpus > self.config.cores {
+            warn!(
+                task = task.task_id,
+                busy = self.busy,
+                cores = self.config.cores,
+                "launch beyond this executor's cores"
+            );
+        }
+        let work = match start(task) {
+            Started::Ended(update) => return self.statuses.push(update),
+            Started::Running(work) => work,
+        };
+        let slot = Slot {
+            attempt: task.attempt,
+            cpus: task.cpus,
+            work,
+            killed: false,
+        };
+        if let Some(old) = self.running.insert(task.task_id, slot) {
+            self.busy -= old.cpus;
+        }
+        self.busy += task.cpus;
+        self.statuses.push(StatusUpdate {
+            task_id: task.task_id,
+            attempt: task.attempt,
+            state: TaskState::Running,
+            result: None,
+            error: None,
+        });
+    }
+
+    /// An attempt that ran in the background has ended with `end`; ignored unless it is the
+    /// attempt in the slot (one given up or replaced ends unreported).
+    pub fn finish(&mut self, end: StatusUpdate) {
+        if !self
+            .running
+            .get(&end.task_id)
+            .is_some_and(|s| s.attempt == end.attempt)
+        {
+            return;
+        }
+        let slot = self.free(end.task_id);
+        let update = match slot.killed {
+            true => killed_status(end.task_id, end.attempt),
+            false => end,
+        };
+        self.statuses.push(update);
+    }
+
+    /// Kills an attempt. Cancellable work stops now and reports KILLED at once; other work
+    /// reports KILLED when it returns.
+    pub fn kill(&mut self, task_id: TaskId, attempt: u32) {
+        let Some(slot) = self.running.get_mut(&task_id) else {
+            return;
+        };
+        if slot.attempt != attempt {
+            return;
+        }
+        match slot.work.cancel() {
+            true => {
+                self.free(task_id);
+                self.statuses.push(killed_status(task_id, attempt));
+            }
+            false => slot.killed = true,
+        }
+    }
+
+    fn free(&mut self, task_id: TaskId) -> Slot<H> {
+        let slot = self
+            .running
+            .remove(&task_id)
+            .expect("a slot checked by the caller");
+        self.busy -= slot.cpus;
+        slot
+    }
+
+    /// Gives up every running attempt: cancellable work stops, other work runs on but its end
+    /// is ignored. Returns the attempts given up.
+    fn abandon_all(&mut self) -> Vec<(TaskId, u32)> {
+        self.busy = 0;
+        self.running
+            .drain()
+            .map(|(task_id, mut slot)| {
+                slot.work.cancel();
+                (task_id, slot.attempt)
+            })
+            .collect()
+    }
+
+    /// The heartbeat timer: notices a driver that stopped answering (registering again, or,
+    /// with `exit_on_loss`, returning how long it has been silent), and sends a heartbeat if
+    /// none is in flight.
+    pub fn beat(&mut self, exit_on_loss: bool, now: u64) -> Result<(), u64> {
+        let silent = now.saturating_sub(self.last_answer);
+        if silent > self.config.driver_timeout_ms && !self.registering {
+            if exit_on_loss {
+                return Err(silent);
+            }
+            warn!(
+                silent_ms = silent,
+                "the driver is not answering; registering again"
+            );
+            self.start_reregister();
+        }
+        if !self.heartbeat_in_flight && !self.registering {
+            self.heartbeat_in_flight = true;
+            let running = self.held_attempts();
+            self.requests
+                .push_back(Request::Heartbeat(HeartbeatRequest::Heartbeat {
+                    executor_id: self.config.executor_id.clone(),
+                    instance_id: self.config.instance,
+                    running,
+                }));
+        }
+        Ok(())
+    }
+
+    /// What this executor holds: attempts running, and ends not yet acknowledged.
+    fn held_attempts(&self) -> Vec<RunningAttempt> {
+        let mut held: HashSet<RunningAttempt, Fixed> = self
+            .running
+            .iter()
+            .map(|(task_id, slot)| RunningAttempt {
+                task_id: *task_id,
+                attempt: slot.attempt,
+            })
+            .collect();
+        held.extend(self.statuses.unacknowledged());
+        held.into_iter().collect()
+    }
+
+    /// A heartbeat's answer, or why none came.
+    pub fn on_heartbeat(&mut self, result: Result<HeartbeatReply, String>, now: u64) {
+        self.heartbeat_in_flight = false;
+        match result {
+            Ok(HeartbeatReply::HeartbeatResponse { reregister }) => {
+                self.last_answer = now;
+                if reregister {
+                    info!("the driver does not know this executor; registering again");
+                    self.start_reregister();
+                }
+            }
+            Ok(HeartbeatReply::Error { message }) => warn!(%message, "heartbeat refused"),
+            Err(error) => tracing::debug!(%error, "heartbeat not answered"),
+        }
+    }
+
+    /// A status batch's answer, or why none came. Returns the tasks the answer launched on the
+    /// cores the batch freed: the caller hands each to [`Machine::launch`], as for a
+    /// `LaunchTasks`.
+    #[must_use]
+    pub fn on_status(
+        &mut self,
+        result: Result<StatusReply, String>,
+        now: u64,
+    ) -> Vec<TaskDescription> {
+        match self.statuses.settle(result) {
+            Settled::Answered(launch) => {
+                self.last_answer = now;
+                return launch;
+            }
+            Settled::Unknown => self.start_reregister(),
+            Settled::NoAnswer => {}
+        }
+        Vec::new()
+    }
+
+    /// Registers again with the same id and instance, with no deadline: the next driver that
+    /// comes up accepts it.
+    fn start_reregister(&mut self) {
+        if !self.registering {
+            self.registering = true;
+            self.requests.push_back(Request::Register);
+        }
+    }
+
+    /// Starts draining (on a signal or `StopExecutor`): the driver hears of it, new launches
+    /// are handed back, and what still runs after the decommission timeout is handed back too.
+    pub fn stop(&mut self, why: &str, now: u64) {
+        if self.draining.is_some() {
+            return;
+        }
+        info!(executor = %self.config.executor_id, why, running = self.running.len(), "decommissioning");
+        self.draining = Some(now + self.config.decommission_timeout_ms);
+        self.requests.push_back(Request::Decommission(
+            HeartbeatRequest::DecommissionExecutor {
+                executor_id: self.config.executor_id.clone(),
+                instance_id: self.config.instance,
+            },
+        ));
+    }
+
+    /// When what still runs is to be handed back, if the executor drains and has not yet.
+    pub fn hand_back_at(&self) -> Option<u64> {
+        self.draining.filter(|_| !self.handed_back)
+    }
+
+    /// The drain's time is up: what still runs goes back to the driver to run elsewhere.
+    pub fn hand_back(&mut self) {
+        self.handed_back = true;
+        for (task_id, attempt) in self.abandon_all() {
+            self.statuses.push(handed_back(task_id, attempt));
+        }
+    }
+
+    /// Ends a step: sends the pending statuses if no batch is in flight (and no registration is
+    /// under way), and, once a drain is done or overdue, queues `ExecutorExiting` and returns
+    /// true: the executor leaves.
+    pub fn poll(&mut self, now: u64) -> bool {
+        if !self.registering && self.statuses.take_batch() {
+            self.requests.push_back(Request::Status);
+        }
+        let Some(deadline) = self.draining else {
+            return false;
+        };
+        let drained = self.running.is_empty() && self.statuses.is_idle();
+        // Without a driver to acknowledge them, statuses cannot hold the exit forever.
+        let overdue = now > deadline + DRAIN_GRACE.as_millis() as u64;
+        if self.exited || !(drained || overdue) {
+            return self.exited;
+        }
+        if !drained {
+            warn!("leaving with statuses the driver has not acknowledged");
+        }
+        self.exited = true;
+        self.requests
+            .push_back(Request::Exiting(HeartbeatRequest::ExecutorExiting {
+                executor_id: self.config.executor_id.clone(),
+                instance_id: self.config.instance,
+            }));
+        true
+    }
+}
+
+/// The pause between registration attempts while no driver answers: from 50 ms, doubling up to
+/// 2 s, until an optional deadline.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    pause: u64,
+    deadline: Option<u64>,
+}
+
+impl Backoff {
+    pub fn new(deadline: Option<u64>) -> Self {
+        Self {
+            pause: 50,
+            deadline,
+        }
+    }
+
+    /// After a failed attempt at `now`: how long to wait before the next, or none if the
+    /// deadline would pass first.
+    pub fn next_pause(&mut self, now: u64) -> Option<u64> {
+        let pause = self.pause;
+        if self.deadline.is_some_and(|d| now + pause > d) {
+            return None;
+        }
+        self.pause = (pause * 2).min(2_000);
+        Some(pause)
+    }
+}
+
+/// A task given back to the driver, to run elsewhere: KILLED, which does not count as a failure.
+fn handed_back(task_id: TaskId, attempt: u32) -> StatusUpdate {
+    StatusUpdate {
+        task_id,
+        attempt,
+        state: TaskState::Killed,
+        result: None,
+        error: Some("handed back: the executor is decommissioning".into()),
+    }
+}
+
+fn killed_status(task_id: TaskId, attempt: u32) -> StatusUpdate {
+    StatusUpdate {
+        task_id,
+        attempt,
+        state: TaskState::Killed,
+        result: None,
+        error: Some("killed by the driver".into()),
+    }
+}
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;

@@ -1,0 +1,199 @@
+//! The executor machine driven by hand: no NATS, no clock.
+
+use super::*;
+use crate::protocol::TaskSpec;
+use std::sync::Arc;
+
+/// Work that stops when asked (a timer) or not (a blocking handler).
+struct Work(bool);
+
+impl Cancel for Work {
+    fn cancel(&mut self) -> bool {
+        self.0
+    }
+}
+
+fn machine() -> Machine<Work> {
+    let config = MachineConfig {
+        executor_id: ExecutorId::parse("e1").unwrap(),
+        instance: InstanceId::from_u64_pair(1, 1),
+        cores: 2,
+        driver_timeout_ms: 10_000,
+        decommission_timeout_ms: 30_000,
+        status_limit: 1 << 20,
+    };
+    let mut machine = Machine::new(config, 0);
+    machine.on_registered(InstanceId::from_u64_pair(9, 9), 0);
+    machine
+}
+
+fn task(task_id: TaskId) -> TaskDescription {
+    TaskDescription {
+        task_id,
+        job_id: 1,
+        index: 0,
+        attempt: 0,
+        cpus: 1,
+        spec: Arc::new(TaskSpec::Handler {
+            name: "sim".into(),
+            arg: serde_json::Value::Null,
+        }),
+    }
+}
+
+fn requests(machine: &mut Machine<Work>) -> Vec<Request> {
+    std::iter::from_fn(|| machine.next_request()).collect()
+}
+
+fn states(machine: &Machine<Work>) -> Vec<(TaskId, TaskState)> {
+    machine
+        .statuses()
+        .sending()
+        .map(|u| (u.task_id, u.state))
+        .collect()
+}
+
+fn ack() -> Result<StatusReply, String> {
+    Ok(StatusReply::StatusAck {
+        accepted: 1,
+        refused: Vec::new(),
+        launch: Vec::new(),
+    })
+}
+
+#[test]
+fn one_batch_in_flight_and_the_rest_waits_for_its_answer() {
+    let mut m = machine();
+    m.launch(&task(1), |_| Started::Running(Work(true)));
+    m.poll(1);
+    assert_eq!(requests(&mut m), [Request::Status]);
+    m.finish(StatusUpdate {
+        state: TaskState::Finished,
+        ..killed_status(1, 0)
+    });
+    m.poll(2);
+    assert!(
+        requests(&mut m).is_empty(),
+        "a second batch while one is in flight"
+    );
+    assert!(m.on_status(ack(), 3).is_empty());
+    m.poll(3);
+    assert_eq!(requests(&mut m), [Request::Status]);
+    assert_eq!(states(&m), [(1, TaskState::Finished)]);
+}
+
+#[test]
+fn a_kill_of_work_that_cannot_stop_reports_killed_when_it_returns() {
+    let mut m = machine();
+    m.launch(&task(1), |_| Started::Running(Work(false)));
+    m.kill(1, 0);
+    assert_eq!(m.running(), 1);
+    m.finish(StatusUpdate {
+        state: TaskState::Finished,
+        ..killed_status(1, 0)
+    });
+    assert_eq!(m.running(), 0);
+    m.poll(1);
+    assert_eq!(
+        states(&m),
+        [(1, TaskState::Running), (1, TaskState::Killed)]
+    );
+}
+
+#[test]
+fn a_new_driver_drops_the_old_drivers_attempts_and_statuses() {
+    let mut m = machine();
+    m.launch(&task(1), |_| Started::Running(Work(true)));
+    let launch = m.on_status(
+        Ok(StatusReply::UnknownExecutor {
+            message: "?".into(),
+        }),
+        1,
+    );
+    assert!(launch.is_empty());
+    m.poll(1);
+    assert!(m.is_registering());
+    let registered = m.on_registered(InstanceId::from_u64_pair(7, 7), 2);
+    assert_eq!(
+        registered,
+        Registered::NewDriver {
+            dropped: 1,
+            unsent: 1
+        }
+    );
+    assert_eq!(m.running(), 0);
+    assert!(m.statuses().is_idle());
+}
+
+#[test]
+fn a_silent_driver_means_registering_again_and_no_statuses_meanwhile() {
+    let mut m = machine();
+    assert_eq!(m.beat(false, 20_000), Ok(()));
+    assert_eq!(requests(&mut m), [Request::Register]);
+    m.launch(&task(1), |_| Started::Running(Work(true)));
+    m.poll(20_001);
+    assert!(
+        requests(&mut m).is_empty(),
+        "statuses wait for the registration"
+    );
+    assert_eq!(machine().beat(true, 20_000), Err(20_000));
+}
+
+#[test]
+fn a_drain_hands_back_what_still_runs_and_leaves_once_acknowledged() {
+    let mut m = machine();
+    m.launch(&task(1), |_| Started::Running(Work(true)));
+    m.stop("test", 100);
+    m.launch(&task(2), |_| {
+        unreachable!("a draining executor starts nothing")
+    });
+    assert_eq!(m.hand_back_at(), Some(30_100));
+    m.hand_back();
+    assert!(!m.poll(30_100));
+    assert!(matches!(
+        requests(&mut m)[..],
+        [Request::Decommission(_), Request::Status]
+    ));
+    assert_eq!(
+        states(&m),
+        [
+            (1, TaskState::Running),
+            (2, TaskState::Killed),
+            (1, TaskState::Killed)
+        ]
+    );
+    assert!(m.on_status(ack(), 30_200).is_empty());
+    assert!(m.poll(30_200));
+    assert!(matches!(requests(&mut m)[..], [Request::Exiting(_)]));
+}
+
+#[test]
+fn registration_backs_off_to_two_seconds_until_its_deadline() {
+    let mut backoff = Backoff::new(Some(3_000));
+    let pauses: Vec<u64> = std::iter::from_fn(|| backoff.next_pause(0))
+        .take(8)
+        .collect();
+    assert_eq!(pauses, [50, 100, 200, 400, 800, 1_600, 2_000, 2_000]);
+    assert_eq!(backoff.next_pause(1_500), None);
+}
+
+#[test]
+fn tasks_in_an_acknowledgement_come_back_to_be_launched() {
+    let mut m = machine();
+    m.launch(&task(1), |t| {
+        Started::Ended(StatusUpdate {
+            state: TaskState::Finished,
+            ..killed_status(t.task_id, 0)
+        })
+    });
+    m.poll(1);
+    assert_eq!(requests(&mut m), [Request::Status]);
+    let answer = StatusReply::StatusAck {
+        accepted: 1,
+        refused: Vec::new(),
+        launch: vec![task(2)],
+    };
+    let launch = m.on_status(Ok(answer), 2);
+    assert_eq!(launch, [task(2)]);
+    assert_eq!(states(&m), []);
+}

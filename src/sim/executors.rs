@@ -1,0 +1,347 @@
+//! The simulated executor processes. Each runs the real executor machine; this module only does
+//! what the NATS shell does for it: sends its requests through the network, matches answers to
+//! requests (a late answer to a request already given up is dropped, as NATS drops a reply
+//! nobody waits for), times requests out, runs its timers, and stands in for task work.
+
+use super::network::{Message, Pid, Reply, Request};
+use super::{Event, SimMachine, World};
+use crate::executor::machine::{
+    Backoff, Cancel, MachineConfig, Registered, Request as Ask, Started,
+};
+use crate::ids::{ExecutorId, TaskId};
+use crate::protocol::{
+    ExecutorMessage, RegisterExecutor, RegisterReply, StatusUpdate, TaskDescription, TaskState,
+};
+use std::collections::BTreeMap;
+
+/// A simulated attempt's work: a timer, which can always be stopped.
+#[derive(Debug)]
+pub struct Work;
+
+impl Cancel for Work {
+    fn cancel(&mut self) -> bool {
+        true
+    }
+}
+
+/// The request timeout, as over NATS.
+const REQUEST_TIMEOUT: u64 = crate::REQUEST_TIMEOUT.as_millis() as u64;
+/// The shell's pause before a status batch that had no answer goes again.
+const STATUS_RETRY_PAUSE: u64 = 200;
+const HEARTBEAT_MS: u64 = crate::DEFAULT_HEARTBEAT_INTERVAL.as_millis() as u64;
+/// The chance that a task is done at once (as the inline built-ins are) rather than later.
+const INSTANT_TASKS: f64 = 0.1;
+
+/// One executor process.
+pub struct Process {
+    pub machine: SimMachine,
+    pub alive: bool,
+    registration: Box<RegisterExecutor>,
+    backoff: Backoff,
+    /// The requests waiting for an answer, by kind.
+    register: Option<u64>,
+    heartbeat: Option<u64>,
+    status: Option<u64>,
+}
+
+impl World {
+    /// Starts a new executor process (the first ones, and each replacement of one that left).
+    pub(super) fn start_executor(&mut self) -> Result<(), String> {
+        let now = self.queue.now();
+        let pid = self.procs.len() as Pid;
+        let executor_id = ExecutorId::parse(format!("e{pid}")).expect("a valid id");
+        let instance = self.rng.uuid();
+        let config = MachineConfig {
+            executor_id: executor_id.clone(),
+            instance,
+            cores: self.config.cores,
+            driver_timeout_ms: crate::DEFAULT_EXECUTOR_TIMEOUT.as_millis() as u64,
+            decommission_timeout_ms: crate::DEFAULT_DECOMMISSION_TIMEOUT.as_millis() as u64,
+            status_limit: crate::DEFAULT_MAX_PAYLOAD - crate::PAYLOAD_HEADROOM,
+        };
+        let registration = Box::new(RegisterExecutor {
+            executor_id: executor_id.clone(),
+            instance_id: instance,
+            host_port: format!("sim-{pid}:7077"),
+            cores: self.config.cores,
+            log_urls: BTreeMap::new(),
+            attributes: BTreeMap::new(),
+        });
+        let deadline = now + crate::DEFAULT_REGISTER_TIMEOUT.as_millis() as u64;
+        self.procs.push(Process {
+            machine: SimMachine::new(config, now),
+            alive: true,
+            registration,
+            backoff: Backoff::new(Some(deadline)),
+            register: None,
+            heartbeat: None,
+            status: None,
+        });
+        self.pids.insert(executor_id, pid);
+        self.trace.line(now, format_args!("e{pid} starts"));
+        // The heartbeat timer runs from the start; the machine sends none while it registers.
+        let phase = self.rng.below(HEARTBEAT_MS);
+        self.queue.after(phase, Event::Beat { pid });
+        self.send_register(pid)
+    }
+
+    pub(super) fn send_register(&mut self, pid: Pid) -> Result<(), String> {
+        let process = &mut self.procs[pid as usize];
+        if !process.alive {
+            return Ok(());
+        }
+        let body = Request::Register(process.registration.clone());
+        let id = self.request(pid, body, REQUEST_TIMEOUT);
+        self.procs[pid as usize].register = Some(id);
+        Ok(())
+    }
+
+    /// Sends request `body` of `pid`, to time out after `timeout` ms; returns its number.
+    fn request(&mut self, pid: Pid, body: Request, timeout: u64) -> u64 {
+        self.next_request += 1;
+        let id = self.next_request;
+        self.send(Message::Request {
+            from: pid,
+            id,
+            body,
+        });
+        self.queue.after(timeout, Event::Timeout { pid, id });
+        id
+    }
+
+    pub(super) fn executor_answered(
+        &mut self,
+        pid: Pid,
+        id: u64,
+        driver: u32,
+        reply: Reply,
+    ) -> Result<(), String> {
+        let now = self.queue.now();
+        let process = &mut self.procs[pid as usize];
+        if !process.alive {
+            return Ok(());
+        }
+        match reply {
+            Reply::Register(answer) if process.register == Some(id) => {
+                process.register = None;
+                match answer {
+                    RegisterReply::RegisteredExecutor {
+                        driver_instance, ..
+                    } => {
+                        let registered = process.machine.on_registered(driver_instance, now);
+                        if registered != Registered::Same {
+                            // The batch in flight was the old driver's; its answer means nothing.
+                            process.status = None;
+                        }
+                    }
+                    RegisterReply::RegisterExecutorFailed { message } => {
+                        return Err(format!("e{pid} was refused registration: {message}"));
+                    }
+                }
+            }
+            Reply::Lifecycle(answer) if process.heartbeat == Some(id) => {
+                process.heartbeat = None;
+                process.machine.on_heartbeat(Ok(answer), now);
+            }
+            Reply::Status(answer) if process.status == Some(id) => {
+                process.status = None;
+                let launch = process.machine.on_status(Ok(answer), now);
+                self.launch_all(pid, driver, &launch);
+            }
+            _ => return Ok(()),
+        }
+        self.executor_stepped(pid)
+    }
+
+    pub(super) fn timed_out(&mut self, pid: Pid, id: u64) -> Result<(), String> {
+        let now = self.queue.now();
+        let process = &mut self.procs[pid as usize];
+        if !process.alive {
+            return Ok(());
+        }
+        if process.register == Some(id) {
+            process.register = None;
+            match process.backoff.next_pause(now) {
+                Some(pause) => self.queue.after(pause, Event::RegisterRetry { pid }),
+                None => {
+                    self.trace
+                        .line(now, format_args!("e{pid} gives up registering"));
+                    self.leave(pid);
+                }
+            }
+            return Ok(());
+        }
+        if process.heartbeat == Some(id) {
+            process.heartbeat = None;
+            process.machine.on_heartbeat(Err("timed out".into()), now);
+        } else if process.status == Some(id) {
+            process.status = None;
+            // No answer launches nothing.
+            let _ = process.machine.on_status(Err("timed out".into()), now);
+        } else {
+            return Ok(());
+        }
+        self.executor_stepped(pid)
+    }
+
+    pub(super) fn beat(&mut self, pid: Pid) -> Result<(), String> {
+        let now = self.queue.now();
+        let process = &mut self.procs[pid as usize];
+        if !process.alive {
+            return Ok(());
+        }
+        // Exiting on driver loss is the operator's choice; the simulated executors wait.
+        let _ = process.machine.beat(false, now);
+        self.queue.after(HEARTBEAT_MS, Event::Beat { pid });
+        self.executor_stepped(pid)
+    }
+
+    pub(super) fn executor_inbox(
+        &mut self,
+        pid: Pid,
+        driver: u32,
+        message: ExecutorMessage,
+    ) -> Result<(), String> {
+        let now = self.queue.now();
+        if !self.procs[pid as usize].alive {
+            return Ok(());
+        }
+        match message {
+            ExecutorMessage::LaunchTasks { tasks } => self.launch_all(pid, driver, &tasks),
+            ExecutorMessage::KillTask {
+                task_id, attempt, ..
+            } => self.procs[pid as usize].machine.kill(task_id, attempt),
+            ExecutorMessage::StopExecutor { reason } => self.stop(pid, &reason, now),
+        }
+        self.executor_stepped(pid)
+    }
+
+    /// Starts tasks that driver instance `driver` launched on `pid`.
+    fn launch_all(&mut self, pid: Pid, driver: u32, tasks: &[TaskDescription]) {
+        for task in tasks {
+            if driver == self.driver.number {
+                self.ledger.launched(task.task_id, task.attempt, pid);
+            }
+            self.launch(pid, task);
+        }
+    }
+
+    /// Starts one attempt on `pid`: done at once, or a timer that ends it later.
+    fn launch(&mut self, pid: Pid, task: &TaskDescription) {
+        let ok = !self.rng.chance(self.config.task_failure);
+        let instant = self.rng.chance(INSTANT_TASKS);
+        let run_for = self.rng.between(1, self.config.task_ms);
+        let (queue, process) = (&mut self.queue, &mut self.procs[pid as usize]);
+        process.machine.launch(task, |task| {
+            if instant {
+                return Started::Ended(end_of(task.task_id, task.attempt, ok));
+            }
+            let (task_id, attempt) = (task.task_id, task.attempt);
+            queue.after(
+                run_for,
+                Event::TaskDone {
+                    pid,
+                    task_id,
+                    attempt,
+                    ok,
+                },
+            );
+            Started::Running(Work)
+        });
+    }
+
+    pub(super) fn task_done(
+        &mut self,
+        pid: Pid,
+        task_id: TaskId,
+        attempt: u32,
+        ok: bool,
+    ) -> Result<(), String> {
+        let process = &mut self.procs[pid as usize];
+        if !process.alive {
+            return Ok(());
+        }
+        process.machine.finish(end_of(task_id, attempt, ok));
+        self.executor_stepped(pid)
+    }
+
+    /// Decommissions `pid`: the machine drains, and hands back what runs at its deadline.
+    pub(super) fn stop(&mut self, pid: Pid, why: &str, now: u64) {
+        let machine = &mut self.procs[pid as usize].machine;
+        machine.stop(why, now);
+        if let Some(at) = machine.hand_back_at() {
+            self.queue.at(at, Event::HandBack { pid });
+        }
+    }
+
+    pub(super) fn hand_back(&mut self, pid: Pid) -> Result<(), String> {
+        let process = &mut self.procs[pid as usize];
+        if !process.alive || process.machine.hand_back_at().is_none() {
+            return Ok(());
+        }
+        process.machine.hand_back();
+        self.executor_stepped(pid)
+    }
+
+    /// Ends an executor's step as the shell does: the machine polls, and its requests go out.
+    pub(super) fn executor_stepped(&mut self, pid: Pid) -> Result<(), String> {
+        let now = self.queue.now();
+        let leave = self.procs[pid as usize].machine.poll(now);
+        while let Some(ask) = self.procs[pid as usize].machine.next_request() {
+            self.ask(pid, ask);
+        }
+        if leave {
+            self.trace.line(now, format_args!("e{pid} leaves, drained"));
+            self.leave(pid);
+        }
+        Ok(())
+    }
+
+    fn ask(&mut self, pid: Pid, ask: Ask) {
+        let process = &mut self.procs[pid as usize];
+        match ask {
+            Ask::Register => {
+                process.backoff = Backoff::new(None);
+                let _ = self.send_register(pid);
+            }
+            Ask::Heartbeat(beat) => {
+                let id = self.request(pid, Request::Lifecycle(beat), REQUEST_TIMEOUT);
+                self.procs[pid as usize].heartbeat = Some(id);
+            }
+            Ask::Status => {
+                let executor_id = process.machine.config().executor_id.clone();
+                let batch: Vec<StatusUpdate> =
+                    process.machine.statuses().sending().cloned().collect();
+                let body = Request::Status(executor_id, batch);
+                let id = self.request(pid, body, REQUEST_TIMEOUT + STATUS_RETRY_PAUSE);
+                self.procs[pid as usize].status = Some(id);
+            }
+            Ask::Decommission(notice) | Ask::Exiting(notice) => {
+                self.request(pid, Request::Lifecycle(notice), REQUEST_TIMEOUT);
+            }
+        }
+    }
+
+    /// The process is gone; a replacement starts a little later.
+    pub(super) fn leave(&mut self, pid: Pid) {
+        self.procs[pid as usize].alive = false;
+        self.last_loss = self.queue.now();
+        let restart = self.config.faults.restart_ms;
+        self.queue.after(restart, Event::StartExecutor);
+    }
+}
+
+/// The terminal status of a simulated attempt.
+fn end_of(task_id: TaskId, attempt: u32, ok: bool) -> StatusUpdate {
+    StatusUpdate {
+        task_id,
+        attempt,
+        state: if ok {
+            TaskState::Finished
+        } else {
+            TaskState::Failed
+        },
+        result: None,
+        error: (!ok).then(|| "simulated failure".to_string()),
+    }
+}

@@ -1,0 +1,247 @@
+//! A deterministic simulation of a whole cluster: the real driver core, executors running the
+//! real executor machine, and an in-memory network that drops, duplicates, delays and reorders
+//! messages and partitions nodes, with executors (and, optionally, the driver) killed and
+//! restarted, all on a virtual clock. Everything random comes from one seed, so a seed replays a
+//! run step for step; the invariants in [`ledger`] are checked after every step.
+//!
+//! Split by concern: [`rng`] (the seed's numbers), [`queue`] (the clock and its events),
+//! [`network`], [`executors`] (the executor processes), [`driver`] (the driver node and the
+//! client), [`faults`] (injecting them), [`ledger`] (the invariants), [`trace`].
+
+pub mod config;
+mod driver;
+mod executors;
+mod faults;
+pub mod ledger;
+mod network;
+mod queue;
+pub mod rng;
+mod trace;
+
+pub use config::{Faults, SimConfig};
+
+use crate::executor::machine::Machine;
+use crate::ids::ExecutorId;
+use crate::ids::TaskId;
+use executors::{Process, Work};
+use network::{Message, Network, Pid};
+use queue::Queue;
+use rng::Rng;
+use std::collections::HashMap;
+use trace::Trace;
+
+/// How long after the faults stop every job must have ended, in virtual ms.
+pub const HANG_MS: u64 = 10 * 60 * 1000;
+
+/// Something due at a moment of virtual time.
+#[derive(Debug)]
+enum Event {
+    Arrive(Message),
+    /// Request `id` of `pid` has had no answer for the request timeout.
+    Timeout {
+        pid: Pid,
+        id: u64,
+    },
+    RegisterRetry {
+        pid: Pid,
+    },
+    Beat {
+        pid: Pid,
+    },
+    TaskDone {
+        pid: Pid,
+        task_id: TaskId,
+        attempt: u32,
+        ok: bool,
+    },
+    HandBack {
+        pid: Pid,
+    },
+    StartExecutor,
+    DriverTick,
+    DriverUp,
+    Fault(faults::Kind),
+}
+
+/// A broken invariant: when, and what.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violation {
+    pub step: u64,
+    pub time_ms: u64,
+    pub what: String,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub seed: u64,
+    pub steps: u64,
+    pub virtual_ms: u64,
+    /// The trace's hash: the same for every run of the same configuration.
+    pub trace: u64,
+    pub tasks_finished: u64,
+    pub jobs_ended: usize,
+    pub faults: faults::Counts,
+    pub violation: Option<Violation>,
+}
+
+/// The simulated cluster.
+struct World {
+    config: SimConfig,
+    queue: Queue<Event>,
+    rng: Rng,
+    network: Network,
+    procs: Vec<Process>,
+    /// Which process each executor id belongs to.
+    pids: HashMap<ExecutorId, Pid, crate::FixedHasher>,
+    driver: driver::DriverNode,
+    ledger: ledger::Ledger,
+    trace: Trace,
+    counts: faults::Counts,
+    next_request: u64,
+    steps: u64,
+    /// When the last executor went away (removals are due a timeout later).
+    last_loss: u64,
+}
+
+/// Runs one simulation; `print_trace` prints every step.
+pub fn run(config: SimConfig, print_trace: bool) -> Report {
+    let mut world = World::new(config, print_trace);
+    let violation = world.run_to_end().err();
+    Report {
+        seed: world.config.seed,
+        steps: world.steps,
+        virtual_ms: world.queue.now(),
+        trace: world.trace.hash(),
+        tasks_finished: world.ledger.tasks_finished,
+        jobs_ended: world.ledger.origins_ended.iter().filter(|e| **e).count(),
+        faults: world.counts_with_network(),
+        violation,
+    }
+}
+
+impl World {
+    fn new(config: SimConfig, print_trace: bool) -> Self {
+        let mut rng = Rng::new(config.seed);
+        let driver = driver::DriverNode::new(rng.uuid());
+        Self {
+            network: Network::new(config.faults.clone()),
+            ledger: ledger::Ledger::new(config.jobs as usize),
+            queue: Queue::default(),
+            procs: Vec::with_capacity(config.executors as usize),
+            pids: HashMap::default(),
+            trace: Trace::new(print_trace),
+            counts: faults::Counts::default(),
+            next_request: 0,
+            steps: 0,
+            last_loss: 0,
+            driver,
+            rng,
+            config,
+        }
+    }
+
+    fn run_to_end(&mut self) -> Result<(), Violation> {
+        self.submit_all();
+        for _ in 0..self.config.executors {
+            let at = self.rng.below(1_000);
+            self.queue.at(at, Event::StartExecutor);
+        }
+        self.queue.at(0, Event::DriverTick);
+        self.schedule_faults();
+        while let Some(event) = self.queue.pop() {
+            self.steps += 1;
+            self.step(event).map_err(|what| self.violation(what))?;
+            if self.is_over() {
+                let gone = self.gone_ids();
+                return self
+                    .ledger
+                    .check_gone(gone)
+                    .map_err(|what| self.violation(what));
+            }
+            if self.queue.now() > self.config.faults.for_ms + HANG_MS {
+                let left = self.ledger.unfinished().count();
+                return Err(self.violation(format!(
+                    "{left} jobs had not ended {HANG_MS} ms after the faults stopped"
+                )));
+            }
+        }
+        Err(self.violation("the event queue ran dry".into()))
+    }
+
+    /// Whether the run is done: the faults have stopped, every job has ended, and the driver
+    /// has had time to notice every executor that went away.
+    fn is_over(&self) -> bool {
+        let now = self.queue.now();
+        let settled =
+            self.last_loss + driver::DriverNode::removal_delay(self.config.faults.delay_ms) < now;
+        now >= self.config.faults.for_ms && settled && self.ledger.all_ended()
+    }
+
+    fn violation(&self, what: String) -> Violation {
+        Violation {
+            step: self.steps,
+            time_ms: self.queue.now(),
+            what,
+        }
+    }
+
+    fn step(&mut self, event: Event) -> Result<(), String> {
+        let now = self.queue.now();
+        match event {
+            Event::Arrive(message) => self.arrive(message),
+            Event::Timeout { pid, id } => self.timed_out(pid, id),
+            Event::RegisterRetry { pid } => self.send_register(pid),
+            Event::Beat { pid } => self.beat(pid),
+            Event::TaskDone {
+                pid,
+                task_id,
+                attempt,
+                ok,
+            } => self.task_done(pid, task_id, attempt, ok),
+            Event::HandBack { pid } => self.hand_back(pid),
+            Event::StartExecutor => self.start_executor(),
+            Event::DriverTick => self.driver_tick(),
+            Event::DriverUp => self.driver_up(),
+            Event::Fault(kind) => self.fault(kind),
+        }?;
+        self.trace.fold(&[now, self.steps]);
+        Ok(())
+    }
+
+    /// Sends a message over the network: zero, one or two copies arrive.
+    fn send(&mut self, message: Message) {
+        let now = self.queue.now();
+        let pid = message.executor();
+        let [first, second] = self.network.arrivals(&mut self.rng, pid, now);
+        if let Some(at) = second {
+            self.queue.at(at, Event::Arrive(message.clone()));
+        }
+        if let Some(at) = first {
+            self.queue.at(at, Event::Arrive(message));
+        }
+    }
+
+    fn arrive(&mut self, message: Message) -> Result<(), String> {
+        match message {
+            Message::Request { from, id, body } => self.driver_receives(from, id, body),
+            Message::Reply {
+                to,
+                id,
+                driver,
+                body,
+            } => self.executor_answered(to, id, driver, body),
+            Message::Inbox { to, driver, body } => self.executor_inbox(to, driver, body),
+        }
+    }
+
+    fn gone_ids(&self) -> impl Iterator<Item = ExecutorId> + '_ {
+        self.procs
+            .iter()
+            .filter(|p| !p.alive)
+            .map(|p| p.machine.config().executor_id.clone())
+    }
+}
+
+/// The machine a simulated executor runs: the real one, with simulated task work.
+type SimMachine = Machine<Work>;
