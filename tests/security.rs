@@ -150,6 +150,8 @@ impl Secure {
             expect_executors: 0,
             revive_interval: Duration::from_millis(200),
             liveness: Default::default(),
+            journal: Default::default(),
+            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
         };
         let driver = Stoppable::spawn(|stop| async move {
             driver::run(client, config, stop)
