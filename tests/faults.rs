@@ -323,8 +323,9 @@ async fn sigterm_decommissions_an_executor_mid_job() {
 
 #[tokio::test]
 async fn a_nats_server_restart_mid_job_loses_nothing() {
-    let port = ember::server::free_port().unwrap();
     let mut cluster = TestCluster::start("fault-restart");
+    // Picked while the first server holds its port, so it cannot be that one.
+    let port = ember::server::free_port().unwrap();
     cluster.server = NatsServer::start_on(port, &[]).unwrap();
     let (ledger, stop) = follow(&cluster).await;
     let _driver = cluster.driver_with(fast_liveness()).await;
