@@ -121,12 +121,17 @@ impl Journal {
             .get_stream(&self.stream)
             .await
             .map_err(|e| read_error(&e))?;
-        let last = stream
+        let state = stream
             .info()
             .await
             .map_err(|e| read_error(&e))?
             .state
-            .last_sequence;
+            .clone();
+        // Every record may have aged out, leaving a last sequence but nothing to read up to it.
+        if state.messages == 0 {
+            return Ok(());
+        }
+        let last = state.last_sequence;
         let consumer = stream
             .create_consumer(OrderedConfig::default())
             .await
