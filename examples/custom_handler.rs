@@ -109,6 +109,8 @@ mod tests {
             expect_executors: 0,
             revive_interval: Duration::from_millis(200),
             liveness: Default::default(),
+            journal: Default::default(),
+            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
         };
         let driver = tokio::spawn(ember::driver::run(
             connect(None).await.unwrap(),

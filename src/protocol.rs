@@ -4,7 +4,10 @@
 //! docs/protocol.md describes the same messages for implementers in other languages; the golden
 //! tests in tests/protocol_golden.rs hold the two together.
 
+mod journal;
 mod wire;
+
+pub use journal::{JournalRecord, JournaledTask};
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};

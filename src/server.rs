@@ -26,6 +26,8 @@ pub enum ServerError {
         binary: PathBuf,
         source: std::io::Error,
     },
+    #[error("could not make a JetStream store directory: {0}")]
+    Store(std::io::Error),
     #[error("nats-server did not accept connections on port {0} within 10s")]
     NotReady(u16),
 }
@@ -64,12 +66,31 @@ pub fn free_port() -> Result<u16, ServerError> {
 pub struct NatsServer {
     child: Child,
     port: u16,
+    /// A JetStream store of this server's own, removed when it is dropped.
+    store: Option<PathBuf>,
 }
 
 impl NatsServer {
     /// Starts nats-server on a free loopback port with `extra` arguments (such as `-c FILE`).
     pub fn start(extra: &[&str]) -> Result<Self, ServerError> {
         Self::start_on(free_port()?, extra)
+    }
+
+    /// Starts nats-server on a free loopback port with JetStream on, in a fresh temporary
+    /// store of its own (so that servers never share state), removed when it is dropped.
+    pub fn start_with_jetstream(extra: &[&str]) -> Result<Self, ServerError> {
+        let store =
+            std::env::temp_dir().join(format!("ember-jetstream-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&store).map_err(ServerError::Store)?;
+        let store_arg = store.display().to_string();
+        let mut args = vec!["-js", "-sd", &store_arg];
+        args.extend_from_slice(extra);
+        let mut server = Self::start_on(free_port()?, &args);
+        match &mut server {
+            Ok(server) => server.store = Some(store),
+            Err(_) => drop(std::fs::remove_dir_all(&store)),
+        }
+        server
     }
 
     /// Starts nats-server on `port`.
@@ -83,7 +104,11 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|source| ServerError::Spawn { binary, source })?;
-        let server = Self { child, port };
+        let server = Self {
+            child,
+            port,
+            store: None,
+        };
         server.wait_ready()?;
         Ok(server)
     }
@@ -122,5 +147,8 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
+        if let Some(store) = &self.store {
+            let _ = std::fs::remove_dir_all(store);
+        }
     }
 }

@@ -76,6 +76,18 @@ impl Subjects {
         format!("{}.events.>", self.prefix)
     }
 
+    /// Where the driver appends its journal (a JetStream stream holds it).
+    pub fn journal(&self) -> String {
+        format!("{}.journal", self.prefix)
+    }
+
+    /// The name of the JetStream stream that holds the journal: `EMBER_<cluster>_JOURNAL`
+    /// (stream names may not contain dots).
+    pub fn journal_stream(&self) -> String {
+        let cluster = self.prefix.trim_start_matches("ember.");
+        format!("EMBER_{cluster}_JOURNAL")
+    }
+
     /// The inbox prefix an executor connects with, so replies to it stay under its own id.
     pub fn executor_reply_prefix(id: &ExecutorId) -> String {
         format!("_INBOX.{id}")
@@ -115,6 +127,8 @@ mod tests {
             "ember.prod.events.executor.added"
         );
         assert_eq!(s.events_all(), "ember.prod.events.>");
+        assert_eq!(s.journal(), "ember.prod.journal");
+        assert_eq!(s.journal_stream(), "EMBER_prod_JOURNAL");
         assert_eq!(
             Subjects::executor_id_of("ember.prod.driver.register.exec-1"),
             "exec-1"

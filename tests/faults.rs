@@ -58,6 +58,10 @@ fn signal(child: &Child, signal: Signal) {
 #[derive(Default, Debug)]
 struct Ledger {
     launched: HashSet<(u64, u32)>,
+    /// When each `TaskStart` arrived.
+    start_times: Vec<Instant>,
+    /// `JobEnd` events: (job, state).
+    job_ends: Vec<(u64, JobState)>,
     finished: HashMap<u64, u32>,
     unexpected: u32,
     removed: Vec<(String, String, Instant)>,
@@ -67,9 +71,12 @@ struct Ledger {
 impl Ledger {
     fn record(&mut self, event: Event) {
         match event {
-            Event::TaskStart { tasks, .. } => self
-                .launched
-                .extend(tasks.iter().map(|t| (t.task_id, t.attempt))),
+            Event::TaskStart { tasks, .. } => {
+                self.start_times.push(Instant::now());
+                self.launched
+                    .extend(tasks.iter().map(|t| (t.task_id, t.attempt)))
+            }
+            Event::JobEnd { job_id, state, .. } => self.job_ends.push((job_id, state)),
             Event::TaskEnd { tasks, .. } => {
                 for t in tasks {
                     if !self.launched.contains(&(t.task_id, t.attempt)) {
@@ -316,8 +323,9 @@ async fn sigterm_decommissions_an_executor_mid_job() {
 
 #[tokio::test]
 async fn a_nats_server_restart_mid_job_loses_nothing() {
-    let port = ember::server::free_port().unwrap();
     let mut cluster = TestCluster::start("fault-restart");
+    // Picked while the first server holds its port, so it cannot be that one.
+    let port = ember::server::free_port().unwrap();
     cluster.server = NatsServer::start_on(port, &[]).unwrap();
     let (ledger, stop) = follow(&cluster).await;
     let _driver = cluster.driver_with(fast_liveness()).await;
@@ -402,6 +410,8 @@ async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
         expect_executors: 0,
         revive_interval: Duration::from_millis(200),
         liveness: fast_liveness(),
+        journal: Default::default(),
+        journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
     };
     let driver = tokio::spawn(ember::driver::run(
         driver_client,
@@ -516,6 +526,68 @@ async fn executors_register_with_the_next_driver_or_exit_56() {
     eprintln!("driver loss: --exit-on-driver-loss exited 56 after {noticed:?}; the other registered with the next driver");
     signal(&stays, Signal::SIGTERM);
     assert_eq!(within(LIMIT, stays.wait()).await.unwrap().code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_job_survives_a_driver_sigkill_and_completes_on_the_next_driver() {
+    let cluster = TestCluster::start_with_jetstream("fault-journal");
+    let (ledger, stop) = follow(&cluster).await;
+    let driver_flags = ["--executor-timeout", "2s", "--journal", "on"];
+    let mut driver = cluster.driver_process(&driver_flags).spawn().unwrap();
+    let executors = spawn_executors(&cluster, 3).await;
+    let api = cluster.api(cluster.client().await);
+    wait_registered(&api, 3).await;
+    // 40 tasks of 300 ms on 6 cores: about 2 s of work, a third of it done at the kill.
+    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
+    })
+    .await;
+    signal(&driver, Signal::SIGKILL);
+    let _ = driver.wait().await;
+    let killed_at = Instant::now();
+    let _next = cluster.driver_process(&driver_flags).spawn().unwrap();
+    let restored = eventually(LIMIT, "the next driver's answer", || async {
+        api.job(job_id).await.ok()
+    })
+    .await;
+    let up = killed_at.elapsed();
+    assert!(restored.succeeded >= 10, "restored: {restored:?}");
+    let summary = wait_end(&api, job_id).await;
+    let done = killed_at.elapsed();
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let results = api.results(job_id).await.unwrap();
+    assert_eq!(results.len(), 40);
+    stop.send(()).unwrap();
+    let ledger = ledger.await.unwrap();
+    let (lost, duplicated, unexpected) = ledger.verdict(&results);
+    assert_eq!(
+        (lost, duplicated, unexpected),
+        (0, 0, 0),
+        "lost, duplicated, unexpected"
+    );
+    let resumed = ledger
+        .start_times
+        .iter()
+        .find(|t| **t > killed_at)
+        .expect("the next driver launched the rest")
+        .duration_since(killed_at);
+    assert_eq!(
+        ledger.job_ends,
+        [(job_id, JobState::Succeeded)],
+        "one JobEnd, from the next driver"
+    );
+    assert_eq!(ledger.added.len(), 6, "each executor added by each driver");
+    assert!(
+        done < Duration::from_secs(20),
+        "done {done:?} after the kill"
+    );
+    eprintln!(
+        "driver sigkill: {} of 40 restored done; next driver up {up:?}, job resumed {resumed:?}, \
+         done {done:?} after the kill; ledger lost=0 duplicated=0 unexpected=0",
+        restored.succeeded
+    );
+    drop(executors);
 }
 
 #[tokio::test]

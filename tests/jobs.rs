@@ -490,3 +490,48 @@ async fn handlers_registered_by_an_embedding_program_run() {
         .unwrap()
         .contains("no handler named \"nope\""));
 }
+
+#[tokio::test]
+async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_corrupt_record() {
+    let cluster = TestCluster::start_with_jetstream("journal");
+    let first = cluster.driver().await;
+    let _executor = cluster.executor("e1", 2, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let echo = SubmitJob {
+        name: "echo".into(),
+        tasks: vec![handler("echo", json!({"value": "kept"}))],
+        repeat: 3,
+        max_failures: 4,
+        cpus_per_task: 1,
+    };
+    let job = within(LIMIT, api.run_job(echo.clone(), |_| {}))
+        .await
+        .unwrap();
+    first.stop().await.unwrap();
+    // A record no driver wrote: the next one skips it.
+    let jetstream = async_nats::jetstream::new(cluster.client().await);
+    let ack = jetstream
+        .publish(cluster.subjects.journal(), "not json".into())
+        .await
+        .unwrap();
+    ack.await.unwrap();
+
+    let _next = cluster.driver().await;
+    let restored = eventually(LIMIT, "the next driver's answer", || async {
+        api.job(job.job_id).await.ok()
+    })
+    .await;
+    assert_eq!(restored, job, "the ended job is listed as it ended");
+    let results = api.results(job.job_id).await.unwrap();
+    assert!(results.iter().all(|r| r.result == Some(json!("kept"))));
+    let again = within(LIMIT, api.run_job(echo, |_| {})).await.unwrap();
+    assert_eq!(again.job_id, job.job_id + 1);
+    let ids: Vec<u64> = api
+        .results(again.job_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.task_id)
+        .collect();
+    assert_eq!(ids, [4, 5, 6], "task ids go on after the restored ones");
+}

@@ -1276,6 +1276,53 @@ fn decode_refuses_an_unknown_type() {
     );
 }
 
+/// The three records of docs/protocol.md's journal section, exactly as written there.
+#[test]
+fn journal_records() {
+    let job = SubmitJob {
+        name: "nightly".into(),
+        tasks: vec![TaskSpec::Handler {
+            name: "noop".into(),
+            arg: Value::Null,
+        }],
+        repeat: 50,
+        max_failures: 4,
+        cpus_per_task: 1,
+    };
+    golden(
+        &JournalRecord::JobSubmitted {
+            job_id: 3,
+            first_task: 101,
+            time_ms: 1_700_000_000_000,
+            job,
+        },
+        json!({"type":"JobSubmitted","job_id":3,"first_task":101,"time_ms":1700000000000u64,"job":{"name":"nightly","tasks":[{"kind":"handler","name":"noop","arg":null}],"repeat":50,"max_failures":4,"cpus_per_task":1}}),
+    );
+    golden(
+        &JournalRecord::TasksEnded {
+            time_ms: 1_700_000_000_120,
+            tasks: vec![JournaledTask {
+                task_id: 101,
+                attempt: 0,
+                executor_id: exec("exec-1"),
+                state: TaskState::Finished,
+                result: Some(json!("ok")),
+                error: None,
+            }],
+        },
+        json!({"type":"TasksEnded","time_ms":1700000000120u64,"tasks":[{"task_id":101,"attempt":0,"executor_id":"exec-1","state":"FINISHED","result":"ok"}]}),
+    );
+    golden(
+        &JournalRecord::JobEnded {
+            job_id: 3,
+            state: JobState::Succeeded,
+            time_ms: 1_700_000_000_950,
+            reason: None,
+        },
+        json!({"type":"JobEnded","job_id":3,"state":"SUCCEEDED","time_ms":1700000000950u64}),
+    );
+}
+
 #[test]
 fn decode_refuses_a_missing_field() {
     json_error::<RegisterRequest>(

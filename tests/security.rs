@@ -144,12 +144,18 @@ impl Secure {
     }
 
     async fn start_driver(&self) -> Stoppable {
+        self.start_driver_with(Default::default()).await
+    }
+
+    async fn start_driver_with(&self, journal: ember::driver::JournalMode) -> Stoppable {
         let client = self.login("driver").await;
         let config = DriverConfig {
             subjects: self.subjects().clone(),
             expect_executors: 0,
             revive_interval: Duration::from_millis(200),
             liveness: Default::default(),
+            journal,
+            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
         };
         let driver = Stoppable::spawn(|stop| async move {
             driver::run(client, config, stop)
@@ -706,6 +712,37 @@ async fn the_whole_cluster_runs_a_job_with_least_privilege() {
     let job = api.run_job(noop_job(20), |_| {}).await.expect("job runs");
     assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
     assert!(driver.is_running() && exec1.is_running() && exec2.is_running());
+}
+
+#[tokio::test]
+async fn the_driver_journals_with_least_privilege_and_no_one_else_can_write_the_journal() {
+    let store = TempDir(std::env::temp_dir().join(format!("ember-js-{}", uuid::Uuid::new_v4())));
+    let jetstream = format!(
+        "\njetstream {{ store_dir: {:?} }}\n",
+        store.0.display().to_string()
+    );
+    let secure = Secure::start_with("journal", |_| {}, &jetstream);
+    let driver = secure
+        .start_driver_with(ember::driver::JournalMode::On)
+        .await;
+    let exec1 = secure.start_executor("exec-1").await;
+    let api =
+        ember::client::EmberClient::new(secure.login("client").await, secure.subjects().clone());
+    let job = api.run_job(noop_job(20), |_| {}).await.expect("job runs");
+    assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
+    assert!(driver.is_running() && exec1.is_running());
+    let journal = secure.subjects().journal();
+    let purge = format!(
+        "$JS.API.STREAM.PURGE.{}",
+        secure.subjects().journal_stream()
+    );
+    for user in ["exec-1", "client", "listener"] {
+        let mut attacker = secure.watched(user).await;
+        for subject in [&journal, &purge] {
+            attacker.send(subject.clone(), "{}".into()).await;
+            attacker.violation("Publish", subject).await;
+        }
+    }
 }
 
 #[tokio::test]

@@ -39,6 +39,10 @@ pub struct BenchArgs {
     /// Executors registered (through one connection) for the driver-memory figure.
     #[arg(long, default_value_t = 10_000)]
     pub memory_executors: usize,
+    /// Run the throughput and latency workloads with the driver's JetStream journal on (the
+    /// server gets a temporary store), to measure what the journal costs.
+    #[arg(long)]
+    pub journal: bool,
     /// Small sizes everywhere: a smoke test of the benchmark itself, not a measurement.
     #[arg(long)]
     pub quick: bool,

@@ -23,14 +23,20 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
 
 impl Cluster {
     /// A nats-server on a free port and a driver; executors come with [`Cluster::add_executors`].
-    pub fn start(name: &str) -> anyhow::Result<Self> {
-        let server = NatsServer::start(&[])?;
+    /// With `journal`, the server has JetStream (in a temporary store) and the driver journals
+    /// its jobs there; otherwise the driver keeps them in memory.
+    pub fn start(name: &str, journal: bool) -> anyhow::Result<Self> {
+        let server = match journal {
+            true => NatsServer::start_with_jetstream(&[])?,
+            false => NatsServer::start(&[])?,
+        };
         let cluster = format!(
             "bench-{name}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..6]
         );
         let driver = Command::new(sibling("ember-driver")?)
             .args(["--nats-url", &server.url(), "--cluster", &cluster])
+            .args(["--journal", if journal { "on" } else { "off" }])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .spawn()?;

@@ -17,7 +17,7 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
         ..Report::default()
     };
     eprintln!("bench: broker alone");
-    let cluster = Cluster::start("limit")?;
+    let cluster = Cluster::start("limit", false)?;
     report.limit = Some(
         broker::measure(
             &cluster.server.url(),
@@ -42,7 +42,7 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
             "bench: {tasks} no-op tasks on {} x {cores} cores",
             args.executors
         );
-        let mut cluster = Cluster::start("throughput")?;
+        let mut cluster = Cluster::start("throughput", args.journal)?;
         cluster.add_executors(args.executors, cores)?;
         let api = connect(&cluster).await?;
         wait_for_executors(&api, args.executors as u64).await?;
@@ -138,7 +138,7 @@ async fn wait_for_executors(api: &EmberClient, n: u64) -> anyhow::Result<()> {
 
 /// N connections register at once; wall time until a listener has N ExecutorAdded.
 async fn register(n: usize) -> anyhow::Result<Register> {
-    let cluster = Cluster::start("register")?;
+    let cluster = Cluster::start("register", false)?;
     let api = connect(&cluster).await?;
     wait_for_executors(&api, 0).await?;
     let subjects = Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?;
@@ -233,7 +233,7 @@ async fn latency(
 
 /// Driver RSS after `n` executors registered (through one connection, for the driver's sake).
 async fn many_executors_rss(n: usize) -> anyhow::Result<f64> {
-    let cluster = Cluster::start("memory")?;
+    let cluster = Cluster::start("memory", false)?;
     let api = connect(&cluster).await?;
     wait_for_executors(&api, 0).await?;
     let subjects = Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?;

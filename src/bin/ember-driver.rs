@@ -4,7 +4,7 @@ use clap::Parser;
 use ember::cli::{init_tracing, parse_duration, runtime, shutdown_signal};
 use ember::connect::NatsArgs;
 use ember::driver::core::Liveness;
-use ember::driver::{run, DriverConfig};
+use ember::driver::{run, DriverConfig, JournalMode};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -27,6 +27,15 @@ struct Args {
     /// Fail waiting jobs when no executor has been registered for this long.
     #[arg(long, env = "EMBER_NO_EXECUTORS_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     no_executors_timeout: Duration,
+    /// Keep jobs in a JetStream journal, so that a driver started after this one resumes them:
+    /// auto uses JetStream if the server offers it (the log says which), on refuses to start
+    /// without it, off keeps jobs in memory only.
+    #[arg(long, env = "EMBER_JOURNAL", value_enum, default_value_t = JournalMode::Auto)]
+    journal: JournalMode,
+    /// Drop journal records older than this (the stream's max age). A job still running when
+    /// its submission ages out is not restored.
+    #[arg(long, env = "EMBER_JOURNAL_MAX_AGE", default_value = "7days", value_parser = parse_duration)]
+    journal_max_age: Duration,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -48,6 +57,8 @@ fn main() -> ExitCode {
                     no_executors_timeout_ms: args.no_executors_timeout.as_millis() as u64,
                     ..Liveness::default()
                 },
+                journal: args.journal,
+                journal_max_age: args.journal_max_age,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

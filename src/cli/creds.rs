@@ -113,8 +113,13 @@ impl Role {
         let p = subjects.prefix();
         match self {
             Role::Driver => Permissions {
-                publish_allow: vec![format!("{p}.executor.*"), subjects.events_all()],
-                subscribe_allow: vec![format!("{p}.driver.>")],
+                publish_allow: [
+                    vec![format!("{p}.executor.*"), subjects.events_all()],
+                    journal_rights(subjects),
+                ]
+                .concat(),
+                // Replies to its JetStream requests (stream setup, replay, write acks).
+                subscribe_allow: vec![format!("{p}.driver.>"), "_INBOX.>".into()],
                 allow_responses: true,
                 ..Permissions::default()
             },
@@ -136,6 +141,31 @@ impl Role {
             },
         }
     }
+}
+
+/// What the driver publishes to keep its journal: the journal subject, and the JetStream API
+/// calls on its own stream alone (set it up, read it back with an ordered consumer). No other
+/// role may write the journal or touch the stream.
+fn journal_rights(subjects: &Subjects) -> Vec<String> {
+    let stream = subjects.journal_stream();
+    let mut rights = vec![subjects.journal(), "$JS.API.INFO".into()];
+    for call in [
+        "STREAM.CREATE",
+        "STREAM.UPDATE",
+        "STREAM.INFO",
+        "CONSUMER.CREATE",
+    ] {
+        rights.push(format!("$JS.API.{call}.{stream}"));
+    }
+    for call in [
+        "CONSUMER.CREATE",
+        "CONSUMER.MSG.NEXT",
+        "CONSUMER.INFO",
+        "CONSUMER.DELETE",
+    ] {
+        rights.push(format!("$JS.API.{call}.{stream}.>"));
+    }
+    rights
 }
 
 /// `_INBOX.<id>.>`: where the driver's answers to executor `id` arrive.
@@ -241,7 +271,8 @@ pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
 fn describe(role: &Role) -> String {
     match role {
         Role::Driver => {
-            "the driver: reads the driver subjects, writes inboxes, events and replies".into()
+            "the driver: reads the driver subjects, writes inboxes, events, replies and its journal"
+                .into()
         }
         Role::Executor(id) => {
             format!("executor {id}: writes only subjects ending in its id, reads only its inboxes")
@@ -363,6 +394,29 @@ mod tests {
         assert_eq!(p.publish_allow, ["ember.prod.driver.*.e1"]);
         assert_eq!(p.subscribe_allow, ["ember.prod.executor.e1", "_INBOX.e1.>"]);
         assert!(!p.allow_responses);
+    }
+
+    #[test]
+    fn only_the_driver_may_write_the_journal() {
+        let s = Subjects::new("prod").unwrap();
+        let driver = Role::Driver.permissions(&s, &[]);
+        assert!(driver
+            .publish_allow
+            .contains(&"ember.prod.journal".to_string()));
+        assert!(driver
+            .publish_allow
+            .iter()
+            .filter(|r| r.starts_with("$JS.API.") && *r != "$JS.API.INFO")
+            .all(|r| r.contains(".EMBER_prod_JOURNAL")));
+        for role in [Role::Executor(id("e1")), Role::Client, Role::Listener] {
+            let p = role.permissions(&s, &[]);
+            assert!(
+                p.publish_allow
+                    .iter()
+                    .all(|r| !r.contains("journal") && !r.starts_with("$JS")),
+                "{role:?}: {p:?}"
+            );
+        }
     }
 
     #[test]

@@ -5,8 +5,10 @@
 
 use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness};
+use super::journal::{Journal, JournalError, JournalMode};
+use super::outbox::{Outbox, Output};
 use crate::protocol::{
-    decode, encode, ApiReply, ApiRequest, Batch, ExecutorMessage, HeartbeatReply, HeartbeatRequest,
+    decode, encode, ApiReply, ApiRequest, Batch, HeartbeatReply, HeartbeatRequest, JournalRecord,
     RegisterReply, RegisterRequest, StatusReply, StatusRequest,
 };
 use crate::subjects::Subjects;
@@ -30,6 +32,10 @@ pub struct DriverConfig {
     pub revive_interval: Duration,
     /// How executors are judged alive.
     pub liveness: Liveness,
+    /// Whether jobs are kept in a JetStream journal, to survive a driver restart.
+    pub journal: JournalMode,
+    /// How long journal records are kept (the stream's max age).
+    pub journal_max_age: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +47,12 @@ pub enum DriverError {
     },
     #[error("could not reach the NATS server: {0}")]
     Flush(#[from] async_nats::client::FlushError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
 }
+
+/// How long a stopping driver waits for its last journal writes.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs the driver on `client` until `shutdown` completes.
 pub async fn run(
@@ -50,13 +61,24 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
     let limit = client.server_info().max_payload.max(PAYLOAD_HEADROOM * 2);
+    let subjects = config.subjects.clone();
+    let journal = Journal::open(&client, &subjects, config.journal, config.journal_max_age).await?;
     let mut core = Core::new(CoreConfig {
         driver_instance: uuid::Uuid::new_v4(),
         expect_executors: config.expect_executors,
         max_reply_bytes: limit - PAYLOAD_HEADROOM,
+        journal: journal.is_some(),
     });
     core.set_liveness(config.liveness.clone());
-    let subjects = config.subjects.clone();
+    if let Some(journal) = &journal {
+        let restored = journal.replay(&mut core, limit).await?;
+        info!(
+            jobs = restored.jobs,
+            running_jobs = restored.running_jobs,
+            pending_tasks = restored.pending_tasks,
+            "journal replayed"
+        );
+    }
     let mut register = subscribe(&client, subjects.register_all()).await?;
     let mut status = subscribe(&client, subjects.status_all()).await?;
     let mut heartbeat = subscribe(&client, subjects.heartbeat_all()).await?;
@@ -69,27 +91,38 @@ pub async fn run(
         limit,
         task_events: TaskEvents::default(),
         refusals: Refusals::default(),
+        journal,
     };
+    // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
+    let mut outbox = Outbox::default();
     let mut revive = tokio::time::interval(config.revive_interval);
     revive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
+        let reply = tokio::select! {
             _ = &mut shutdown => break,
-            Some(message) = register.next() => shell.on_register(&mut core, message).await,
-            Some(message) = status.next() => shell.on_status(&mut core, message).await,
-            Some(message) = heartbeat.next() => shell.on_heartbeat(&mut core, message).await,
-            Some(message) = api.next() => shell.on_api(&mut core, message).await,
+            Some(message) = register.next() => shell.on_register(&mut core, message),
+            Some(message) = status.next() => shell.on_status(&mut core, message),
+            Some(message) = heartbeat.next() => shell.on_heartbeat(&mut core, message),
+            Some(message) = api.next() => shell.on_api(&mut core, message),
             _ = revive.tick() => {
                 core.tick(now_ms());
                 shell.refusals.report();
+                None
             }
-            _ = sleep_until_due(shell.task_events.due()) => shell.flush_task_events().await,
+            _ = sleep_until_due(shell.task_events.due()) => {
+                shell.flush_task_events().await;
+                None
+            }
+            released = outbox.released() => {
+                shell.send_all(released).await;
+                None
+            }
             else => break,
-        }
-        shell.send_effects(core.take_effects()).await;
+        };
+        shell.emit(&mut outbox, reply, core.take_effects()).await;
     }
-    shell.flush_task_events().await;
+    shell.drain(&mut outbox).await;
     shell.refusals.report();
     info!("driver stopping");
     client.flush().await?;
@@ -138,6 +171,8 @@ struct Shell {
     limit: usize,
     task_events: TaskEvents,
     refusals: Refusals,
+    /// Where the core's journal records are stored, if anywhere.
+    journal: Option<Journal>,
 }
 
 /// Requests the driver refused or dropped before the core saw them, counted; the counts go to
@@ -176,11 +211,9 @@ impl Refusals {
 }
 
 impl Shell {
-    async fn on_register(&self, core: &mut Core, message: Message) {
+    fn on_register(&self, core: &mut Core, message: Message) -> Option<Output> {
         let claimed = Subjects::executor_id_of(&message.subject).to_string();
-        let Some(reply) = self.executor_reply(&message, &claimed) else {
-            return;
-        };
+        let reply = self.executor_reply(&message, &claimed)?;
         let answer = match decode::<RegisterRequest>(&message.payload, self.limit) {
             Ok(RegisterRequest::RegisterExecutor(request)) => {
                 core.register(&claimed, request, now_ms())
@@ -198,14 +231,12 @@ impl Shell {
                 warn!(executor = %claimed, %message, "registration refused")
             }
         }
-        self.answer(reply, encode(&answer)).await;
+        Some(Output::Reply(reply, encode(&answer)))
     }
 
-    async fn on_status(&self, core: &mut Core, message: Message) {
+    fn on_status(&self, core: &mut Core, message: Message) -> Option<Output> {
         let claimed = Subjects::executor_id_of(&message.subject).to_string();
-        let Some(reply) = self.executor_reply(&message, &claimed) else {
-            return;
-        };
+        let reply = self.executor_reply(&message, &claimed)?;
         let (executor_id, mut answer) = match decode::<StatusRequest>(&message.payload, self.limit)
         {
             Ok(StatusRequest::StatusUpdates {
@@ -227,27 +258,21 @@ impl Shell {
             }
         }
         let mut payload = encode(&answer);
-        let mut overflow = Vec::new();
         if payload.len() > self.limit - PAYLOAD_HEADROOM {
-            if let StatusReply::StatusAck { launch, .. } = &mut answer {
+            if let (StatusReply::StatusAck { launch, .. }, Some(executor_id)) =
+                (&mut answer, executor_id)
+            {
                 // Too many tasks to ride on the acknowledgement: they go to the inbox instead.
-                overflow = std::mem::take(launch);
+                core.launch_separately(executor_id, std::mem::take(launch));
                 payload = encode(&answer);
             }
         }
-        self.answer(reply, payload).await;
-        if let (Some(executor_id), false) = (executor_id, overflow.is_empty()) {
-            let inbox = self.subjects.executor_inbox(&executor_id);
-            let launch = ExecutorMessage::LaunchTasks { tasks: overflow };
-            self.publish_batch(inbox, launch).await;
-        }
+        Some(Output::Reply(reply, payload))
     }
 
-    async fn on_heartbeat(&self, core: &mut Core, message: Message) {
+    fn on_heartbeat(&self, core: &mut Core, message: Message) -> Option<Output> {
         let claimed = Subjects::executor_id_of(&message.subject).to_string();
-        let Some(reply) = self.executor_reply(&message, &claimed) else {
-            return;
-        };
+        let reply = self.executor_reply(&message, &claimed)?;
         let answer = match decode::<HeartbeatRequest>(&message.payload, self.limit) {
             Ok(request) => core.heartbeat(&claimed, request, now_ms()),
             Err(error) => {
@@ -257,19 +282,19 @@ impl Shell {
                 }
             }
         };
-        self.answer(reply, encode(&answer)).await;
+        Some(Output::Reply(reply, encode(&answer)))
     }
 
-    async fn on_api(&self, core: &mut Core, message: Message) {
+    fn on_api(&self, core: &mut Core, message: Message) -> Option<Output> {
         let Some(reply) = message.reply.clone() else {
             debug!("api message without a reply subject dropped");
             Refusals::count(&self.refusals.no_reply);
-            return;
+            return None;
         };
         if let Err(why) = api_reply_allowed(&reply, core) {
             debug!(reply = %reply, why, "api request refused");
             Refusals::count(&self.refusals.foreign_reply);
-            return;
+            return None;
         }
         let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
             Ok(request) => core.api(request, now_ms()),
@@ -280,7 +305,7 @@ impl Shell {
                 }
             }
         };
-        self.answer(reply.to_string(), encode(&answer)).await;
+        Some(Output::Reply(reply.to_string(), encode(&answer)))
     }
 
     /// The reply subject of a request on an executor's subject, if it is that executor's own.
@@ -306,24 +331,80 @@ impl Shell {
         }
     }
 
-    async fn send_effects(&mut self, effects: Vec<Effect>) {
-        for effect in effects {
-            match effect {
-                Effect::Publish(event) => {
-                    if let Some(event) = self.task_events.absorb(event) {
-                        // Any other event follows the task events before it.
-                        self.flush_task_events().await;
-                        self.publish_event(event).await;
-                    } else if self.task_events.is_full() {
-                        self.flush_task_events().await;
-                    }
-                }
-                Effect::Send { to, message } => {
-                    let subject = self.subjects.executor_inbox(&to);
-                    self.publish_batch(subject, message).await;
-                }
+    /// Sends what one step produced: its journal records go to the journal first, then its
+    /// answer and effects leave in order, or wait behind the journal writes in flight.
+    async fn emit(&mut self, outbox: &mut Outbox, reply: Option<Output>, effects: Vec<Effect>) {
+        let (records, effects): (Vec<_>, Vec<_>) = effects
+            .into_iter()
+            .partition(|effect| matches!(effect, Effect::Journal(_)));
+        for effect in records {
+            if let Effect::Journal(record) = effect {
+                self.write(outbox, record);
             }
         }
+        for output in reply
+            .into_iter()
+            .chain(effects.into_iter().map(Output::Effect))
+        {
+            if outbox.is_clear() {
+                self.send(output).await;
+            } else {
+                outbox.hold(output);
+            }
+        }
+    }
+
+    /// Starts storing `record`, in parts that each fit in one message.
+    fn write(&self, outbox: &mut Outbox, record: JournalRecord) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        for part in self.fit(record, "journal") {
+            outbox.write(journal.store(part));
+        }
+    }
+
+    async fn send_all(&mut self, outputs: Vec<Output>) {
+        for output in outputs {
+            self.send(output).await;
+        }
+    }
+
+    async fn send(&mut self, output: Output) {
+        match output {
+            Output::Reply(reply, payload) => self.answer(reply, payload).await,
+            Output::Effect(Effect::Publish(event)) => {
+                if let Some(event) = self.task_events.absorb(event) {
+                    // Any other event follows the task events before it.
+                    self.flush_task_events().await;
+                    self.publish_event(event).await;
+                } else if self.task_events.is_full() {
+                    self.flush_task_events().await;
+                }
+            }
+            Output::Effect(Effect::Send { to, message }) => {
+                let subject = self.subjects.executor_inbox(&to);
+                self.publish_batch(subject, message).await;
+            }
+            // `emit` hands records to the journal; none reaches here.
+            Output::Effect(Effect::Journal(_)) => {}
+        }
+    }
+
+    /// Sends what waits for the last journal writes (for up to `DRAIN_TIMEOUT`), and the
+    /// task events that wait for company.
+    async fn drain(&mut self, outbox: &mut Outbox) {
+        let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+            while !outbox.is_clear() {
+                let released = outbox.released().await;
+                self.send_all(released).await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            warn!("journal writes still unacknowledged at shutdown; what waits on them is dropped");
+        }
+        self.flush_task_events().await;
     }
 
     async fn flush_task_events(&mut self) {
@@ -339,11 +420,20 @@ impl Shell {
 
     /// Publishes a batch, cut in halves until each part fits in one message.
     async fn publish_batch<T: Batch + Serialize>(&self, subject: String, message: T) {
+        for payload in self.fit(message, &subject) {
+            self.publish(subject.clone(), payload).await;
+        }
+    }
+
+    /// `message` encoded, cut in halves until each part fits in one message, in order; a part
+    /// that cannot be cut and does not fit is dropped with a warning naming `subject`.
+    fn fit<T: Batch + Serialize>(&self, message: T, subject: &str) -> Vec<bytes::Bytes> {
         let mut parts = vec![message];
+        let mut fitted = Vec::new();
         while let Some(part) = parts.pop() {
             let payload = encode(&part);
             if payload.len() <= self.limit - PAYLOAD_HEADROOM {
-                self.publish(subject.clone(), payload).await;
+                fitted.push(payload);
                 continue;
             }
             match part.split() {
@@ -352,6 +442,7 @@ impl Shell {
                 Err(_) => warn!(%subject, size = payload.len(), "message over max_payload dropped"),
             }
         }
+        fitted
     }
 
     async fn publish(&self, subject: String, payload: bytes::Bytes) {

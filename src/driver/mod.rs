@@ -4,5 +4,8 @@
 pub mod actor;
 mod coalesce;
 pub mod core;
+pub mod journal;
+mod outbox;
 
 pub use actor::{run, DriverConfig, DriverError};
+pub use journal::JournalMode;

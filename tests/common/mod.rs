@@ -30,6 +30,17 @@ impl TestCluster {
     pub fn start_with(name: &str, extra: &[&str]) -> Self {
         let server =
             NatsServer::start(extra).expect("start nats-server (run scripts/install-nats-server)");
+        Self::on(server, name)
+    }
+
+    /// With JetStream on, in a temporary store of this server's own.
+    pub fn start_with_jetstream(name: &str) -> Self {
+        let server = NatsServer::start_with_jetstream(&[])
+            .expect("start nats-server (run scripts/install-nats-server)");
+        Self::on(server, name)
+    }
+
+    fn on(server: NatsServer, name: &str) -> Self {
         let cluster = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let subjects = Subjects::new(&cluster).expect("valid cluster name");
         Self {
@@ -93,6 +104,8 @@ impl TestCluster {
             expect_executors: 0,
             revive_interval: Duration::from_millis(200),
             liveness,
+            journal: Default::default(),
+            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
         };
         let running = Running::spawn(|stop| driver::run(client, config, stop));
         // The driver subscribes first thing; give it that moment.

@@ -3,8 +3,8 @@
 use super::Core;
 use crate::ids::{ExecutorId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, Event, ExecutorMessage, JobState, JobSummary, ResultsPage, SubmitJob, TaskOutcome,
-    TaskSpec, TaskState,
+    ApiReply, Event, ExecutorMessage, JobState, JobSummary, JournalRecord, ResultsPage, SubmitJob,
+    TaskOutcome, TaskSpec, TaskState,
 };
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
@@ -67,6 +67,40 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job of `submit`'s tasks, all waiting; `submit` has been validated.
+    pub fn new(id: JobId, first_task: TaskId, submit: SubmitJob, now: u64) -> Self {
+        let count = submit.tasks.len() as u32 * submit.repeat;
+        let task = TaskRecord {
+            status: TaskStatus::Pending,
+            attempts: 0,
+            failures: 0,
+            last_failed: false,
+            executor: None,
+            started_ms: 0,
+        };
+        Job {
+            id,
+            name: submit.name,
+            specs: submit.tasks.into_iter().map(Arc::new).collect(),
+            first_task,
+            max_failures: submit.max_failures,
+            cpus_per_task: submit.cpus_per_task,
+            tasks: vec![task; count as usize],
+            pending: (0..count).collect(),
+            past_attempts: HashMap::new(),
+            results: HashMap::new(),
+            errors: HashMap::new(),
+            state: JobState::Running,
+            succeeded: 0,
+            failed: 0,
+            killed: 0,
+            running: 0,
+            submitted_at_ms: now,
+            ended_at_ms: None,
+            reason: None,
+        }
+    }
+
     pub fn len(&self) -> u32 {
         self.tasks.len() as u32
     }
@@ -147,42 +181,17 @@ impl Core {
         if let Err(message) = validate_job(&submit, self.config.max_reply_bytes) {
             return ApiReply::Error { message };
         }
-        let count = submit.tasks.len() as u64 * u64::from(submit.repeat);
         let id = self.next_job;
-        self.next_job += 1;
         let first_task = self.next_task;
-        self.next_task += count;
-        let job = Job {
-            id,
-            name: submit.name,
-            specs: submit.tasks.into_iter().map(Arc::new).collect(),
+        self.journal(|| JournalRecord::JobSubmitted {
+            job_id: id,
             first_task,
-            max_failures: submit.max_failures,
-            cpus_per_task: submit.cpus_per_task,
-            tasks: vec![
-                TaskRecord {
-                    status: TaskStatus::Pending,
-                    attempts: 0,
-                    failures: 0,
-                    last_failed: false,
-                    executor: None,
-                    started_ms: 0,
-                };
-                count as usize
-            ],
-            pending: (0..count as u32).collect(),
-            past_attempts: HashMap::new(),
-            results: HashMap::new(),
-            errors: HashMap::new(),
-            state: JobState::Running,
-            succeeded: 0,
-            failed: 0,
-            killed: 0,
-            running: 0,
-            submitted_at_ms: now,
-            ended_at_ms: None,
-            reason: None,
-        };
+            time_ms: now,
+            job: submit.clone(),
+        });
+        let job = Job::new(id, first_task, submit, now);
+        self.next_job += 1;
+        self.next_task += u64::from(job.len());
         self.publish(Event::JobStart {
             time_ms: now,
             job_id: id,
@@ -249,6 +258,13 @@ impl Core {
         job.state = state;
         job.ended_at_ms = Some(now);
         job.reason = reason.clone();
+        self.journal(|| JournalRecord::JobEnded {
+            job_id,
+            state,
+            time_ms: now,
+            reason: reason.clone(),
+        });
+        let job = &self.jobs[&job_id];
         let end = Event::JobEnd {
             time_ms: now,
             job_id,
@@ -275,7 +291,7 @@ impl Core {
     }
 }
 
-fn validate_job(submit: &SubmitJob, max_bytes: usize) -> Result<(), String> {
+pub(super) fn validate_job(submit: &SubmitJob, max_bytes: usize) -> Result<(), String> {
     let count = submit.tasks.len() as u64 * u64::from(submit.repeat);
     if count == 0 {
         return Err("a job needs at least one task (tasks is empty or repeat is 0)".into());

@@ -9,15 +9,17 @@ mod jobs;
 mod liveness;
 mod offers;
 mod registry;
+mod restore;
 mod status;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
-use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage};
+use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JournalRecord};
 use std::collections::{BTreeMap, VecDeque};
 
 pub use jobs::Job;
 pub use liveness::Liveness;
 pub use registry::ExecutorData;
+pub use restore::{ReplayError, Restored};
 pub use status::MAX_UPDATES_PER_BATCH;
 
 /// Something the core wants sent.
@@ -30,6 +32,9 @@ pub enum Effect {
         to: ExecutorId,
         message: ExecutorMessage,
     },
+    /// Store in the journal. Nothing the same step answers or publishes may leave before it
+    /// is stored: an acknowledged status or an accepted job must survive the driver.
+    Journal(JournalRecord),
 }
 
 /// Settings of the core.
@@ -41,6 +46,8 @@ pub struct CoreConfig {
     pub expect_executors: u64,
     /// The largest reply the core should build, in bytes (pages of results stop short of it).
     pub max_reply_bytes: usize,
+    /// Whether to emit [`Effect::Journal`] records (only when something stores them).
+    pub journal: bool,
 }
 
 /// The driver's whole state: the executor registry, the jobs and the offer queue.
@@ -130,6 +137,12 @@ impl Core {
 
     fn publish(&mut self, event: Event) {
         self.effects.push(Effect::Publish(event));
+    }
+
+    fn journal(&mut self, record: impl FnOnce() -> JournalRecord) {
+        if self.config.journal {
+            self.effects.push(Effect::Journal(record()));
+        }
     }
 }
 

@@ -84,6 +84,14 @@ impl Core {
         launch
     }
 
+    /// Sends `tasks` to `executor` in a `LaunchTasks` after all: for the launches of an
+    /// acknowledgement too large to carry them.
+    pub fn launch_separately(&mut self, executor: ExecutorId, tasks: Vec<TaskDescription>) {
+        if !tasks.is_empty() {
+            self.send(executor, ExecutorMessage::LaunchTasks { tasks });
+        }
+    }
+
     /// Launches one waiting task on `executor` if one fits; FIFO over jobs.
     fn launch_one(
         &mut self,

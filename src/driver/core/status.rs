@@ -6,7 +6,8 @@ use super::jobs::TaskStatus;
 use super::Core;
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
-    Event, JobState, RefusedStatus, StatusReply, StatusUpdate, TaskEnded, TaskState,
+    Event, JobState, JournalRecord, JournaledTask, RefusedStatus, StatusReply, StatusUpdate,
+    TaskEnded, TaskState,
 };
 use std::collections::BTreeMap;
 
@@ -57,9 +58,11 @@ impl Core {
         let mut refused = Vec::new();
         let mut ended: BTreeMap<JobId, Vec<TaskEnded>> = BTreeMap::new();
         let mut aborts: BTreeMap<JobId, String> = BTreeMap::new();
+        let mut settled = Vec::new();
         for update in updates {
             match self.apply_status(executor_id, &update, now) {
                 Ok(Applied::Ended(job_id, end, abort)) => {
+                    settled.extend(self.settled(job_id, &end));
                     ended.entry(job_id).or_default().push(end);
                     if let Some(reason) = abort {
                         aborts.entry(job_id).or_insert(reason);
@@ -73,6 +76,12 @@ impl Core {
                     reason,
                 }),
             }
+        }
+        if !settled.is_empty() {
+            self.journal(|| JournalRecord::TasksEnded {
+                time_ms: now,
+                tasks: settled,
+            });
         }
         let freed = !ended.is_empty();
         // A failed task should rather run elsewhere, so a failure offers every executor's cores.
@@ -208,6 +217,21 @@ impl Core {
             },
             abort,
         )
+    }
+
+    /// The journal's entry for an attempt that ended its task for good (FINISHED, or FAILED
+    /// the last time); none for one that will run again, or when nothing keeps a journal.
+    fn settled(&self, job_id: JobId, end: &TaskEnded) -> Option<JournaledTask> {
+        let job = self.jobs.get(&job_id).filter(|_| self.config.journal)?;
+        let status = job.tasks[end.index as usize].status;
+        matches!(status, TaskStatus::Finished | TaskStatus::Failed).then(|| JournaledTask {
+            task_id: end.task_id,
+            attempt: end.attempt,
+            executor_id: end.executor_id.clone(),
+            state: end.state,
+            result: job.results.get(&end.index).cloned(),
+            error: job.errors.get(&end.index).cloned(),
+        })
     }
 
     /// Marks job `job_id` SUCCEEDED if it runs and all its tasks have finished.

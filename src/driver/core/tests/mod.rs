@@ -7,6 +7,7 @@ mod jobs;
 mod offers;
 mod props;
 mod registration;
+mod restore;
 mod retries;
 mod status;
 
@@ -14,9 +15,9 @@ use super::jobs::TaskStatus;
 use super::{Core, CoreConfig, Effect};
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JobSummary, RefusedStatus,
-    RegisterExecutor, RegisterReply, ResultsPage, StatusReply, StatusUpdate, SubmitJob, TaskEnded,
-    TaskOutcome, TaskSpec, TaskState,
+    ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JobSummary, JournalRecord,
+    RefusedStatus, RegisterExecutor, RegisterReply, ResultsPage, StatusReply, StatusUpdate,
+    SubmitJob, TaskEnded, TaskOutcome, TaskSpec, TaskState,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,7 +35,15 @@ fn core_with(expect_executors: u64, max_reply_bytes: usize) -> Core {
         driver_instance: InstanceId::from_u128(DRIVER),
         expect_executors,
         max_reply_bytes,
+        journal: false,
     })
+}
+
+/// A core that emits journal records.
+fn journaled_core(expect_executors: u64) -> Core {
+    let mut core = new_core(expect_executors);
+    core.config.journal = true;
+    core
 }
 
 fn new_core(expect_executors: u64) -> Core {
@@ -179,6 +188,7 @@ fn send_status(
                 .position(|effect| match effect {
                     Effect::Send { to: other, .. } => *other > to,
                     Effect::Publish(event) => matches!(event, Event::TaskStart { .. }),
+                    Effect::Journal(_) => false,
                 })
                 .unwrap_or(core.effects.len());
             let tasks = std::mem::take(launch);
@@ -212,6 +222,33 @@ fn report(core: &mut Core, from: &str, updates: Vec<StatusUpdate>, now: u64) -> 
     let effects = core.take_effects();
     check_effects(core, &effects);
     effects
+}
+
+/// The core's effects, with its journal records moved to `journal`.
+fn take_journal(core: &mut Core, journal: &mut Vec<JournalRecord>) -> Vec<Effect> {
+    let mut effects = core.take_effects();
+    effects.retain(|effect| match effect {
+        Effect::Journal(record) => {
+            journal.push(record.clone());
+            false
+        }
+        _ => true,
+    });
+    effects
+}
+
+/// A fresh core restored from `journal`, each record replayed `times` over.
+fn restored(journal: &[JournalRecord], times: usize) -> Core {
+    let mut core = journaled_core(0);
+    for record in journal {
+        for _ in 0..times {
+            core.replay(record.clone())
+                .expect("a record the core wrote replays");
+        }
+    }
+    core.resume();
+    assert_eq!(core.take_effects(), vec![], "a replay sends nothing");
+    core
 }
 
 /// Runs `f`, which must change nothing and send nothing, and returns its answer.

@@ -126,6 +126,33 @@ impl Sim {
         }
     }
 
+    /// Replaying the journal (once, or each record twice) restores the same job table: every
+    /// job's summary, the outcome of every task that ended for good, and the next ids.
+    pub(super) fn check_replay(&mut self) {
+        for times in [1, 2] {
+            let mut restored = restored(&self.journal, times);
+            assert_eq!(
+                (restored.next_job, restored.next_task),
+                (self.core.next_job, self.core.next_task)
+            );
+            let jobs: Vec<JobId> = self.core.jobs.keys().copied().collect();
+            assert_eq!(restored.jobs.keys().copied().collect::<Vec<_>>(), jobs);
+            for job_id in jobs {
+                assert_eq!(
+                    summary(&mut restored, job_id),
+                    summary(&mut self.core, job_id)
+                );
+                let len = self.core.jobs[&job_id].len();
+                for index in 0..len {
+                    let original = outcome(&mut self.core, job_id, index);
+                    if matches!(original.state, TaskState::Finished | TaskState::Failed) {
+                        assert_eq!(outcome(&mut restored, job_id, index), original);
+                    }
+                }
+            }
+        }
+    }
+
     /// The job has ended, once, and its one `JobEnd` agrees with its records.
     fn check_job_end(&self, history: &History, job_id: JobId) {
         let job = &self.core.jobs[&job_id];

@@ -115,22 +115,26 @@ struct Sim {
     /// Terminal statuses that were accepted, for delivering again.
     accepted: Vec<(String, StatusUpdate)>,
     log: Vec<Effect>,
+    /// The journal records emitted, apart from the other effects.
+    journal: Vec<JournalRecord>,
 }
 
 impl Sim {
     fn new() -> Self {
         Self {
-            core: new_core(3),
+            core: journaled_core(3),
             now: 1_000,
             executors: Vec::new(),
             accepted: Vec::new(),
             log: Vec::new(),
+            journal: Vec::new(),
         }
     }
 
-    /// Takes the effects of the last request, checks them and logs them.
+    /// Takes the effects of the last request (journal records aside), checks them and logs
+    /// them.
     fn effects(&mut self) -> Vec<Effect> {
-        let effects = self.core.take_effects();
+        let effects = take_journal(&mut self.core, &mut self.journal);
         check_effects(&self.core, &effects);
         self.log.extend(effects.iter().cloned());
         effects
@@ -189,6 +193,7 @@ proptest! {
         }
         sim.drain();
         sim.check_final();
+        sim.check_replay();
     }
 
     #[test]
@@ -206,5 +211,6 @@ proptest! {
         }
         sim.drain();
         sim.check_final();
+        sim.check_replay();
     }
 }

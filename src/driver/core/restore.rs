@@ -1,0 +1,172 @@
+//! Restoring the job table from the journal a previous driver kept: [`Core::replay`] applies
+//! one record, [`Core::resume`] then queues what is left to run. Replay emits nothing and is
+//! idempotent, since a publish retried after a lost acknowledgement may store a record twice.
+//!
+//! What comes back is what the journal holds: every job with its ids, name, tasks and end, and
+//! each task that ended for good with its outcome. Attempts in flight, and failures that were
+//! retried, are not journaled: those tasks run again, with a fresh failure budget.
+
+use super::jobs::{validate_job, Job, TaskStatus};
+use super::Core;
+use crate::ids::{JobId, TaskId};
+use crate::protocol::{JournalRecord, JournaledTask, SubmitJob, TaskState};
+
+/// Why a journal record was skipped.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReplayError {
+    #[error("job {job_id} cannot be restored: {reason}")]
+    InvalidJob { job_id: JobId, reason: String },
+    #[error("job {job_id} (first task {first_task}) overlaps the ids of a job before it")]
+    IdsOverlap { job_id: JobId, first_task: TaskId },
+    #[error("an end of job {0}, which the journal never submitted")]
+    UnknownJob(JobId),
+    #[error("outcomes of tasks the journal never submitted: {0:?}")]
+    UnknownTasks(Vec<TaskId>),
+    #[error("task {task_id} journaled as {state:?}, which does not end a task for good")]
+    NotSettled { task_id: TaskId, state: TaskState },
+}
+
+/// What a replay restored, for the log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub jobs: usize,
+    /// Jobs that had not ended, and run on.
+    pub running_jobs: usize,
+    /// Tasks of those jobs that will run (again).
+    pub pending_tasks: u64,
+}
+
+impl Core {
+    /// Applies one journal record. A record that does not fit what came before it is refused
+    /// and changes nothing; the caller logs it and goes on.
+    pub fn replay(&mut self, record: JournalRecord) -> Result<(), ReplayError> {
+        match record {
+            JournalRecord::JobSubmitted {
+                job_id,
+                first_task,
+                time_ms,
+                job,
+            } => self.replay_submitted(job_id, first_task, time_ms, job),
+            JournalRecord::TasksEnded { tasks, .. } => self.replay_tasks(tasks),
+            JournalRecord::JobEnded {
+                job_id,
+                state,
+                time_ms,
+                reason,
+            } => {
+                let job = self
+                    .jobs
+                    .get_mut(&job_id)
+                    .ok_or(ReplayError::UnknownJob(job_id))?;
+                if job.is_active() {
+                    job.state = state;
+                    job.ended_at_ms = Some(time_ms);
+                    job.reason = reason;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends the replay: the restored jobs that had not ended queue their unfinished tasks, in
+    /// submission order; those that had ended count them killed.
+    pub fn resume(&mut self) -> Restored {
+        let mut restored = Restored {
+            jobs: self.jobs.len(),
+            ..Restored::default()
+        };
+        self.queue.clear();
+        for job in self.jobs.values_mut() {
+            let waiting: Vec<u32> = (0..job.len())
+                .filter(|i| job.tasks[*i as usize].status == TaskStatus::Pending)
+                .collect();
+            if job.is_active() {
+                restored.running_jobs += 1;
+                restored.pending_tasks += waiting.len() as u64;
+                job.pending = waiting.into();
+                if !job.pending.is_empty() {
+                    self.queue.push_back(job.id);
+                }
+            } else {
+                job.pending.clear();
+                job.killed = waiting.len() as u32;
+                for index in waiting {
+                    job.tasks[index as usize].status = TaskStatus::Killed;
+                }
+            }
+        }
+        restored
+    }
+
+    fn replay_submitted(
+        &mut self,
+        job_id: JobId,
+        first_task: TaskId,
+        time_ms: u64,
+        submit: SubmitJob,
+    ) -> Result<(), ReplayError> {
+        if self.jobs.contains_key(&job_id) {
+            return Ok(());
+        }
+        validate_job(&submit, self.config.max_reply_bytes)
+            .map_err(|reason| ReplayError::InvalidJob { job_id, reason })?;
+        if job_id < self.next_job || first_task < self.next_task {
+            return Err(ReplayError::IdsOverlap { job_id, first_task });
+        }
+        let job = Job::new(job_id, first_task, submit, time_ms);
+        self.next_job = job_id + 1;
+        self.next_task = first_task + u64::from(job.len());
+        self.first_tasks.insert(first_task, job_id);
+        self.jobs.insert(job_id, job);
+        Ok(())
+    }
+
+    /// Applies every outcome of a known task; refuses the rest.
+    fn replay_tasks(&mut self, tasks: Vec<JournaledTask>) -> Result<(), ReplayError> {
+        let mut unknown = Vec::new();
+        for task in tasks {
+            let Some((job_id, index)) = self.locate(task.task_id) else {
+                unknown.push(task.task_id);
+                continue;
+            };
+            let job = self.jobs.get_mut(&job_id).expect("located");
+            settle(job, index, task)?;
+        }
+        match unknown.is_empty() {
+            true => Ok(()),
+            false => Err(ReplayError::UnknownTasks(unknown)),
+        }
+    }
+}
+
+/// Records task `index`'s final outcome, unless it has one already.
+fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<(), ReplayError> {
+    let status = match task.state {
+        TaskState::Finished => TaskStatus::Finished,
+        TaskState::Failed => TaskStatus::Failed,
+        state => {
+            return Err(ReplayError::NotSettled {
+                task_id: task.task_id,
+                state,
+            })
+        }
+    };
+    let record = &mut job.tasks[index as usize];
+    if record.status != TaskStatus::Pending {
+        return Ok(());
+    }
+    record.status = status;
+    record.attempts = task.attempt.saturating_add(1);
+    record.executor = Some(task.executor_id);
+    match status {
+        TaskStatus::Finished => job.succeeded += 1,
+        _ => job.failed += 1,
+    }
+    if let Some(result) = task.result {
+        job.results.insert(index, result);
+    }
+    if let Some(error) = task.error {
+        job.errors.insert(index, error);
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! Restoring from the journal: a job resumes where its journal left it, ids go on after the
+//! restored ones, ended jobs stay listable, and a record that does not fit changes nothing.
+
+use super::*;
+use crate::driver::core::ReplayError;
+use crate::protocol::JournaledTask;
+use serde_json::json;
+
+/// A job of 4 tasks on one 2-core executor, task 1 finished with a result: the journal so far.
+fn journal_mid_job() -> Vec<JournalRecord> {
+    let mut core = journaled_core(0);
+    let mut journal = Vec::new();
+    add(&mut core, "e1", 2, 0);
+    submit(&mut core, job(4, 1, 4), 10);
+    take_journal(&mut core, &mut journal);
+    status(&mut core, "e1", vec![finished_with(1, 0, json!("one"))], 20);
+    take_journal(&mut core, &mut journal);
+    // A failure that will be retried is not journaled.
+    status(&mut core, "e1", vec![failed(2, 0, "boom")], 30);
+    take_journal(&mut core, &mut journal);
+    journal
+}
+
+#[test]
+fn a_restored_job_runs_its_unfinished_tasks_and_ids_go_on() {
+    let journal = journal_mid_job();
+    assert_eq!(journal.len(), 2, "{journal:?}");
+    let mut core = journaled_core(0);
+    for record in journal {
+        core.replay(record).unwrap();
+    }
+    let restored = core.resume();
+    assert_eq!((restored.jobs, restored.running_jobs), (1, 1));
+    assert_eq!(restored.pending_tasks, 3);
+    let resumed = summary(&mut core, 1);
+    assert_eq!(
+        (resumed.state, resumed.succeeded, resumed.running),
+        (JobState::Running, 1, 0)
+    );
+    assert_eq!(outcome(&mut core, 1, 0).result, Some(json!("one")));
+    let effects = add(&mut core, "e2", 8, 100);
+    let mut launched: Vec<TaskId> = launches(&effects)
+        .iter()
+        .flat_map(|(_, tasks)| tasks.iter().map(|t| t.0))
+        .collect();
+    launched.sort();
+    assert_eq!(launched, [2, 3, 4]);
+    let next = submit(&mut core, job(1, 1, 4), 200);
+    assert_eq!(next, 2);
+    assert!(
+        core.locate(5).is_some_and(|(job, _)| job == 2),
+        "task ids go on"
+    );
+}
+
+#[test]
+fn an_ended_job_stays_listable() {
+    let mut core = journaled_core(0);
+    let mut journal = Vec::new();
+    submit(&mut core, job(3, 1, 4), 10);
+    core.api(ApiRequest::KillJob { job_id: 1 }, 20);
+    take_journal(&mut core, &mut journal);
+    let mut restored = restored(&journal, 1);
+    let ended = summary(&mut restored, 1);
+    assert_eq!((ended.state, ended.killed), (JobState::Killed, 3));
+    assert_eq!(ended.reason.as_deref(), Some("killed by request"));
+    assert_eq!(ended.ended_at_ms, Some(20));
+    assert_eq!(restored.queue.len(), 0, "nothing of it runs again");
+}
+
+fn outcome_of(task_id: TaskId, state: TaskState) -> JournaledTask {
+    JournaledTask {
+        task_id,
+        attempt: 0,
+        executor_id: eid("e1"),
+        state,
+        result: None,
+        error: None,
+    }
+}
+
+#[test]
+fn records_that_do_not_fit_are_refused_and_change_nothing() {
+    let mut core = restored(&journal_mid_job(), 1);
+    let print = fingerprint(&core);
+    let refused = [
+        (
+            JournalRecord::TasksEnded {
+                time_ms: 0,
+                tasks: vec![outcome_of(99, TaskState::Finished)],
+            },
+            ReplayError::UnknownTasks(vec![99]),
+        ),
+        (
+            JournalRecord::TasksEnded {
+                time_ms: 0,
+                tasks: vec![outcome_of(3, TaskState::Lost)],
+            },
+            ReplayError::NotSettled {
+                task_id: 3,
+                state: TaskState::Lost,
+            },
+        ),
+        (
+            JournalRecord::JobEnded {
+                job_id: 7,
+                state: JobState::Killed,
+                time_ms: 0,
+                reason: None,
+            },
+            ReplayError::UnknownJob(7),
+        ),
+        (
+            JournalRecord::JobSubmitted {
+                job_id: 2,
+                first_task: 3,
+                time_ms: 0,
+                job: job(1, 1, 4),
+            },
+            ReplayError::IdsOverlap {
+                job_id: 2,
+                first_task: 3,
+            },
+        ),
+    ];
+    for (record, error) in refused {
+        assert_eq!(core.replay(record), Err(error));
+        assert_eq!(fingerprint(&core), print);
+    }
+    let empty = JournalRecord::JobSubmitted {
+        job_id: 2,
+        first_task: 5,
+        time_ms: 0,
+        job: job(0, 1, 4),
+    };
+    assert!(matches!(
+        core.replay(empty),
+        Err(ReplayError::InvalidJob { job_id: 2, .. })
+    ));
+    assert_eq!(fingerprint(&core), print);
+}
+
+#[test]
+fn without_a_journal_the_core_emits_no_records() {
+    let mut core = new_core(0);
+    let mut journal = Vec::new();
+    add(&mut core, "e1", 1, 0);
+    submit(&mut core, job(1, 1, 4), 10);
+    take_journal(&mut core, &mut journal);
+    status(&mut core, "e1", vec![finished(1, 0)], 20);
+    take_journal(&mut core, &mut journal);
+    assert_eq!(journal, vec![]);
+}

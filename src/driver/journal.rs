@@ -1,0 +1,178 @@
+//! The driver's journal in JetStream: opening the stream, replaying it into a fresh core at
+//! startup, and storing records as the core emits them. A record is stored before anything the
+//! same step answers or publishes leaves the driver (see [`super::outbox`]), so what executors
+//! and clients were told survives the driver.
+
+use super::core::{Core, Restored};
+use crate::protocol::{decode, JournalRecord};
+use crate::subjects::Subjects;
+use async_nats::jetstream::{self, consumer::pull::OrderedConfig, stream};
+use async_nats::Client;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// The longest a replay may take before the driver gives up starting.
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The longest a failed store waits before it tries again.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// Whether the driver keeps a journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum JournalMode {
+    /// In JetStream if the server has it, else in memory only.
+    #[default]
+    Auto,
+    /// In JetStream; the driver refuses to start without it.
+    On,
+    /// In memory only: a driver restart loses every job.
+    Off,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error(
+        "--journal on needs JetStream, which the NATS server does not offer to this user \
+         ({0}); enable `jetstream {{}}` in the server config or use --journal off"
+    )]
+    Unavailable(async_nats::jetstream::context::AccountError),
+    #[error("could not create or update the journal stream {stream}: {message}")]
+    Stream { stream: String, message: String },
+    #[error("could not read the journal stream {stream}: {message}")]
+    Read { stream: String, message: String },
+    #[error("replaying the journal took longer than {0:?}")]
+    ReplayTimeout(Duration),
+}
+
+/// The journal stream of one cluster.
+#[derive(Clone)]
+pub struct Journal {
+    context: jetstream::Context,
+    subject: String,
+    stream: String,
+}
+
+impl Journal {
+    /// Opens (creating it if needed) the journal stream, or `None` if the journal is off, or
+    /// `auto` and the server has no JetStream. Records older than `max_age` are dropped.
+    pub async fn open(
+        client: &Client,
+        subjects: &Subjects,
+        mode: JournalMode,
+        max_age: Duration,
+    ) -> Result<Option<Journal>, JournalError> {
+        if mode == JournalMode::Off {
+            info!("journal off: jobs live in memory only");
+            return Ok(None);
+        }
+        let context = jetstream::new(client.clone());
+        if let Err(error) = context.query_account().await {
+            if mode == JournalMode::On {
+                return Err(JournalError::Unavailable(error));
+            }
+            info!(%error, "no JetStream: jobs live in memory only (--journal auto)");
+            return Ok(None);
+        }
+        let journal = Journal {
+            context,
+            subject: subjects.journal(),
+            stream: subjects.journal_stream(),
+        };
+        journal.create_stream(max_age).await?;
+        info!(stream = %journal.stream, max_age = ?max_age, "journal in JetStream");
+        Ok(Some(journal))
+    }
+
+    async fn create_stream(&self, max_age: Duration) -> Result<(), JournalError> {
+        let config = stream::Config {
+            name: self.stream.clone(),
+            subjects: vec![self.subject.clone()],
+            storage: stream::StorageType::File,
+            max_age,
+            ..Default::default()
+        };
+        self.context
+            .create_or_update_stream(config)
+            .await
+            .map(drop)
+            .map_err(|e| JournalError::Stream {
+                stream: self.stream.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Replays every stored record into `core` and resumes it. A record that cannot be decoded
+    /// or does not fit is skipped with a warning.
+    pub async fn replay(&self, core: &mut Core, limit: usize) -> Result<Restored, JournalError> {
+        tokio::time::timeout(REPLAY_TIMEOUT, self.replay_all(core, limit))
+            .await
+            .map_err(|_| JournalError::ReplayTimeout(REPLAY_TIMEOUT))??;
+        Ok(core.resume())
+    }
+
+    async fn replay_all(&self, core: &mut Core, limit: usize) -> Result<(), JournalError> {
+        let read_error = |e: &dyn std::fmt::Display| JournalError::Read {
+            stream: self.stream.clone(),
+            message: e.to_string(),
+        };
+        let mut stream = self
+            .context
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| read_error(&e))?;
+        let state = stream
+            .info()
+            .await
+            .map_err(|e| read_error(&e))?
+            .state
+            .clone();
+        // Every record may have aged out, leaving a last sequence but nothing to read up to it.
+        if state.messages == 0 {
+            return Ok(());
+        }
+        let last = state.last_sequence;
+        let consumer = stream
+            .create_consumer(OrderedConfig::default())
+            .await
+            .map_err(|e| read_error(&e))?;
+        let mut messages = consumer.messages().await.map_err(|e| read_error(&e))?;
+        let mut sequence = 0;
+        while sequence < last {
+            let Some(message) = messages.next().await else {
+                break;
+            };
+            let message = message.map_err(|e| read_error(&e))?;
+            sequence = message.info().map_err(|e| read_error(&e))?.stream_sequence;
+            let outcome = decode::<JournalRecord>(&message.payload, limit)
+                .map_err(|e| e.to_string())
+                .and_then(|record| core.replay(record).map_err(|e| e.to_string()));
+            if let Err(error) = outcome {
+                warn!(sequence, %error, "journal record skipped");
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores `payload` (one encoded record), trying again until the server acknowledges it:
+    /// what waits behind it must not leave before it is stored.
+    pub fn store(&self, payload: bytes::Bytes) -> BoxFuture<'static, ()> {
+        let context = self.context.clone();
+        let subject = self.subject.clone();
+        Box::pin(async move {
+            let mut delay = Duration::from_millis(50);
+            loop {
+                let stored = match context.publish(subject.clone(), payload.clone()).await {
+                    Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match stored {
+                    Ok(()) => return,
+                    Err(error) => warn!(%error, retry_in = ?delay, "journal write failed"),
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_RETRY_DELAY);
+            }
+        })
+    }
+}

@@ -1,0 +1,62 @@
+//! The driver's journal: records the driver appends to a JetStream stream on
+//! `<p>.journal` so that a driver started after it restores its jobs. Only the driver writes
+//! them; only the driver reads them back.
+
+use super::{Batch, JobState, SubmitJob, TaskState};
+use crate::ids::{ExecutorId, JobId, TaskId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One record of the journal. A restored driver replays them in order; replaying one twice
+/// changes nothing (a publish retried after a lost ack may store it twice).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum JournalRecord {
+    /// A job was accepted with these ids.
+    JobSubmitted {
+        job_id: JobId,
+        first_task: TaskId,
+        time_ms: u64,
+        job: SubmitJob,
+    },
+    /// Tasks ended for good: FINISHED, or FAILED for the last time. One record per status batch.
+    TasksEnded {
+        time_ms: u64,
+        tasks: Vec<JournaledTask>,
+    },
+    /// A job ended.
+    JobEnded {
+        job_id: JobId,
+        state: JobState,
+        time_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+}
+
+/// A task's final outcome, as `GetResults` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JournaledTask {
+    pub task_id: TaskId,
+    pub attempt: u32,
+    pub executor_id: ExecutorId,
+    pub state: TaskState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Batch for JournalRecord {
+    fn split(self) -> Result<(Self, Self), Self> {
+        match self {
+            JournalRecord::TasksEnded { time_ms, tasks } => super::halve(tasks)
+                .map(|(a, b)| {
+                    let part = |tasks| JournalRecord::TasksEnded { time_ms, tasks };
+                    (part(a), part(b))
+                })
+                .map_err(|tasks| JournalRecord::TasksEnded { time_ms, tasks }),
+            other => Err(other),
+        }
+    }
+}
