@@ -387,8 +387,14 @@ pub struct TaskOutcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", try_from = "wire::ExecutorMessageWire")]
 pub enum ExecutorMessage {
-    /// One offer round's tasks for this executor.
-    LaunchTasks { tasks: Vec<TaskDescription> },
+    /// One offer round's tasks for this executor, from the driver instance that launched
+    /// them: an executor registered with another instance ignores them (task ids start again
+    /// in a new driver, so they would be another driver's tasks).
+    LaunchTasks {
+        tasks: Vec<TaskDescription>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        driver_instance: Option<InstanceId>,
+    },
     KillTask {
         task_id: TaskId,
         attempt: u32,
@@ -416,6 +422,11 @@ pub enum StatusRequest {
     StatusUpdates {
         executor_id: ExecutorId,
         updates: Vec<StatusUpdate>,
+        /// The driver instance the executor is registered with: a driver refuses a batch meant
+        /// for another instance (a late or repeated one from before it started), whose task
+        /// ids would name its own, different tasks.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        driver_instance: Option<InstanceId>,
     },
 }
 
@@ -522,14 +533,18 @@ fn halve<T>(mut items: Vec<T>) -> Result<(Vec<T>, Vec<T>), Vec<T>> {
 impl Batch for ExecutorMessage {
     fn split(self) -> Result<(Self, Self), Self> {
         match self {
-            ExecutorMessage::LaunchTasks { tasks } => halve(tasks)
-                .map(|(a, b)| {
-                    (
-                        Self::LaunchTasks { tasks: a },
-                        Self::LaunchTasks { tasks: b },
-                    )
-                })
-                .map_err(|tasks| Self::LaunchTasks { tasks }),
+            ExecutorMessage::LaunchTasks {
+                tasks,
+                driver_instance,
+            } => {
+                let launch = |tasks| Self::LaunchTasks {
+                    tasks,
+                    driver_instance,
+                };
+                halve(tasks)
+                    .map(|(a, b)| (launch(a), launch(b)))
+                    .map_err(launch)
+            }
             other => Err(other),
         }
     }

@@ -298,6 +298,7 @@ async fn a_status_from_the_wrong_executor_is_refused() {
             result: Some(json!("forged")),
             error: None,
         }],
+        driver_instance: None,
     };
     let subject = format!("{}.driver.status.{other}", cluster.subjects.prefix());
     let reply = within(LIMIT, forger.request(subject, encode(&forged)))

@@ -1004,11 +1004,13 @@ fn executor_launch_tasks() {
                 }),
             },
         ],
+        driver_instance: Some(driver_instance()),
     };
     golden(
         &message,
         json!({
             "type": "LaunchTasks",
+            "driver_instance": DRIVER,
             "tasks": [
                 {
                     "task_id": 42,
@@ -1084,12 +1086,14 @@ fn status_updates() {
                 error: Some("exited with code 3: bad".into()),
             },
         ],
+        driver_instance: Some(driver_instance()),
     };
     golden(
         &request,
         json!({
             "type": "StatusUpdates",
             "executor_id": "exec-1",
+            "driver_instance": DRIVER,
             "updates": [
                 {"task_id": 42, "attempt": 0, "state": "RUNNING"},
                 {"task_id": 42, "attempt": 0, "state": "FINISHED", "result": "hi"},
@@ -1103,7 +1107,7 @@ fn status_updates() {
             ]
         }),
     );
-    // A null result or error reads as none.
+    // A null result or error reads as none; a batch need not name its driver.
     decodes_to(
         json!({
             "type": "StatusUpdates",
@@ -1119,6 +1123,7 @@ fn status_updates() {
                 result: None,
                 error: None,
             }],
+            driver_instance: None,
         },
     );
 }

@@ -338,6 +338,7 @@ fn status_as(claimed: &str) -> bytes::Bytes {
             result: None,
             error: None,
         }],
+        driver_instance: None,
     })
 }
 

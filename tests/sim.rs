@@ -106,11 +106,9 @@ fn the_replay_command_replays_the_same_configuration() {
 
 /// Found by the simulation with driver restarts on: a status batch sent to the old driver
 /// instance, arriving late (or twice) at the new one after the executor has registered there,
-/// is accepted for the new driver's attempt with the same task id and attempt number, a
-/// different task. Status batches and launches do not yet say which driver instance they
-/// belong to; until they do, this replay fails.
+/// was accepted for the new driver's attempt with the same task id and attempt number, a
+/// different task. Status batches and launches now say which driver instance they are for.
 #[test]
-#[ignore = "open: a stale status batch is accepted by a restarted driver"]
 fn a_restarted_driver_refuses_the_old_drivers_statuses() {
     let mut config = small(553);
     config.faults.driver_restart = 2.0;

@@ -239,11 +239,10 @@ impl Shell {
         let reply = self.executor_reply(&message, &claimed)?;
         let (executor_id, mut answer) = match decode::<StatusRequest>(&message.payload, self.limit)
         {
-            Ok(StatusRequest::StatusUpdates {
-                executor_id,
-                updates,
-            }) => {
-                let answer = core.status_updates(&claimed, &executor_id, updates, now_ms());
+            Ok(request) => {
+                let StatusRequest::StatusUpdates { executor_id, .. } = &request;
+                let executor_id = executor_id.clone();
+                let answer = core.status_request(&claimed, request, now_ms());
                 (Some(executor_id), answer)
             }
             Err(error) => {

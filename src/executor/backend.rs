@@ -313,7 +313,19 @@ impl Backend {
     fn on_inbox(&mut self, message: Message) {
         let limit = self.machine.statuses().limit + PAYLOAD_HEADROOM;
         match decode::<ExecutorMessage>(&message.payload, limit) {
-            Ok(ExecutorMessage::LaunchTasks { tasks }) => self.launch(&tasks),
+            Ok(ExecutorMessage::LaunchTasks {
+                tasks,
+                driver_instance,
+            }) => {
+                if self.machine.launched_by_my_driver(driver_instance) {
+                    self.launch(&tasks);
+                } else {
+                    warn!(
+                        tasks = tasks.len(),
+                        "ignored a launch from another driver instance"
+                    );
+                }
+            }
             Ok(ExecutorMessage::KillTask {
                 task_id,
                 attempt,

@@ -161,6 +161,7 @@ impl<H: Cancel> Machine<H> {
     pub fn on_registered(&mut self, driver: InstanceId, now: u64) -> Registered {
         self.registering = false;
         self.last_answer = now;
+        self.statuses.driver = Some(driver);
         let previous = self.driver.replace(driver);
         if !previous.is_some_and(|p| p != driver) {
             return Registered::Same;
@@ -168,6 +169,12 @@ impl<H: Cancel> Machine<H> {
         let dropped = self.abandon_all().len();
         let unsent = self.statuses.clear();
         Registered::NewDriver { dropped, unsent }
+    }
+
+    /// Whether a `LaunchTasks` from `driver_instance` is for this executor's driver: one from
+    /// another instance launched that driver's tasks, not this one's, and is ignored.
+    pub fn launched_by_my_driver(&self, driver_instance: Option<InstanceId>) -> bool {
+        driver_instance.is_none() || driver_instance == self.driver
     }
 
     /// Starts one launched attempt with `start`, or hands it back if the executor drains.

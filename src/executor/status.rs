@@ -4,7 +4,7 @@
 //! the executor's shell encodes and sends the batch [`StatusQueue::take_batch`] sets aside.
 
 use crate::driver::core::MAX_UPDATES_PER_BATCH;
-use crate::ids::ExecutorId;
+use crate::ids::{ExecutorId, InstanceId};
 use crate::protocol::{
     encode, RunningAttempt, StatusReply, StatusUpdate, TaskDescription, TaskState,
 };
@@ -18,6 +18,8 @@ enum StatusBatch<'a> {
     StatusUpdates {
         executor_id: &'a ExecutorId,
         updates: Vec<&'a StatusUpdate>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        driver_instance: Option<InstanceId>,
     },
 }
 
@@ -34,6 +36,8 @@ pub(crate) enum Settled {
 
 pub struct StatusQueue {
     executor_id: ExecutorId,
+    /// The driver instance the statuses are for: the one the executor is registered with.
+    pub driver: Option<InstanceId>,
     /// The largest batch, in bytes.
     pub limit: usize,
     /// Statuses waiting, each with its encoded size.
@@ -46,6 +50,7 @@ impl StatusQueue {
     pub fn new(executor_id: ExecutorId, limit: usize) -> Self {
         Self {
             executor_id,
+            driver: None,
             limit,
             pending: Vec::new(),
             sending: Vec::new(),
@@ -105,6 +110,7 @@ impl StatusQueue {
         encode(&StatusBatch::StatusUpdates {
             executor_id: &self.executor_id,
             updates: self.sending().collect(),
+            driver_instance: self.driver,
         })
     }
 

@@ -10,7 +10,7 @@ use super::{
     ExecutorMessage, RefusedStatus, StatusReply, StatusRequest, StatusUpdate, TaskDescription,
     TaskSpec,
 };
-use crate::ids::{ExecutorId, TaskId};
+use crate::ids::{ExecutorId, InstanceId, TaskId};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -70,6 +70,7 @@ pub(super) struct ExecutorMessageWire {
     #[serde(rename = "type")]
     kind: Option<MessageKind>,
     tasks: Option<Vec<TaskDescription>>,
+    driver_instance: Option<InstanceId>,
     task_id: Option<TaskId>,
     attempt: Option<u32>,
     reason: Option<String>,
@@ -81,6 +82,7 @@ impl TryFrom<ExecutorMessageWire> for ExecutorMessage {
         match w.kind.ok_or_else(|| missing("type"))? {
             MessageKind::LaunchTasks => Ok(ExecutorMessage::LaunchTasks {
                 tasks: w.tasks.ok_or_else(|| missing("tasks"))?,
+                driver_instance: w.driver_instance,
             }),
             MessageKind::KillTask => Ok(ExecutorMessage::KillTask {
                 task_id: w.task_id.ok_or_else(|| missing("task_id"))?,
@@ -105,6 +107,7 @@ pub(super) struct StatusRequestWire {
     kind: Option<StatusKind>,
     executor_id: Option<ExecutorId>,
     updates: Option<Vec<StatusUpdate>>,
+    driver_instance: Option<InstanceId>,
 }
 
 impl TryFrom<StatusRequestWire> for StatusRequest {
@@ -114,6 +117,7 @@ impl TryFrom<StatusRequestWire> for StatusRequest {
         Ok(StatusRequest::StatusUpdates {
             executor_id: w.executor_id.ok_or_else(|| missing("executor_id"))?,
             updates: w.updates.ok_or_else(|| missing("updates"))?,
+            driver_instance: w.driver_instance,
         })
     }
 }

@@ -7,7 +7,7 @@ use super::network::{Message, Pid, Reply, Request};
 use super::{Event, World};
 use crate::driver::core::{Core, CoreConfig, Effect};
 use crate::ids::{ExecutorId, InstanceId};
-use crate::protocol::{ApiReply, ApiRequest, SubmitJob, TaskSpec};
+use crate::protocol::{ApiReply, ApiRequest, StatusRequest, SubmitJob, TaskSpec};
 
 const TICK_MS: u64 = crate::DEFAULT_REVIVE_INTERVAL.as_millis() as u64;
 
@@ -101,8 +101,10 @@ impl World {
                 let reply = core.heartbeat(executor_id.as_str(), request, now);
                 (executor_id, Reply::Lifecycle(reply))
             }
-            Request::Status(executor_id, updates) => {
-                let reply = core.status_updates(executor_id.as_str(), &executor_id, updates, now);
+            Request::Status(request) => {
+                let StatusRequest::StatusUpdates { executor_id, .. } = &request;
+                let executor_id = executor_id.clone();
+                let reply = core.status_request(executor_id.as_str(), request, now);
                 (executor_id, Reply::Status(reply))
             }
         };

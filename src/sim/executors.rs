@@ -10,7 +10,8 @@ use crate::executor::machine::{
 };
 use crate::ids::{ExecutorId, TaskId};
 use crate::protocol::{
-    ExecutorMessage, RegisterExecutor, RegisterReply, StatusUpdate, TaskDescription, TaskState,
+    ExecutorMessage, RegisterExecutor, RegisterReply, StatusRequest, StatusUpdate, TaskDescription,
+    TaskState,
 };
 use std::collections::BTreeMap;
 
@@ -207,7 +208,17 @@ impl World {
             return Ok(());
         }
         match message {
-            ExecutorMessage::LaunchTasks { tasks } => self.launch_all(pid, driver, &tasks),
+            ExecutorMessage::LaunchTasks {
+                tasks,
+                driver_instance,
+            } => {
+                if self.procs[pid as usize]
+                    .machine
+                    .launched_by_my_driver(driver_instance)
+                {
+                    self.launch_all(pid, driver, &tasks);
+                }
+            }
             ExecutorMessage::KillTask {
                 task_id, attempt, ..
             } => self.procs[pid as usize].machine.kill(task_id, attempt),
@@ -312,7 +323,12 @@ impl World {
                 let executor_id = process.machine.config().executor_id.clone();
                 let batch: Vec<StatusUpdate> =
                     process.machine.statuses().sending().cloned().collect();
-                let body = Request::Status(executor_id, batch);
+                let driver_instance = process.machine.statuses().driver;
+                let body = Request::Status(StatusRequest::StatusUpdates {
+                    executor_id,
+                    updates: batch,
+                    driver_instance,
+                });
                 let id = self.request(pid, body, REQUEST_TIMEOUT + STATUS_RETRY_PAUSE);
                 self.procs[pid as usize].status = Some(id);
             }

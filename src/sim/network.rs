@@ -5,10 +5,9 @@
 
 use super::config::Faults;
 use super::rng::Rng;
-use crate::ids::ExecutorId;
 use crate::protocol::{
     ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor, RegisterReply,
-    StatusReply, StatusUpdate,
+    StatusReply, StatusRequest,
 };
 
 /// An executor process, by its number in the run (a restarted executor is a new process).
@@ -40,7 +39,7 @@ pub enum Message {
 pub enum Request {
     Register(Box<RegisterExecutor>),
     Lifecycle(HeartbeatRequest),
-    Status(ExecutorId, Vec<StatusUpdate>),
+    Status(StatusRequest),
 }
 
 #[derive(Debug, Clone)]

@@ -56,7 +56,7 @@ impl Core {
                 .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
         }
         for (to, tasks) in launches {
-            self.send(to, ExecutorMessage::LaunchTasks { tasks });
+            self.send_launch(to, tasks);
         }
         for (job_id, tasks) in started {
             self.publish(Event::TaskStart {
@@ -74,7 +74,7 @@ impl Core {
         self.effects.retain_mut(|effect| match effect {
             Effect::Send {
                 to,
-                message: ExecutorMessage::LaunchTasks { tasks },
+                message: ExecutorMessage::LaunchTasks { tasks, .. },
             } if to == executor => {
                 launch.append(tasks);
                 false
@@ -88,8 +88,20 @@ impl Core {
     /// acknowledgement too large to carry them.
     pub fn launch_separately(&mut self, executor: ExecutorId, tasks: Vec<TaskDescription>) {
         if !tasks.is_empty() {
-            self.send(executor, ExecutorMessage::LaunchTasks { tasks });
+            self.send_launch(executor, tasks);
         }
+    }
+
+    /// A `LaunchTasks` that says which driver instance launched its tasks.
+    fn send_launch(&mut self, to: ExecutorId, tasks: Vec<TaskDescription>) {
+        let driver_instance = Some(self.config.driver_instance);
+        self.send(
+            to,
+            ExecutorMessage::LaunchTasks {
+                tasks,
+                driver_instance,
+            },
+        );
     }
 
     /// Launches one waiting task on `executor` if one fits; FIFO over jobs.

@@ -6,8 +6,8 @@ use super::jobs::TaskStatus;
 use super::Core;
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
-    Event, JobState, JournalRecord, JournaledTask, RefusedStatus, StatusReply, StatusUpdate,
-    TaskEnded, TaskState,
+    Event, JobState, JournalRecord, JournaledTask, RefusedStatus, StatusReply, StatusRequest,
+    StatusUpdate, TaskEnded, TaskState,
 };
 use std::collections::BTreeMap;
 
@@ -24,6 +24,34 @@ enum Applied {
 }
 
 impl Core {
+    /// Handles a status request that arrived on the subject of `subject_id`. A batch meant for
+    /// another driver instance, from an executor registered with this one, is refused whole:
+    /// it was sent before this driver started, and its task ids name other tasks here.
+    pub fn status_request(
+        &mut self,
+        subject_id: &str,
+        request: StatusRequest,
+        now: u64,
+    ) -> StatusReply {
+        let StatusRequest::StatusUpdates {
+            executor_id,
+            updates,
+            driver_instance,
+        } = request;
+        let ours = self.config.driver_instance;
+        let registered = self.executors.contains_key(&executor_id);
+        match driver_instance {
+            Some(theirs) if theirs != ours && registered && subject_id == executor_id.as_str() => {
+                StatusReply::Error {
+                    message: format!(
+                        "this batch is for driver instance {theirs}; this driver is {ours}"
+                    ),
+                }
+            }
+            _ => self.status_updates(subject_id, &executor_id, updates, now),
+        }
+    }
+
     /// Handles a batch of status updates that arrived on the subject of `subject_id`.
     pub fn status_updates(
         &mut self,

@@ -192,7 +192,11 @@ fn send_status(
                 })
                 .unwrap_or(core.effects.len());
             let tasks = std::mem::take(launch);
-            let message = ExecutorMessage::LaunchTasks { tasks };
+            let driver_instance = Some(core.config.driver_instance);
+            let message = ExecutorMessage::LaunchTasks {
+                tasks,
+                driver_instance,
+            };
             core.effects.insert(at, Effect::Send { to, message });
         }
     }
@@ -320,7 +324,7 @@ fn launches(effects: &[Effect]) -> Vec<Launch> {
         .filter_map(|e| match e {
             Effect::Send {
                 to,
-                message: ExecutorMessage::LaunchTasks { tasks },
+                message: ExecutorMessage::LaunchTasks { tasks, .. },
             } => Some((
                 to.to_string(),
                 tasks
@@ -642,7 +646,15 @@ fn check_effects(core: &Core, effects: &[Effect]) {
             continue;
         };
         match message {
-            ExecutorMessage::LaunchTasks { tasks } => {
+            ExecutorMessage::LaunchTasks {
+                tasks,
+                driver_instance,
+            } => {
+                assert_eq!(
+                    *driver_instance,
+                    Some(core.config.driver_instance),
+                    "a launch must say which driver sent it"
+                );
                 assert!(
                     receivers.insert(to.clone()),
                     "two LaunchTasks to {to} in one round"

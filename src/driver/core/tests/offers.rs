@@ -33,6 +33,7 @@ fn a_job_submitted_with_no_executors_launches_when_one_registers() {
                     to: eid("exec-1"),
                     message: ExecutorMessage::LaunchTasks {
                         tasks: vec![description(1, 0), description(2, 1)],
+                        driver_instance: Some(core.config.driver_instance),
                     },
                 }
             );
@@ -146,7 +147,7 @@ fn cpus_per_task_is_respected() {
     );
     assert!(matches!(
         &effects[1],
-        Effect::Send { message: ExecutorMessage::LaunchTasks { tasks }, .. }
+        Effect::Send { message: ExecutorMessage::LaunchTasks { tasks, .. }, .. }
             if tasks.iter().all(|t| t.cpus == 2)
     ));
     assert_eq!(free(&core, "a"), 1, "one core left, too few for a task");

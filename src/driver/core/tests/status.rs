@@ -2,6 +2,7 @@
 //! and the result kept for each task.
 
 use super::*;
+use crate::protocol::StatusRequest;
 use serde_json::json;
 
 #[test]
@@ -184,6 +185,32 @@ fn a_status_from_an_unregistered_executor_or_the_wrong_subject_is_refused() {
         error("executor id \"a\" in the message does not match \"b\" in the subject")
     );
     assert_eq!(core.executors()[&eid("a")].last_seen_ms, last_seen);
+    check_invariants(&core);
+}
+
+#[test]
+fn a_batch_for_another_driver_instance_is_refused_and_changes_nothing() {
+    let mut core = new_core(0);
+    add(&mut core, "a", 1, 1);
+    start(&mut core, job(1, 1, 4), 2);
+    let old_driver = InstanceId::from_u64_pair(1, 1);
+    let stale = StatusRequest::StatusUpdates {
+        executor_id: eid("a"),
+        updates: vec![finished(1, 0)],
+        driver_instance: Some(old_driver),
+    };
+    let reply = unchanged(&mut core, |core| core.status_request("a", stale, 3));
+    assert!(
+        matches!(&reply, StatusReply::Error { message } if message.contains("driver instance")),
+        "{reply:?}"
+    );
+    // The same batch for this driver counts.
+    let current = StatusRequest::StatusUpdates {
+        executor_id: eid("a"),
+        updates: vec![finished(1, 0)],
+        driver_instance: Some(core.config.driver_instance),
+    };
+    assert_eq!(core.status_request("a", current, 4), ack(1));
     check_invariants(&core);
 }
 

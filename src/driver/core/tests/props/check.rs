@@ -106,7 +106,7 @@ impl Sim {
         for effect in &self.log {
             if let Effect::Send {
                 to,
-                message: ExecutorMessage::LaunchTasks { tasks },
+                message: ExecutorMessage::LaunchTasks { tasks, .. },
             } = effect
             {
                 for t in tasks {
