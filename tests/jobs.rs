@@ -392,6 +392,56 @@ async fn oversized_submissions_and_results_are_refused_with_the_limit_named() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Launches too big to ride on a status acknowledgement go to the executor's inbox instead:
+/// none is lost (a lost one would end LOST when a heartbeat misses it, and run again).
+#[tokio::test]
+async fn launches_too_big_for_the_acknowledgement_go_to_the_inbox() {
+    let dir = std::env::temp_dir().join(format!("ember-overflow-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("small.conf");
+    std::fs::write(&conf, "max_payload: 65536\n").unwrap();
+    let cluster = TestCluster::start_with("jobs-overflow", &["-c", conf.to_str().unwrap()]);
+    let mut ends = cluster.listen(cluster.subjects.event("task.end")).await;
+    let _driver = cluster.driver().await;
+    let _a = cluster.executor("a", 64, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+
+    // About 2 KB per task description: a round refilling 64 cores needs about 130 KB, twice
+    // what one message may carry.
+    let padding = "x".repeat(2_000);
+    let tasks = 640;
+    let summary = within(
+        LIMIT,
+        api.run_job(job(vec![handler("noop", json!(padding))], tasks), |_| {}),
+    )
+    .await
+    .unwrap();
+    assert_eq!((summary.succeeded, summary.failed), (tasks, 0));
+
+    let mut states: HashMap<u64, Vec<TaskState>> = HashMap::new();
+    within(LIMIT, async {
+        while states
+            .values()
+            .filter(|s| s.contains(&TaskState::Finished))
+            .count()
+            < tasks as usize
+        {
+            let message = ends.next().await.unwrap();
+            let Ok(Event::TaskEnd { tasks, .. }) = decode(&message.payload, usize::MAX) else {
+                panic!("bad event")
+            };
+            for end in tasks {
+                states.entry(end.task_id).or_default().push(end.state);
+            }
+        }
+    })
+    .await;
+    for (task_id, ended) in &states {
+        assert_eq!(ended, &[TaskState::Finished], "task {task_id}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test]
 async fn ember_submit_prints_one_json_summary_and_exits_by_the_outcome() {
     let cluster = TestCluster::start("jobs-cli");
