@@ -4,10 +4,12 @@
 //! - **register**: N executors, each its own NATS connection, register at once.
 //! - **throughput**: M no-op tasks on E executors of C cores, for each C given.
 //! - **latency**: one no-op task at a time, submit to the job's end event.
-//! - **limit**: request/reply and pub/sub with the same client library and no Ember in between.
+//! - **limit**: request/reply and pub/sub with the same client library and no Ember in between;
+//!   and Ember's own loop and round trip with nothing but NATS in them (`bare.rs`).
 //! - **memory**: peak RSS of the driver and of an executor, idle and after load; the driver's
 //!   with many registered executors.
 
+mod bare;
 mod broker;
 mod procs;
 mod workloads;
@@ -75,6 +77,7 @@ pub struct Report {
     pub throughput: Vec<Throughput>,
     pub latency: Option<Percentiles>,
     pub limit: Option<broker::Limit>,
+    pub bare: Option<bare::Bare>,
     pub memory: Option<Memory>,
 }
 
@@ -142,7 +145,11 @@ fn print_table(report: &Report) {
     use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
-    table.set_header(["workload", "figure", "vs the broker alone"]);
+    table.set_header([
+        "workload",
+        "figure",
+        "vs the broker alone, or the bare loop",
+    ]);
     let limit = report.limit.as_ref();
     if let Some(r) = &report.register {
         table.add_row([
@@ -166,22 +173,28 @@ fn print_table(report: &Report) {
                 t.tasks, t.executors, t.cores
             ),
             format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
-            limit.map_or(String::new(), |l| {
-                format!(
+            match (&report.bare, limit) {
+                // At one core each, an executor waits for one answer at a time: the bare loop.
+                (Some(b), _) if t.cores == 1 && t.executors == b.executors => format!(
+                    "{:.0}% of the bare loop",
+                    100.0 * t.tasks_per_s / b.loop_cycles_per_s
+                ),
+                (_, Some(l)) => format!(
                     "{:.1}% of pipelined requests/s",
                     100.0 * t.tasks_per_s / l.pipelined_requests_per_s
-                )
-            }),
+                ),
+                _ => String::new(),
+            },
         ]);
     }
     if let Some(l) = &report.latency {
         table.add_row([
             format!("latency, {} single-task jobs", l.samples),
             format!("p50 {:.3} ms, p99 {:.3} ms", l.p50_ms, l.p99_ms),
-            limit.map_or(String::new(), |b| {
+            report.bare.as_ref().map_or(String::new(), |b| {
                 format!(
-                    "p50 = {:.1} broker round trips",
-                    l.p50_ms / b.request_p50_ms
+                    "p50 = {:.2} x the bare round trip",
+                    l.p50_ms / b.chain_p50_ms
                 )
             }),
         ]);
@@ -192,6 +205,16 @@ fn print_table(report: &Report) {
             format!(
                 "request/reply p50 {:.3} ms, p99 {:.3} ms; {:.0} pipelined requests/s; {:.0} pub/sub msgs/s",
                 l.request_p50_ms, l.request_p99_ms, l.pipelined_requests_per_s, l.pubsub_msgs_per_s
+            ),
+            String::new(),
+        ]);
+    }
+    if let Some(b) = &report.bare {
+        table.add_row([
+            "bare (Ember's messages, no Ember)".to_string(),
+            format!(
+                "loop: {:.0} cycles/s on {} executors; round trip: p50 {:.3} ms, p99 {:.3} ms",
+                b.loop_cycles_per_s, b.executors, b.chain_p50_ms, b.chain_p99_ms
             ),
             String::new(),
         ]);

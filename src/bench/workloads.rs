@@ -26,6 +26,16 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
         )
         .await?,
     );
+    eprintln!("bench: the bare loop and round trip");
+    report.bare = Some(
+        super::bare::measure(
+            &cluster.server.url(),
+            args.executors,
+            (args.tasks_one_core / args.executors.max(1)) as usize,
+            args.latency_jobs,
+        )
+        .await?,
+    );
     drop(cluster);
 
     eprintln!("bench: register {} executors", args.register);

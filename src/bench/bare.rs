@@ -1,0 +1,285 @@
+//! Ember's own message patterns with no Ember in between: the ceiling its loop could reach on
+//! this machine with this client library. Each party (a driver, an executor, the client) runs on
+//! a thread of its own, in a current-thread runtime and with a connection of its own, as Ember's
+//! processes do, and sends payloads of the size Ember sends, encoded from its own messages.
+//!
+//! - **loop**: E executors each wait for the answer to one status batch at a time, as Ember's
+//!   executors do at one core: the bound on Ember's 2 x 1 throughput.
+//! - **chain**: submit -> launch -> status -> job end, four hops through two relays: the bound
+//!   on Ember's task round trip.
+
+use super::percentiles;
+use crate::ids::ExecutorId;
+use crate::protocol::{
+    encode, StatusReply, StatusRequest, StatusUpdate, TaskDescription, TaskSpec, TaskState,
+};
+use anyhow::Context;
+use async_nats::Client;
+use futures::StreamExt;
+use serde::Serialize;
+use std::future::Future;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+#[derive(Debug, Serialize)]
+pub struct Bare {
+    /// Executors in the loop.
+    pub executors: u32,
+    /// Status -> answer cycles per second, all executors together.
+    pub loop_cycles_per_s: f64,
+    pub chain_p50_ms: f64,
+    pub chain_p99_ms: f64,
+}
+
+/// How long a party waits for any one message before the measurement fails.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Measures the bare loop with `executors` executors doing `cycles` cycles each, and `rounds`
+/// round trips through the bare chain.
+pub async fn measure(
+    url: &str,
+    executors: u32,
+    cycles: usize,
+    rounds: usize,
+) -> anyhow::Result<Bare> {
+    let (url, owned) = (url.to_string(), url.to_string());
+    let loop_cycles_per_s =
+        tokio::task::spawn_blocking(move || bare_loop(&url, executors, cycles)).await??;
+    let chain = tokio::task::spawn_blocking(move || chain(&owned, rounds)).await??;
+    Ok(Bare {
+        executors,
+        loop_cycles_per_s,
+        chain_p50_ms: chain.p50_ms,
+        chain_p99_ms: chain.p99_ms,
+    })
+}
+
+/// A status batch with one finished task, and the answer carrying the next task, as Ember
+/// encodes them.
+fn status_and_answer(executor: u32) -> (bytes::Bytes, bytes::Bytes) {
+    let executor_id = ExecutorId::parse(format!("bench-{executor}")).expect("a valid id");
+    let status = StatusRequest::StatusUpdates {
+        executor_id,
+        updates: vec![StatusUpdate {
+            task_id: 123_456,
+            attempt: 0,
+            state: TaskState::Finished,
+            result: None,
+            error: None,
+        }],
+        driver_instance: Some(uuid::Uuid::new_v4()),
+    };
+    let answer = StatusReply::StatusAck {
+        accepted: 1,
+        refused: Vec::new(),
+        launch: vec![launch()],
+    };
+    (encode(&status), encode(&answer))
+}
+
+fn launch() -> TaskDescription {
+    TaskDescription {
+        task_id: 123_457,
+        job_id: 2,
+        index: 123_456,
+        attempt: 0,
+        cpus: 1,
+        spec: Arc::new(TaskSpec::Handler {
+            name: "noop".into(),
+            arg: serde_json::Value::Null,
+        }),
+    }
+}
+
+/// Runs `party` on a thread of its own in a current-thread runtime, with its own connection.
+fn spawn_party<T, F>(
+    url: &str,
+    party: impl FnOnce(Client) -> F + Send + 'static,
+) -> std::thread::JoinHandle<anyhow::Result<T>>
+where
+    F: Future<Output = anyhow::Result<T>>,
+    T: Send + 'static,
+{
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        crate::cli::runtime()?.block_on(async move {
+            let client = async_nats::ConnectOptions::new()
+                .subscription_capacity(crate::SUBSCRIPTION_CAPACITY)
+                .connect(url)
+                .await?;
+            party(client).await
+        })
+    })
+}
+
+fn join<T>(party: std::thread::JoinHandle<anyhow::Result<T>>) -> anyhow::Result<T> {
+    party
+        .join()
+        .map_err(|_| anyhow::anyhow!("a bench party panicked"))?
+}
+
+/// Answers every request on `subject` with `answer` until `stop`.
+async fn answer_all(
+    client: Client,
+    subject: &'static str,
+    answer: bytes::Bytes,
+    mut stop: oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    let mut requests = client.subscribe(subject).await?;
+    client.flush().await?;
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            message = requests.next() => {
+                let Some(reply) = message.context("subscription closed")?.reply else { continue };
+                client.publish(reply, answer.clone()).await?;
+            }
+        }
+    }
+}
+
+/// Sends requests until one is answered: a flush only writes the SUB, so the other party's
+/// subscription may not be in place yet.
+async fn wait_for_answers(
+    client: &Client,
+    subject: &str,
+    payload: &bytes::Bytes,
+) -> anyhow::Result<()> {
+    let ready = Instant::now() + PATIENCE;
+    loop {
+        let attempt = client.request(subject.to_string(), payload.clone());
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(100), attempt).await {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < ready, "no answer on {subject}");
+    }
+}
+
+/// Cycles per second of `executors` executors, each waiting for one answer at a time.
+fn bare_loop(url: &str, executors: u32, cycles: usize) -> anyhow::Result<f64> {
+    let (stop, stopped) = oneshot::channel();
+    let (_, answer) = status_and_answer(0);
+    let driver = spawn_party(url, move |client| {
+        answer_all(client, "bench.loop.status.*", answer, stopped)
+    });
+    let start = Arc::new(Barrier::new(executors as usize));
+    let parties: Vec<_> = (0..executors)
+        .map(|i| {
+            let start = start.clone();
+            spawn_party(url, move |client| async move {
+                let (status, _) = status_and_answer(i);
+                let subject = format!("bench.loop.status.bench-{i}");
+                let warm = async {
+                    wait_for_answers(&client, &subject, &status).await?;
+                    for _ in 0..200 {
+                        client.request(subject.clone(), status.clone()).await?;
+                    }
+                    anyhow::Ok(())
+                }
+                .await;
+                // Every executor reaches the barrier, warm or not, or the others would wait
+                // forever.
+                start.wait();
+                warm?;
+                let started = Instant::now();
+                for _ in 0..cycles {
+                    let answer = client.request(subject.clone(), status.clone());
+                    tokio::time::timeout(PATIENCE, answer).await??;
+                }
+                Ok(started.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for party in parties {
+        slowest = slowest.max(join(party)?);
+    }
+    let _ = stop.send(());
+    join(driver)?;
+    Ok(f64::from(executors) * cycles as f64 / slowest.as_secs_f64())
+}
+
+/// Round trips through two relays, one message at a time: the client's submit reaches the
+/// driver, which launches on the executor, whose status reaches the driver, which tells the
+/// client the job ended.
+fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
+    let (stop_driver, driver_stopped) = oneshot::channel();
+    let (stop_executor, executor_stopped) = oneshot::channel();
+    let (status, answer) = status_and_answer(0);
+    let driver = spawn_party(url, move |client| async move {
+        let mut submits = client.subscribe("bench.chain.submit").await?;
+        let mut statuses = client.subscribe("bench.chain.status").await?;
+        client.flush().await?;
+        tokio::pin!(driver_stopped);
+        loop {
+            tokio::select! {
+                _ = &mut driver_stopped => return Ok(()),
+                Some(_) = submits.next() => {
+                    client.publish("bench.chain.launch", answer.clone()).await?;
+                }
+                Some(_) = statuses.next() => {
+                    client.publish("bench.chain.end", answer.clone()).await?;
+                }
+            }
+        }
+    });
+    let executor = spawn_party(url, move |client| async move {
+        let mut launches = client.subscribe("bench.chain.launch").await?;
+        client.flush().await?;
+        tokio::pin!(executor_stopped);
+        loop {
+            tokio::select! {
+                _ = &mut executor_stopped => return Ok(()),
+                Some(_) = launches.next() => {
+                    client.publish("bench.chain.status", status.clone()).await?;
+                }
+            }
+        }
+    });
+    let samples = crate::cli::runtime()?.block_on(async {
+        let client = async_nats::connect(url).await?;
+        let mut ends = client.subscribe("bench.chain.end").await?;
+        client.flush().await?;
+        let submit = encode(&launch());
+        // Until a round goes through: the relays' subscriptions may not be in place yet.
+        let ready = Instant::now() + PATIENCE;
+        while round(&client, &mut ends, &submit, Duration::from_millis(100))
+            .await
+            .is_err()
+        {
+            anyhow::ensure!(Instant::now() < ready, "the bare chain never answered");
+        }
+        // A late answer to a timed-out round would be taken for the next one's.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while let Ok(Some(_)) = tokio::time::timeout(Duration::ZERO, ends.next()).await {}
+        let mut samples = Vec::with_capacity(rounds);
+        for i in 0..rounds + 200 {
+            let started = Instant::now();
+            round(&client, &mut ends, &submit, PATIENCE).await?;
+            if i >= 200 {
+                samples.push(started.elapsed());
+            }
+        }
+        anyhow::Ok(samples)
+    })?;
+    let _ = stop_driver.send(());
+    let _ = stop_executor.send(());
+    join(driver)?;
+    join(executor)?;
+    Ok(percentiles(samples))
+}
+
+/// One round through the bare chain.
+async fn round(
+    client: &Client,
+    ends: &mut async_nats::Subscriber,
+    submit: &bytes::Bytes,
+    patience: Duration,
+) -> anyhow::Result<()> {
+    client.publish("bench.chain.submit", submit.clone()).await?;
+    tokio::time::timeout(patience, ends.next())
+        .await?
+        .context("subscription closed")
+        .map(drop)
+}
