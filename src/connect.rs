@@ -195,11 +195,15 @@ pub fn parse_urls(urls: &str) -> Result<Vec<ServerAddr>, ConnectError> {
         })
 }
 
+/// What every Ember process logs when NATS drops messages for one of its subscriptions; `ember
+/// bench` counts these lines.
+pub const SLOW_CONSUMER: &str = "slow consumer: NATS dropped messages";
+
 fn log_event(event: Event) {
     match event {
         Event::Connected => info!("connected to NATS"),
         Event::Disconnected => warn!("disconnected from NATS; reconnecting"),
-        Event::SlowConsumer(sid) => warn!(sid, "slow consumer: NATS dropped messages"),
+        Event::SlowConsumer(sid) => warn!(sid, "{SLOW_CONSUMER}"),
         other => warn!(event = %other, "NATS"),
     }
 }

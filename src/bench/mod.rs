@@ -79,6 +79,9 @@ pub struct Report {
     pub limit: Option<broker::Limit>,
     pub bare: Option<bare::Bare>,
     pub memory: Option<Memory>,
+    /// Slow-consumer events, all processes and workloads together: messages NATS dropped
+    /// because a subscriber fell behind. Anything but 0 is a fault.
+    pub slow_consumers: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -229,6 +232,14 @@ fn print_table(report: &Report) {
             String::new(),
         ]);
     }
+    table.add_row([
+        "slow consumers".to_string(),
+        format!(
+            "{} (messages NATS dropped for a subscriber that fell behind)",
+            report.slow_consumers
+        ),
+        String::new(),
+    ]);
     println!("{table}");
     println!("{}", report.machine);
 }

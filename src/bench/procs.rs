@@ -2,8 +2,10 @@
 //! read from /proc.
 
 use crate::server::NatsServer;
+use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// A benchmark cluster: its processes are killed when it is dropped.
 pub struct Cluster {
@@ -11,6 +13,20 @@ pub struct Cluster {
     pub cluster: String,
     pub driver: Child,
     pub executors: Vec<Child>,
+}
+
+/// Slow-consumer events in this run, of every process and connection of the benchmark's: a
+/// driver's or executor's log line, or the event on one of the benchmark's own connections.
+static SLOW_CONSUMERS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one slow-consumer event: NATS dropped messages for a subscriber that fell behind.
+pub fn count_slow_consumer() {
+    SLOW_CONSUMERS.fetch_add(1, Relaxed);
+}
+
+/// The slow-consumer events counted so far.
+pub fn slow_consumers() -> u64 {
+    SLOW_CONSUMERS.load(Relaxed)
 }
 
 fn sibling(name: &str) -> anyhow::Result<PathBuf> {
@@ -34,12 +50,11 @@ impl Cluster {
             "bench-{name}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..6]
         );
-        let driver = Command::new(sibling("ember-driver")?)
+        let mut driver = Command::new(sibling("ember-driver")?);
+        driver
             .args(["--nats-url", &server.url(), "--cluster", &cluster])
-            .args(["--journal", if journal { "on" } else { "off" }])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()?;
+            .args(["--journal", if journal { "on" } else { "off" }]);
+        let driver = watched(driver)?;
         Ok(Self {
             server,
             cluster,
@@ -50,18 +65,16 @@ impl Cluster {
 
     pub fn add_executors(&mut self, n: u32, cores: u32) -> anyhow::Result<()> {
         for i in 0..n {
-            let child = Command::new(sibling("ember-executor")?)
+            let mut executor = Command::new(sibling("ember-executor")?);
+            executor
                 .args(["--nats-url", &self.server.url(), "--cluster", &self.cluster])
                 .args([
                     "--executor-id",
                     &format!("bench-{i}"),
                     "--cores",
                     &cores.to_string(),
-                ])
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .spawn()?;
-            self.executors.push(child);
+                ]);
+            self.executors.push(watched(executor)?);
         }
         Ok(())
     }
@@ -78,6 +91,26 @@ impl Drop for Cluster {
             let _ = child.wait();
         }
     }
+}
+
+/// Starts `command` logging warnings, its log passed on to ours with its slow-consumer lines
+/// counted.
+fn watched(mut command: Command) -> anyhow::Result<Child> {
+    let mut child = command
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let log = child.stderr.take().expect("stderr is piped");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
+            if line.contains(crate::connect::SLOW_CONSUMER) {
+                count_slow_consumer();
+            }
+            eprintln!("{line}");
+        }
+    });
+    Ok(child)
 }
 
 /// (current, peak) resident memory of a process in MB, from /proc/<pid>/status.
@@ -114,4 +147,29 @@ pub fn machine() -> String {
         "{cores} cores, {cpu}; {server}; ember {}",
         env!("CARGO_PKG_VERSION")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_consumer_line_in_a_child_log_is_counted() {
+        let before = slow_consumers();
+        let mut command = Command::new("sh");
+        command.args([
+            "-c",
+            &format!(
+                "echo 'WARN ember::connect: {} sid=3' >&2; echo 'WARN something else' >&2",
+                crate::connect::SLOW_CONSUMER
+            ),
+        ]);
+        let mut child = watched(command).unwrap();
+        child.wait().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while slow_consumers() == before && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(slow_consumers(), before + 1);
+    }
 }

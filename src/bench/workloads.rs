@@ -88,6 +88,7 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
     memory.many_executors = args.memory_executors;
     memory.driver_with_many_executors_mb = many_executors_rss(args.memory_executors).await?;
     report.memory = Some(memory);
+    report.slow_consumers = super::procs::slow_consumers();
     Ok(report)
 }
 
@@ -120,6 +121,11 @@ fn noops(tasks: u32) -> SubmitJob {
 async fn connect(cluster: &Cluster) -> anyhow::Result<EmberClient> {
     let client = async_nats::ConnectOptions::new()
         .subscription_capacity(crate::SUBSCRIPTION_CAPACITY)
+        .event_callback(|event| async move {
+            if let async_nats::Event::SlowConsumer(_) = event {
+                super::procs::count_slow_consumer();
+            }
+        })
         .connect(cluster.server.url())
         .await?;
     Ok(EmberClient::new(
