@@ -37,7 +37,10 @@ async fn ember_bench_quick_reports_every_workload() {
     ] {
         assert!(report["limit"][field].as_f64().unwrap() > 0.0, "{field}");
     }
-    assert_eq!(report["slow_consumers"], 0, "NATS dropped messages: {stderr}");
+    assert_eq!(
+        report["slow_consumers"], 0,
+        "NATS dropped messages: {stderr}"
+    );
     assert_eq!(report["bare"]["executors"], 2);
     for field in ["loop_cycles_per_s", "chain_p50_ms", "chain_p99_ms"] {
         assert!(report["bare"][field].as_f64().unwrap() > 0.0, "{field}");

@@ -2,6 +2,9 @@
 //! everything pending goes in the next (bounded by max_payload and the driver's batch limit).
 //! An unacknowledged batch is sent again; the driver treats a repeat as a no-op. No I/O here:
 //! the executor's shell encodes and sends the batch [`StatusQueue::take_batch`] sets aside.
+//!
+//! Each status is encoded once, when it is queued (its size decides what fits in a batch), and
+//! a batch is put together from those encodings rather than encoded again.
 
 use crate::driver::core::MAX_UPDATES_PER_BATCH;
 use crate::ids::{ExecutorId, InstanceId};
@@ -9,19 +12,6 @@ use crate::protocol::{
     encode, RunningAttempt, StatusReply, StatusUpdate, TaskDescription, TaskState,
 };
 use tracing::{debug, warn};
-
-/// [`crate::protocol::StatusRequest`] as it is encoded, borrowing the updates instead of
-/// copying them.
-#[derive(serde::Serialize)]
-#[serde(tag = "type")]
-enum StatusBatch<'a> {
-    StatusUpdates {
-        executor_id: &'a ExecutorId,
-        updates: Vec<&'a StatusUpdate>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        driver_instance: Option<InstanceId>,
-    },
-}
 
 /// What an acknowledged (or failed) batch means for the executor.
 #[derive(Debug, PartialEq)]
@@ -40,9 +30,9 @@ pub struct StatusQueue {
     pub driver: Option<InstanceId>,
     /// The largest batch, in bytes.
     pub limit: usize,
-    /// Statuses waiting, each with its encoded size.
-    pending: Vec<(StatusUpdate, usize)>,
-    sending: Vec<(StatusUpdate, usize)>,
+    /// Statuses waiting, each with its JSON.
+    pending: Vec<(StatusUpdate, bytes::Bytes)>,
+    sending: Vec<(StatusUpdate, bytes::Bytes)>,
     in_flight: bool,
 }
 
@@ -60,7 +50,8 @@ impl StatusQueue {
 
     /// Queues a status, failing it instead if its result could never fit in a message.
     pub fn push(&mut self, mut update: StatusUpdate) {
-        let mut size = encode(&update).len();
+        let mut json = encode(&update);
+        let size = json.len();
         if size > self.limit {
             update.state = TaskState::Failed;
             update.result = None;
@@ -69,9 +60,9 @@ impl StatusQueue {
                  (the server's max_payload less headroom); raise max_payload in nats.conf",
                 self.limit
             ));
-            size = encode(&update).len();
+            json = encode(&update);
         }
-        self.pending.push((update, size));
+        self.pending.push((update, json));
     }
 
     /// Forgets every status not yet acknowledged (they were for another driver); returns how
@@ -105,13 +96,28 @@ impl StatusQueue {
         self.sending.iter().map(|(u, _)| u)
     }
 
-    /// The batch in flight as it goes on the wire.
+    /// The batch in flight as it goes on the wire: a
+    /// [`crate::protocol::StatusRequest::StatusUpdates`], put together from the statuses'
+    /// encodings.
     pub fn encode_batch(&self) -> bytes::Bytes {
-        encode(&StatusBatch::StatusUpdates {
-            executor_id: &self.executor_id,
-            updates: self.sending().collect(),
-            driver_instance: self.driver,
-        })
+        let updates: usize = self.sending.iter().map(|(_, json)| json.len() + 1).sum();
+        let mut batch = Vec::with_capacity(128 + self.executor_id.as_str().len() + updates);
+        batch.extend_from_slice(br#"{"type":"StatusUpdates","executor_id":"#);
+        write_json(&mut batch, &self.executor_id);
+        batch.extend_from_slice(br#","updates":["#);
+        for (i, (_, json)) in self.sending.iter().enumerate() {
+            if i > 0 {
+                batch.push(b',');
+            }
+            batch.extend_from_slice(json);
+        }
+        batch.push(b']');
+        if let Some(driver) = &self.driver {
+            batch.extend_from_slice(br#","driver_instance":"#);
+            write_json(&mut batch, driver);
+        }
+        batch.push(b'}');
+        batch.into()
     }
 
     /// If no batch is in flight and statuses wait, sets aside as many as fit in one message
@@ -125,8 +131,8 @@ impl StatusQueue {
             .pending
             .iter()
             .take(MAX_UPDATES_PER_BATCH)
-            .position(|(_, bytes)| {
-                size += bytes + 1;
+            .position(|(_, json)| {
+                size += json.len() + 1;
                 size > self.limit
             })
             .unwrap_or(self.pending.len().min(MAX_UPDATES_PER_BATCH))
@@ -171,5 +177,70 @@ impl StatusQueue {
         let mut batch = std::mem::take(&mut self.sending);
         batch.append(&mut self.pending);
         self.pending = batch;
+    }
+}
+
+fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
+    serde_json::to_writer(out, value).expect("ids encode to JSON");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{decode, StatusRequest};
+    use serde_json::json;
+
+    fn update(task_id: u64, state: TaskState, result: Option<serde_json::Value>) -> StatusUpdate {
+        StatusUpdate {
+            task_id,
+            attempt: 1,
+            state,
+            result,
+            error: (state == TaskState::Failed).then(|| "a \"quoted\"\nerror".into()),
+        }
+    }
+
+    /// A batch put together from the statuses' encodings is byte for byte the encoding of the
+    /// protocol's `StatusUpdates`, and decodes to it.
+    #[test]
+    fn an_assembled_batch_is_the_protocol_encoding() {
+        let executor_id = ExecutorId::parse("exec-1").unwrap();
+        let updates = vec![
+            update(7, TaskState::Finished, None),
+            update(
+                8,
+                TaskState::Finished,
+                Some(json!({"k": ["v", 1, null], "ü": "\u{1}"})),
+            ),
+            update(9, TaskState::Failed, None),
+        ];
+        for driver in [None, Some(uuid::Uuid::new_v4())] {
+            let mut queue = StatusQueue::new(executor_id.clone(), 1 << 20);
+            queue.driver = driver;
+            for u in &updates {
+                queue.push(u.clone());
+            }
+            assert!(queue.take_batch());
+            let expected = StatusRequest::StatusUpdates {
+                executor_id: executor_id.clone(),
+                updates: updates.clone(),
+                driver_instance: driver,
+            };
+            let batch = queue.encode_batch();
+            assert_eq!(batch, encode(&expected));
+            assert_eq!(decode::<StatusRequest>(&batch, 1 << 20).unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn an_empty_batch_is_the_protocol_encoding() {
+        let executor_id = ExecutorId::parse("e").unwrap();
+        let queue = StatusQueue::new(executor_id.clone(), 1 << 20);
+        let expected = StatusRequest::StatusUpdates {
+            executor_id,
+            updates: Vec::new(),
+            driver_instance: None,
+        };
+        assert_eq!(queue.encode_batch(), encode(&expected));
     }
 }
