@@ -1215,6 +1215,40 @@ fn a_launch_carries_its_job_spec_once() {
     );
 }
 
+/// The driver refuses a job whose spec leaves less than 1024 bytes of a message's room: that
+/// must be enough for everything else in a launch of one task, whatever its numbers.
+#[test]
+fn a_one_task_launch_is_its_spec_and_little_more() {
+    let spec = Arc::new(TaskSpec::Handler {
+        name: "x".repeat(10_000),
+        arg: Value::Null,
+    });
+    let task = TaskDescription {
+        task_id: u64::MAX,
+        job_id: u64::MAX,
+        index: u32::MAX,
+        attempt: u32::MAX,
+        cpus: u32::MAX,
+        spec: Arc::clone(&spec),
+    };
+    let spec_bytes = encode(&*spec).len();
+    let launch = ExecutorMessage::LaunchTasks {
+        tasks: vec![task.clone()],
+        driver_instance: Some(driver_instance()),
+    };
+    let ack = StatusReply::StatusAck {
+        accepted: u32::MAX,
+        refused: vec![],
+        launch: vec![task],
+    };
+    for size in [encode(&launch).len(), encode(&ack).len()] {
+        assert!(
+            size - spec_bytes < 250,
+            "{size} bytes for a spec of {spec_bytes}"
+        );
+    }
+}
+
 /// `group` (the text of one task group) as a `LaunchTasks` and as a `StatusAck`'s launch: both
 /// are refused with an error that mentions every `needles`.
 fn group_refused(group: &str, needles: &[&str]) {
