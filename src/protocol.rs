@@ -4,6 +4,7 @@
 //! docs/protocol.md describes the same messages for implementers in other languages; the golden
 //! tests in tests/protocol_golden.rs hold the two together.
 
+mod groups;
 mod journal;
 mod wire;
 
@@ -391,6 +392,7 @@ pub enum ExecutorMessage {
     /// them: an executor registered with another instance ignores them (task ids start again
     /// in a new driver, so they would be another driver's tasks).
     LaunchTasks {
+        #[serde(serialize_with = "groups::serialize")]
         tasks: Vec<TaskDescription>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         driver_instance: Option<InstanceId>,
@@ -404,8 +406,10 @@ pub enum ExecutorMessage {
     StopExecutor { reason: String },
 }
 
-/// Spark's `TaskDescription`: one attempt of one task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Spark's `TaskDescription`: one attempt of one task. On the wire a list of them travels as
+/// groups of tasks that share job, cores and spec (docs/protocol.md, `LaunchTasks`); the tasks
+/// decoded from one group share its `Arc<TaskSpec>`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct TaskDescription {
     pub task_id: TaskId,
     pub job_id: JobId,
@@ -452,7 +456,11 @@ pub enum StatusReply {
     StatusAck {
         accepted: u32,
         refused: Vec<RefusedStatus>,
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        #[serde(
+            default,
+            skip_serializing_if = "Vec::is_empty",
+            serialize_with = "groups::serialize"
+        )]
         launch: Vec<TaskDescription>,
     },
     /// The driver does not know this executor: register again, then resend the batch.

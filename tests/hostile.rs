@@ -24,7 +24,7 @@ const VALID: [&str; 5] = [
     r#"{"type":"StatusUpdates","executor_id":"exec-a","updates":[{"task_id":1,"attempt":0,"state":"FINISHED"}]}"#,
     r#"{"type":"Heartbeat","executor_id":"exec-a","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[]}"#,
     r#"{"type":"SubmitJob","name":"x","tasks":[{"kind":"handler","name":"noop"}],"repeat":1}"#,
-    r#"{"type":"LaunchTasks","tasks":[{"task_id":1,"job_id":1,"index":0,"attempt":0,"cpus":1,"spec":{"kind":"handler","name":"noop"}}]}"#,
+    r#"{"type":"LaunchTasks","tasks":[{"job_id":1,"cpus":1,"spec":{"kind":"handler","name":"noop"},"tasks":[[1,0,0]]}]}"#,
 ];
 
 /// Bodies no subject accepts.
@@ -88,6 +88,11 @@ fn malformed() -> Vec<Vec<u8>> {
         r#"{"type":"SubmitJob","tasks":"noop"}"#,
         r#"{"type":"KillJob","job_id":"1"}"#,
         r#"{"type":"LaunchTasks","tasks":[{"task_id":"x"}]}"#,
+        r#"{"type":"LaunchTasks","tasks":[{"task_id":1,"job_id":1,"index":0,"attempt":0,"cpus":1,"spec":{"kind":"handler","name":"noop"}}]}"#,
+        r#"{"type":"LaunchTasks","tasks":[{"job_id":1,"cpus":1,"spec":{"kind":"handler","name":"noop"},"tasks":[]}]}"#,
+        r#"{"type":"LaunchTasks","tasks":[{"job_id":1,"cpus":1,"spec":{"kind":"handler","name":"noop"},"tasks":[[1,0]]}]}"#,
+        r#"{"type":"LaunchTasks","tasks":[{"job_id":1,"cpus":1,"spec":{"kind":"handler","name":"noop"},"tasks":[[1,0,0,0]]}]}"#,
+        r#"{"type":"LaunchTasks","tasks":[{"job_id":1,"cpus":1,"spec":{"kind":"handler","name":"noop"},"tasks":[[1,-1,0]]}]}"#,
         r#"{"type":"KillTask","task_id":1}"#,
     ] {
         bodies.push(text.into());

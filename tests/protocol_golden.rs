@@ -977,24 +977,20 @@ fn api_reply_error() {
 
 #[test]
 fn executor_launch_tasks() {
+    let echo = Arc::new(TaskSpec::Handler {
+        name: "echo".into(),
+        arg: json!({"value": "hi"}),
+    });
     let message = ExecutorMessage::LaunchTasks {
         tasks: vec![
-            TaskDescription {
-                task_id: 42,
-                job_id: 7,
-                index: 3,
-                attempt: 0,
-                cpus: 1,
-                spec: Arc::new(TaskSpec::Handler {
-                    name: "echo".into(),
-                    arg: json!({"value": "hi"}),
-                }),
-            },
+            launched(42, 7, 3, 0, &echo),
+            launched(44, 7, 5, 0, &echo),
+            launched(40, 7, 1, 2, &echo),
             TaskDescription {
                 task_id: 43,
-                job_id: 7,
-                index: 4,
-                attempt: 2,
+                job_id: 9,
+                index: 0,
+                attempt: 0,
                 cpus: 2,
                 spec: Arc::new(TaskSpec::Command {
                     argv: vec!["./work.sh".into()],
@@ -1013,29 +1009,358 @@ fn executor_launch_tasks() {
             "driver_instance": DRIVER,
             "tasks": [
                 {
-                    "task_id": 42,
                     "job_id": 7,
-                    "index": 3,
-                    "attempt": 0,
                     "cpus": 1,
-                    "spec": {"kind": "handler", "name": "echo", "arg": {"value": "hi"}}
+                    "spec": {"kind": "handler", "name": "echo", "arg": {"value": "hi"}},
+                    "tasks": [[42, 3, 0], [44, 5, 0], [40, 1, 2]]
                 },
                 {
-                    "task_id": 43,
-                    "job_id": 7,
-                    "index": 4,
-                    "attempt": 2,
+                    "job_id": 9,
                     "cpus": 2,
                     "spec": {
                         "kind": "command",
                         "argv": ["./work.sh"],
                         "env": {"MODE": "fast"},
                         "cwd": "/srv"
-                    }
+                    },
+                    "tasks": [[43, 0, 0]]
                 }
             ]
         }),
     );
+}
+
+fn noop() -> Arc<TaskSpec> {
+    Arc::new(TaskSpec::Handler {
+        name: "noop".into(),
+        arg: Value::Null,
+    })
+}
+
+/// Attempt `attempt` of task `task_id`, index `index` of job `job_id`, on one core.
+fn launched(
+    task_id: u64,
+    job_id: u64,
+    index: u32,
+    attempt: u32,
+    spec: &Arc<TaskSpec>,
+) -> TaskDescription {
+    TaskDescription {
+        task_id,
+        job_id,
+        index,
+        attempt,
+        cpus: 1,
+        spec: Arc::clone(spec),
+    }
+}
+
+fn launch(tasks: Vec<TaskDescription>) -> ExecutorMessage {
+    ExecutorMessage::LaunchTasks {
+        tasks,
+        driver_instance: None,
+    }
+}
+
+/// One group of `LaunchTasks.tasks` or `StatusAck.launch`, of a one-core job.
+fn group(job_id: u64, spec: Value, tasks: Value) -> Value {
+    json!({"job_id": job_id, "cpus": 1, "spec": spec, "tasks": tasks})
+}
+
+fn noop_wire() -> Value {
+    json!({"kind": "handler", "name": "noop", "arg": null})
+}
+
+#[test]
+fn launch_groups_keep_the_order_of_interleaved_jobs() {
+    let sleep = Arc::new(TaskSpec::Handler {
+        name: "sleep".into(),
+        arg: json!({"ms": 5}),
+    });
+    let noop = noop();
+    golden(
+        &launch(vec![
+            launched(10, 1, 0, 0, &noop),
+            launched(11, 1, 1, 0, &noop),
+            launched(20, 2, 0, 0, &sleep),
+            launched(12, 1, 2, 0, &noop),
+        ]),
+        json!({
+            "type": "LaunchTasks",
+            "tasks": [
+                group(1, noop_wire(), json!([[10, 0, 0], [11, 1, 0]])),
+                group(
+                    2,
+                    json!({"kind": "handler", "name": "sleep", "arg": {"ms": 5}}),
+                    json!([[20, 0, 0]])
+                ),
+                group(1, noop_wire(), json!([[12, 2, 0]])),
+            ]
+        }),
+    );
+}
+
+#[test]
+fn launch_groups_part_a_job_by_spec_and_cores() {
+    // A job of two specs runs them by turns (index 0, 2, 4.. the first; 1, 3.. the second).
+    let (noop, command) = (
+        noop(),
+        Arc::new(TaskSpec::Command {
+            argv: vec!["true".into()],
+            env: BTreeMap::new(),
+            cwd: None,
+            timeout_ms: None,
+        }),
+    );
+    let two_cores = TaskDescription {
+        cpus: 2,
+        ..launched(36, 3, 6, 0, &noop)
+    };
+    golden(
+        &launch(vec![
+            launched(30, 3, 0, 0, &noop),
+            launched(31, 3, 1, 0, &command),
+            launched(32, 3, 2, 0, &noop),
+            launched(34, 3, 4, 3, &noop),
+            two_cores,
+        ]),
+        json!({
+            "type": "LaunchTasks",
+            "tasks": [
+                group(3, noop_wire(), json!([[30, 0, 0]])),
+                group(3, json!({"kind": "command", "argv": ["true"], "env": {}}), json!([[31, 1, 0]])),
+                group(3, noop_wire(), json!([[32, 2, 0], [34, 4, 3]])),
+                {"job_id": 3, "cpus": 2, "spec": noop_wire(), "tasks": [[36, 6, 0]]},
+            ]
+        }),
+    );
+}
+
+#[test]
+fn launch_groups_join_equal_specs_held_apart() {
+    let tasks = vec![launched(1, 1, 0, 0, &noop()), launched(2, 1, 1, 0, &noop())];
+    assert!(!Arc::ptr_eq(&tasks[0].spec, &tasks[1].spec));
+    golden(
+        &launch(tasks),
+        json!({
+            "type": "LaunchTasks",
+            "tasks": [group(1, noop_wire(), json!([[1, 0, 0], [2, 1, 0]]))]
+        }),
+    );
+}
+
+/// The tasks `wire` decodes to, as a `LaunchTasks` and as the `launch` of a `StatusAck`.
+fn decoded_both_ways(groups: Value) -> [Vec<TaskDescription>; 2] {
+    let message = json!({"type": "LaunchTasks", "tasks": groups});
+    let ack = json!({"type": "StatusAck", "accepted": 0, "refused": [], "launch": groups});
+    let launched = match decode(&serde_json::to_vec(&message).unwrap(), LIMIT) {
+        Ok(ExecutorMessage::LaunchTasks { tasks, .. }) => tasks,
+        other => panic!("expected LaunchTasks, got {other:?}"),
+    };
+    let acked = match decode(&serde_json::to_vec(&ack).unwrap(), LIMIT) {
+        Ok(StatusReply::StatusAck { launch, .. }) => launch,
+        other => panic!("expected StatusAck, got {other:?}"),
+    };
+    [launched, acked]
+}
+
+#[test]
+fn tasks_decoded_from_one_group_share_its_spec() {
+    let groups = json!([
+        group(
+            1,
+            json!({"kind": "handler", "name": "noop"}),
+            json!([[1, 0, 0], [2, 1, 0], [3, 2, 1]])
+        ),
+        group(
+            1,
+            json!({"kind": "handler", "name": "noop"}),
+            json!([[4, 3, 0]])
+        ),
+    ]);
+    for tasks in decoded_both_ways(groups) {
+        let noop = noop();
+        assert_eq!(
+            tasks,
+            [
+                launched(1, 1, 0, 0, &noop),
+                launched(2, 1, 1, 0, &noop),
+                launched(3, 1, 2, 1, &noop),
+                launched(4, 1, 3, 0, &noop),
+            ]
+        );
+        assert!(Arc::ptr_eq(&tasks[0].spec, &tasks[1].spec));
+        assert!(Arc::ptr_eq(&tasks[0].spec, &tasks[2].spec));
+    }
+}
+
+#[test]
+fn a_launch_carries_its_job_spec_once() {
+    let noop = noop();
+    let ack = StatusReply::StatusAck {
+        accepted: 64,
+        refused: vec![],
+        launch: (0..64)
+            .map(|i| launched(100_001 + i, 2, 100_000 + i as u32, 0, &noop))
+            .collect(),
+    };
+    let encoded = encode(&ack);
+    let text = std::str::from_utf8(&encoded).unwrap();
+    assert_eq!(text.matches("noop").count(), 1, "{text}");
+    // 64 tasks of [6-digit id, 6-digit index, attempt]: 18 bytes each, and one group around them.
+    assert!(
+        encoded.len() <= 64 * 18 + 150,
+        "{} bytes: {text}",
+        encoded.len()
+    );
+}
+
+/// The driver refuses a job whose spec leaves less than 1024 bytes of a message's room: that
+/// must be enough for everything else in a launch of one task, whatever its numbers.
+#[test]
+fn a_one_task_launch_is_its_spec_and_little_more() {
+    let spec = Arc::new(TaskSpec::Handler {
+        name: "x".repeat(10_000),
+        arg: Value::Null,
+    });
+    let task = TaskDescription {
+        task_id: u64::MAX,
+        job_id: u64::MAX,
+        index: u32::MAX,
+        attempt: u32::MAX,
+        cpus: u32::MAX,
+        spec: Arc::clone(&spec),
+    };
+    let spec_bytes = encode(&*spec).len();
+    let launch = ExecutorMessage::LaunchTasks {
+        tasks: vec![task.clone()],
+        driver_instance: Some(driver_instance()),
+    };
+    let ack = StatusReply::StatusAck {
+        accepted: u32::MAX,
+        refused: vec![],
+        launch: vec![task],
+    };
+    for size in [encode(&launch).len(), encode(&ack).len()] {
+        assert!(
+            size - spec_bytes < 250,
+            "{size} bytes for a spec of {spec_bytes}"
+        );
+    }
+}
+
+/// `group` (the text of one task group) as a `LaunchTasks` and as a `StatusAck`'s launch: both
+/// are refused with an error that mentions every `needles`.
+fn group_refused(group: &str, needles: &[&str]) {
+    let message = format!(r#"{{"type":"LaunchTasks","tasks":[{group}]}}"#);
+    json_error::<ExecutorMessage>(message.as_bytes(), needles);
+    let ack = format!(r#"{{"type":"StatusAck","accepted":0,"refused":[],"launch":[{group}]}}"#);
+    json_error::<StatusReply>(ack.as_bytes(), needles);
+}
+
+#[test]
+fn decode_refuses_malformed_task_groups() {
+    let spec = r#"{"kind":"handler","name":"noop"}"#;
+    let with_tasks =
+        |tasks: &str| format!(r#"{{"job_id":1,"cpus":1,"spec":{spec},"tasks":{tasks}}}"#);
+    let expected = "expected a task as [task_id, index, attempt]";
+    for (tasks, needles) in [
+        ("[[1,0]]", ["invalid length 2", expected]),
+        ("[[]]", ["invalid length 0", expected]),
+        ("[[1,0,0,0]]", ["invalid length 4", expected]),
+        ("[[1,0,0],[2,1,0,0,0]]", ["invalid length 5", expected]),
+        (
+            r#"[{"task_id":1,"index":0,"attempt":0}]"#,
+            ["invalid type: map", expected],
+        ),
+        ("[[-1,0,0]]", ["integer `-1`", "expected u64"]),
+        ("[[1,0,-1]]", ["integer `-1`", "expected u32"]),
+        (
+            "[[1,4294967296,0]]",
+            ["integer `4294967296`", "expected u32"],
+        ),
+        (
+            "[[18446744073709551616,0,0]]",
+            ["invalid type: floating point", "expected u64"],
+        ),
+        (
+            "[[1.5,0,0]]",
+            ["invalid type: floating point", "expected u64"],
+        ),
+        ("[[\"1\",0,0]]", ["invalid type: string", "expected u64"]),
+        ("[1,0,0]", ["invalid type: integer", expected]),
+        ("{}", ["invalid type: map", "a sequence"]),
+    ] {
+        group_refused(&with_tasks(tasks), &needles);
+    }
+    // An empty group is refused, not skipped: a sender that writes one has lost its tasks.
+    group_refused(&with_tasks("[]"), &["a task group of job 1 has no tasks"]);
+    // Every field is needed.
+    for (field, group) in [
+        (
+            "job_id",
+            format!(r#"{{"cpus":1,"spec":{spec},"tasks":[[1,0,0]]}}"#),
+        ),
+        (
+            "cpus",
+            format!(r#"{{"job_id":1,"spec":{spec},"tasks":[[1,0,0]]}}"#),
+        ),
+        (
+            "spec",
+            r#"{"job_id":1,"cpus":1,"tasks":[[1,0,0]]}"#.to_string(),
+        ),
+        ("tasks", format!(r#"{{"job_id":1,"cpus":1,"spec":{spec}}}"#)),
+        (
+            "tasks",
+            format!(r#"{{"job_id":1,"cpus":1,"spec":{spec},"tasks":null}}"#),
+        ),
+    ] {
+        group_refused(
+            &group,
+            &[&format!("missing field `{field}` in a task group")],
+        );
+    }
+    // A task written out in full, as before groups, names what it lacks.
+    group_refused(
+        &format!(r#"{{"task_id":1,"job_id":1,"index":0,"attempt":0,"cpus":1,"spec":{spec}}}"#),
+        &["missing field `tasks` in a task group"],
+    );
+    group_refused(
+        &format!(r#"{{"job_id":1,"job_id":2,"cpus":1,"spec":{spec},"tasks":[[1,0,0]]}}"#),
+        &["duplicate field `job_id`"],
+    );
+    group_refused(
+        r#"{"job_id":1,"cpus":1,"spec":{"kind":"handler"},"tasks":[[1,0,0]]}"#,
+        &["missing field `name`"],
+    );
+    group_refused("[1,0,0]", &[]);
+    group_refused(
+        r#""noop""#,
+        &["invalid type: string", "expected a task group"],
+    );
+    json_error::<ExecutorMessage>(
+        br#"{"type":"LaunchTasks","tasks":{"job_id":1}}"#,
+        &["invalid type: map", "a list of task groups"],
+    );
+}
+
+#[test]
+fn a_launch_decodes_no_more_than_its_limit_allows() {
+    let tasks = vec!["[1,0,0]"; 200_000].join(",");
+    let payload = format!(
+        r#"{{"type":"LaunchTasks","tasks":[{{"job_id":1,"cpus":1,"spec":{{"kind":"handler","name":"noop"}},"tasks":[{tasks}]}}]}}"#
+    );
+    assert!(matches!(
+        decode::<ExecutorMessage>(payload.as_bytes(), LIMIT),
+        Err(DecodeError::TooLarge { .. })
+    ));
+    match decode::<ExecutorMessage>(payload.as_bytes(), 2 * LIMIT) {
+        Ok(ExecutorMessage::LaunchTasks { tasks, .. }) => {
+            assert_eq!(tasks.len(), 200_000);
+            assert!(tasks.iter().all(|t| Arc::ptr_eq(&t.spec, &tasks[0].spec)));
+        }
+        other => panic!("expected LaunchTasks, got {other:?}"),
+    }
 }
 
 #[test]
@@ -1158,33 +1483,26 @@ fn status_ack() {
         },
         json!({"type": "StatusAck", "accepted": 0, "refused": []}),
     );
+    let noop = noop();
     golden(
         &StatusReply::StatusAck {
             accepted: 1,
             refused: vec![],
-            launch: vec![TaskDescription {
-                task_id: 44,
-                job_id: 2,
-                index: 3,
-                attempt: 0,
-                cpus: 1,
-                spec: Arc::new(TaskSpec::Handler {
-                    name: "noop".into(),
-                    arg: Value::Null,
-                }),
-            }],
+            launch: vec![
+                launched(44, 2, 3, 0, &noop),
+                launched(45, 2, 4, 0, &noop),
+                launched(41, 2, 0, 1, &noop),
+            ],
         },
         json!({
             "type": "StatusAck",
             "accepted": 1,
             "refused": [],
             "launch": [{
-                "task_id": 44,
                 "job_id": 2,
-                "index": 3,
-                "attempt": 0,
                 "cpus": 1,
-                "spec": {"kind": "handler", "name": "noop", "arg": null}
+                "spec": {"kind": "handler", "name": "noop", "arg": null},
+                "tasks": [[44, 3, 0], [45, 4, 0], [41, 0, 1]]
             }]
         }),
     );

@@ -4,12 +4,11 @@
 //! serde decodes an internally tagged enum by buffering the whole object first and then reading
 //! it a second time; for a batch of thousands of updates that dominated the decode. These
 //! structs read the same JSON in one pass, every field optional, and then build the enum,
-//! reporting a missing field as serde would. Encoding is unchanged.
+//! reporting a missing field as serde would. Encoding is derived, except for the lists of
+//! launched tasks, which `groups` writes and reads as groups.
 
-use super::{
-    ExecutorMessage, RefusedStatus, StatusReply, StatusRequest, StatusUpdate, TaskDescription,
-    TaskSpec,
-};
+use super::groups::TaskList;
+use super::{ExecutorMessage, RefusedStatus, StatusReply, StatusRequest, StatusUpdate, TaskSpec};
 use crate::ids::{ExecutorId, InstanceId, TaskId};
 use serde::Deserialize;
 use serde_json::Value;
@@ -69,7 +68,7 @@ enum MessageKind {
 pub(super) struct ExecutorMessageWire {
     #[serde(rename = "type")]
     kind: Option<MessageKind>,
-    tasks: Option<Vec<TaskDescription>>,
+    tasks: Option<TaskList>,
     driver_instance: Option<InstanceId>,
     task_id: Option<TaskId>,
     attempt: Option<u32>,
@@ -81,7 +80,7 @@ impl TryFrom<ExecutorMessageWire> for ExecutorMessage {
     fn try_from(w: ExecutorMessageWire) -> Result<Self, String> {
         match w.kind.ok_or_else(|| missing("type"))? {
             MessageKind::LaunchTasks => Ok(ExecutorMessage::LaunchTasks {
-                tasks: w.tasks.ok_or_else(|| missing("tasks"))?,
+                tasks: w.tasks.ok_or_else(|| missing("tasks"))?.0,
                 driver_instance: w.driver_instance,
             }),
             MessageKind::KillTask => Ok(ExecutorMessage::KillTask {
@@ -136,7 +135,7 @@ pub(super) struct StatusReplyWire {
     accepted: Option<u32>,
     refused: Option<Vec<RefusedStatus>>,
     #[serde(default)]
-    launch: Vec<TaskDescription>,
+    launch: TaskList,
     message: Option<String>,
 }
 
@@ -148,7 +147,7 @@ impl TryFrom<StatusReplyWire> for StatusReply {
             ReplyKind::StatusAck => Ok(StatusReply::StatusAck {
                 accepted: w.accepted.ok_or_else(|| missing("accepted"))?,
                 refused: w.refused.ok_or_else(|| missing("refused"))?,
-                launch: w.launch,
+                launch: w.launch.0,
             }),
             ReplyKind::UnknownExecutor => Ok(StatusReply::UnknownExecutor {
                 message: message()?,

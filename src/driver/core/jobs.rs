@@ -314,7 +314,8 @@ pub(super) fn validate_job(submit: &SubmitJob, max_bytes: usize) -> Result<(), S
             submit.cpus_per_task
         ));
     }
-    // A launch carries one spec and a little more; it must fit in one message.
+    // A launch of one task must fit in one message: it is one group, the spec and under 250
+    // bytes of ids and framing, so 1024 bytes of room is plenty.
     let spec_limit = max_bytes.saturating_sub(1024);
     for spec in &submit.tasks {
         let size = crate::protocol::encode(spec).len();

@@ -1,0 +1,179 @@
+//! The wire form of a list of launched tasks (`LaunchTasks.tasks`, `StatusAck.launch`): each run
+//! of consecutive tasks with the same job, cores and spec travels as one group that carries the
+//! spec once and each task as `[task_id, index, attempt]`.
+//!
+//! Written out in full, a no-op task cost about 110 bytes, most of them field names and a spec
+//! that every task of a job repeats, and escaping those field names led the driver's profile. In
+//! memory the list stays a `Vec<TaskDescription>`: encoding reads it where it lies, and the tasks
+//! decoded from one group share one `Arc<TaskSpec>`, decoded once.
+
+use super::{TaskDescription, TaskSpec};
+use crate::ids::{JobId, TaskId};
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::ser::{SerializeStruct, Serializer};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+
+/// Writes `tasks` as groups, in order, without copying a task or a spec.
+pub(super) fn serialize<S: Serializer>(
+    tasks: &[TaskDescription],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(runs(tasks))
+}
+
+/// Whether `b` may ride in the group that `a` heads. Tasks of one job share one `Arc`, so the
+/// pointer comparison settles almost every case before the specs are compared.
+fn same_group(a: &TaskDescription, b: &TaskDescription) -> bool {
+    a.job_id == b.job_id && a.cpus == b.cpus && (Arc::ptr_eq(&a.spec, &b.spec) || a.spec == b.spec)
+}
+
+/// The runs of consecutive tasks that make one group each.
+fn runs(tasks: &[TaskDescription]) -> impl Iterator<Item = Group<'_>> {
+    let mut rest = tasks;
+    std::iter::from_fn(move || {
+        let (head, _) = rest.split_first()?;
+        let len = rest.iter().take_while(|t| same_group(head, t)).count();
+        let (run, tail) = rest.split_at(len);
+        rest = tail;
+        Some(Group { head, run })
+    })
+}
+
+/// One group to write: `head` gives the fields its tasks share.
+struct Group<'a> {
+    head: &'a TaskDescription,
+    run: &'a [TaskDescription],
+}
+
+impl Serialize for Group<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut group = serializer.serialize_struct("TaskGroup", 4)?;
+        group.serialize_field("job_id", &self.head.job_id)?;
+        group.serialize_field("cpus", &self.head.cpus)?;
+        group.serialize_field("spec", &*self.head.spec)?;
+        group.serialize_field("tasks", &Attempts(self.run))?;
+        group.end()
+    }
+}
+
+/// A group's tasks as `[task_id, index, attempt]` arrays.
+struct Attempts<'a>(&'a [TaskDescription]);
+
+impl Serialize for Attempts<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|t| (t.task_id, t.index, t.attempt)))
+    }
+}
+
+/// A decoded list of groups: all their tasks, in order.
+#[derive(Debug, Default)]
+pub(super) struct TaskList(pub(super) Vec<TaskDescription>);
+
+impl<'de> Deserialize<'de> for TaskList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(GroupsVisitor)
+    }
+}
+
+struct GroupsVisitor;
+
+impl<'de> Visitor<'de> for GroupsVisitor {
+    type Value = TaskList;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of task groups")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TaskList, A::Error> {
+        let mut tasks = Vec::new();
+        while let Some(group) = seq.next_element::<GroupWire>()? {
+            group.append_to(&mut tasks).map_err(de::Error::custom)?;
+        }
+        Ok(TaskList(tasks))
+    }
+}
+
+/// One group as read, every field optional so that a missing one gets a message that says where.
+#[derive(Deserialize)]
+#[serde(expecting = "a task group: an object with job_id, cpus, spec and tasks")]
+struct GroupWire {
+    job_id: Option<JobId>,
+    cpus: Option<u32>,
+    spec: Option<TaskSpec>,
+    tasks: Option<Vec<Attempt>>,
+}
+
+fn missing(field: &str) -> String {
+    format!("missing field `{field}` in a task group")
+}
+
+impl GroupWire {
+    /// Appends the group's tasks to `tasks`, all sharing one spec.
+    fn append_to(self, tasks: &mut Vec<TaskDescription>) -> Result<(), String> {
+        let job_id = self.job_id.ok_or_else(|| missing("job_id"))?;
+        let cpus = self.cpus.ok_or_else(|| missing("cpus"))?;
+        let spec = Arc::new(self.spec.ok_or_else(|| missing("spec"))?);
+        let attempts = self.tasks.ok_or_else(|| missing("tasks"))?;
+        if attempts.is_empty() {
+            return Err(format!("a task group of job {job_id} has no tasks"));
+        }
+        tasks.extend(attempts.into_iter().map(|a| TaskDescription {
+            task_id: a.task_id,
+            job_id,
+            index: a.index,
+            attempt: a.attempt,
+            cpus,
+            spec: Arc::clone(&spec),
+        }));
+        Ok(())
+    }
+}
+
+/// One task of a group: `[task_id, index, attempt]`, exactly three numbers.
+struct Attempt {
+    task_id: TaskId,
+    index: u32,
+    attempt: u32,
+}
+
+impl<'de> Deserialize<'de> for Attempt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_tuple(3, AttemptVisitor)
+    }
+}
+
+struct AttemptVisitor;
+
+impl<'de> Visitor<'de> for AttemptVisitor {
+    type Value = Attempt;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a task as [task_id, index, attempt]")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Attempt, A::Error> {
+        let task_id = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+        let index = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+        let attempt = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::invalid_length(2, &self))?;
+        let mut len = 3;
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            len += 1;
+        }
+        if len > 3 {
+            return Err(de::Error::invalid_length(len, &self));
+        }
+        Ok(Attempt {
+            task_id,
+            index,
+            attempt,
+        })
+    }
+}
