@@ -11,7 +11,8 @@
 use super::percentiles;
 use crate::ids::ExecutorId;
 use crate::protocol::{
-    encode, StatusReply, StatusRequest, StatusUpdate, TaskDescription, TaskSpec, TaskState,
+    encode, ApiRequest, Event, ExecutorMessage, JobState, StatusReply, StatusRequest, StatusUpdate,
+    SubmitJob, TaskDescription, TaskSpec, TaskState,
 };
 use anyhow::Context;
 use async_nats::Client;
@@ -78,6 +79,24 @@ fn status_and_answer(executor: u32) -> (bytes::Bytes, bytes::Bytes) {
     (encode(&status), encode(&answer))
 }
 
+/// The launch of a one-task job, and its end event.
+fn launch_and_end() -> (bytes::Bytes, bytes::Bytes) {
+    let launch = ExecutorMessage::LaunchTasks {
+        tasks: vec![launch()],
+        driver_instance: Some(uuid::Uuid::new_v4()),
+    };
+    let end = Event::JobEnd {
+        time_ms: crate::now_ms(),
+        job_id: 2,
+        state: JobState::Succeeded,
+        succeeded: 1,
+        failed: 0,
+        killed: 0,
+        reason: None,
+    };
+    (encode(&launch), encode(&end))
+}
+
 fn launch() -> TaskDescription {
     TaskDescription {
         task_id: 123_457,
@@ -85,10 +104,14 @@ fn launch() -> TaskDescription {
         index: 123_456,
         attempt: 0,
         cpus: 1,
-        spec: Arc::new(TaskSpec::Handler {
-            name: "noop".into(),
-            arg: serde_json::Value::Null,
-        }),
+        spec: Arc::new(noop()),
+    }
+}
+
+fn noop() -> TaskSpec {
+    TaskSpec::Handler {
+        name: "noop".into(),
+        arg: serde_json::Value::Null,
     }
 }
 
@@ -206,7 +229,8 @@ fn bare_loop(url: &str, executors: u32, cycles: usize) -> anyhow::Result<f64> {
 fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
     let (stop_driver, driver_stopped) = oneshot::channel();
     let (stop_executor, executor_stopped) = oneshot::channel();
-    let (status, answer) = status_and_answer(0);
+    let (status, _) = status_and_answer(0);
+    let (launch, end) = launch_and_end();
     let driver = spawn_party(url, move |client| async move {
         let mut submits = client.subscribe("bench.chain.submit").await?;
         let mut statuses = client.subscribe("bench.chain.status").await?;
@@ -216,10 +240,10 @@ fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
             tokio::select! {
                 _ = &mut driver_stopped => return Ok(()),
                 Some(_) = submits.next() => {
-                    client.publish("bench.chain.launch", answer.clone()).await?;
+                    client.publish("bench.chain.launch", launch.clone()).await?;
                 }
                 Some(_) = statuses.next() => {
-                    client.publish("bench.chain.end", answer.clone()).await?;
+                    client.publish("bench.chain.end", end.clone()).await?;
                 }
             }
         }
@@ -241,7 +265,13 @@ fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
         let client = async_nats::connect(url).await?;
         let mut ends = client.subscribe("bench.chain.end").await?;
         client.flush().await?;
-        let submit = encode(&launch());
+        let submit = encode(&ApiRequest::SubmitJob(SubmitJob {
+            name: "bench".into(),
+            tasks: vec![noop()],
+            repeat: 1,
+            max_failures: crate::DEFAULT_MAX_FAILURES,
+            cpus_per_task: 1,
+        }));
         // Until a round goes through: the relays' subscriptions may not be in place yet.
         let ready = Instant::now() + PATIENCE;
         while round(&client, &mut ends, &submit, Duration::from_millis(100))
