@@ -8,7 +8,7 @@ mod event;
 mod journal;
 mod wire;
 
-pub use event::{Event, ExecutorInfo, TaskEnded, TaskStarted};
+pub use event::{Event, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
 pub use journal::{JournalRecord, JournaledTask};
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};

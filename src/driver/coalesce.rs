@@ -1,10 +1,11 @@
 //! Task events, coalesced: `TaskStart` and `TaskEnd` entries wait a moment and go out together,
-//! one event per job and kind, so that at one core per executor (one task per status batch)
-//! the listener bus does not cost two messages per task. Any other event first flushes what
-//! waits, so a job's `JobEnd` always follows its last `TaskEnd`.
+//! one event per job and kind that names each executor once, so that at one core per executor
+//! (one task per status batch) the listener bus does not cost two messages per task. Any other
+//! event first flushes what waits, so a job's `JobEnd` always follows its last `TaskEnd`.
 
-use crate::ids::JobId;
-use crate::protocol::Event;
+use crate::ids::{ExecutorId, JobId};
+use crate::protocol::{Event, ExecutorTasks};
+use std::collections::hash_map::{Entry, HashMap};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -17,6 +18,11 @@ const MAX_WAITING: usize = 4096;
 #[derive(Default)]
 pub struct TaskEvents {
     waiting: Vec<Event>,
+    /// Where each executor's group is in each waiting event: (the event's place in `waiting`,
+    /// executor) to the group's place in its `executors`. Found by hashing rather than by
+    /// looking through the groups, which with many executors of one core each would cost a
+    /// look at every waiting group per status batch.
+    groups: HashMap<(usize, ExecutorId), usize>,
     entries: usize,
     since: Option<Instant>,
 }
@@ -24,18 +30,59 @@ pub struct TaskEvents {
 impl TaskEvents {
     /// Takes `event` in if it is a task event (returning `None`); hands any other back.
     pub fn absorb(&mut self, event: Event) -> Option<Event> {
-        let (job, count) = match &event {
-            Event::TaskStart { job_id, tasks, .. } => (*job_id, tasks.len()),
-            Event::TaskEnd { job_id, tasks, .. } => (*job_id, tasks.len()),
+        let (time_ms, job_id) = match &event {
+            Event::TaskStart {
+                time_ms, job_id, ..
+            }
+            | Event::TaskEnd {
+                time_ms, job_id, ..
+            } => (*time_ms, *job_id),
             _ => return Some(event),
         };
         self.since.get_or_insert_with(Instant::now);
-        self.entries += count;
-        match self.waiting.iter_mut().find(|w| same_kind(w, &event, job)) {
-            Some(existing) => merge(existing, event),
-            None => self.waiting.push(event),
+        self.entries += event.task_count();
+        let at = self.place_for(&event, time_ms, job_id);
+        match (&mut self.waiting[at], event) {
+            (
+                Event::TaskStart { executors, .. },
+                Event::TaskStart {
+                    executors: more, ..
+                },
+            ) => merge(&mut self.groups, at, executors, more),
+            (
+                Event::TaskEnd { executors, .. },
+                Event::TaskEnd {
+                    executors: more, ..
+                },
+            ) => merge(&mut self.groups, at, executors, more),
+            _ => {}
         }
         None
+    }
+
+    /// The place in `waiting` of the event of `event`'s job and kind; a new one, empty, if
+    /// none waits.
+    fn place_for(&mut self, event: &Event, time_ms: u64, job_id: JobId) -> usize {
+        if let Some(at) = self
+            .waiting
+            .iter()
+            .position(|w| same_kind(w, event, job_id))
+        {
+            return at;
+        }
+        self.waiting.push(match event {
+            Event::TaskStart { .. } => Event::TaskStart {
+                time_ms,
+                job_id,
+                executors: Vec::new(),
+            },
+            _ => Event::TaskEnd {
+                time_ms,
+                job_id,
+                executors: Vec::new(),
+            },
+        });
+        self.waiting.len() - 1
     }
 
     /// Whether what waits should go now.
@@ -52,6 +99,7 @@ impl TaskEvents {
     pub fn take(&mut self) -> Vec<Event> {
         self.since = None;
         self.entries = 0;
+        self.groups.clear();
         std::mem::take(&mut self.waiting)
     }
 }
@@ -64,12 +112,22 @@ fn same_kind(waiting: &Event, event: &Event, job: JobId) -> bool {
     )
 }
 
-fn merge(into: &mut Event, event: Event) {
-    match (into, event) {
-        (Event::TaskStart { tasks, .. }, Event::TaskStart { tasks: more, .. }) => {
-            tasks.extend(more)
+/// Adds `more` to `into`, the groups of the waiting event at `at`: an executor's tasks go after
+/// those of its group there, if it has one, and keep their order.
+fn merge<T>(
+    groups: &mut HashMap<(usize, ExecutorId), usize>,
+    at: usize,
+    into: &mut Vec<ExecutorTasks<T>>,
+    more: Vec<ExecutorTasks<T>>,
+) {
+    for group in more {
+        match groups.entry((at, group.executor_id.clone())) {
+            Entry::Occupied(place) => into[*place.get()].tasks.extend(group.tasks),
+            Entry::Vacant(place) => {
+                place.insert(into.len());
+                into.push(group);
+            }
         }
-        (Event::TaskEnd { tasks, .. }, Event::TaskEnd { tasks: more, .. }) => tasks.extend(more),
-        _ => {}
     }
 }
+
