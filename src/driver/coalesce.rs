@@ -131,3 +131,145 @@ fn merge<T>(
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{TaskEnded, TaskStarted, TaskState};
+
+    fn id(name: &str) -> ExecutorId {
+        ExecutorId::parse(name).unwrap()
+    }
+
+    fn ended(task_id: u64) -> TaskEnded {
+        TaskEnded {
+            task_id,
+            index: task_id as u32,
+            attempt: 0,
+            state: TaskState::Finished,
+            duration_ms: 1,
+            error: None,
+        }
+    }
+
+    fn task_end(time_ms: u64, job_id: JobId, executor: &str, ids: &[u64]) -> Event {
+        Event::TaskEnd {
+            time_ms,
+            job_id,
+            executors: vec![ExecutorTasks {
+                executor_id: id(executor),
+                tasks: ids.iter().copied().map(ended).collect(),
+            }],
+        }
+    }
+
+    fn task_start(job_id: JobId, executor: &str, ids: &[u64]) -> Event {
+        let tasks = ids
+            .iter()
+            .map(|&task_id| TaskStarted {
+                task_id,
+                index: task_id as u32,
+                attempt: 0,
+            })
+            .collect();
+        Event::TaskStart {
+            time_ms: 1,
+            job_id,
+            executors: vec![ExecutorTasks {
+                executor_id: id(executor),
+                tasks,
+            }],
+        }
+    }
+
+    /// (executor, task ids) in an event's order.
+    type Groups = Vec<(String, Vec<u64>)>;
+
+    /// Each event as (kind, job, groups).
+    fn shape(events: &[Event]) -> Vec<(&'static str, JobId, Groups)> {
+        events
+            .iter()
+            .map(|event| {
+                let job = match event {
+                    Event::TaskStart { job_id, .. } | Event::TaskEnd { job_id, .. } => *job_id,
+                    other => panic!("not a task event: {other:?}"),
+                };
+                let mut groups = Groups::new();
+                let pairs = event
+                    .started()
+                    .map(|(e, t)| (e, t.task_id))
+                    .chain(event.ended().map(|(e, t)| (e, t.task_id)));
+                for (executor, task_id) in pairs {
+                    match groups.last_mut() {
+                        Some((last, ids)) if last == executor.as_str() => ids.push(task_id),
+                        _ => groups.push((executor.to_string(), vec![task_id])),
+                    }
+                }
+                (event.kind(), job, groups)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn entries_of_one_job_and_kind_go_out_together_each_executor_named_once() {
+        let mut events = TaskEvents::default();
+        for event in [
+            task_end(10, 1, "a", &[1, 2]),
+            task_end(11, 1, "b", &[3]),
+            task_start(1, "a", &[7]),
+            task_end(12, 1, "a", &[4]),
+            task_end(12, 2, "a", &[5]),
+            task_end(13, 1, "b", &[6]),
+        ] {
+            assert!(events.absorb(event).is_none());
+        }
+        assert!(events.due().is_some());
+        let taken = events.take();
+        assert_eq!(
+            shape(&taken),
+            [
+                (
+                    "task.end",
+                    1,
+                    vec![("a".into(), vec![1, 2, 4]), ("b".into(), vec![3, 6])]
+                ),
+                ("task.start", 1, vec![("a".into(), vec![7])]),
+                ("task.end", 2, vec![("a".into(), vec![5])]),
+            ]
+        );
+        // The first event's time stands for the merged one.
+        assert!(matches!(taken[0], Event::TaskEnd { time_ms: 10, .. }));
+        assert!(events.due().is_none());
+
+        // What was taken is forgotten: a new round starts new events.
+        events.absorb(task_end(20, 2, "b", &[8]));
+        events.absorb(task_end(20, 2, "a", &[9]));
+        assert_eq!(
+            shape(&events.take()),
+            [(
+                "task.end",
+                2,
+                vec![("b".into(), vec![8]), ("a".into(), vec![9])]
+            )]
+        );
+    }
+
+    #[test]
+    fn other_events_are_handed_back_and_a_full_store_says_so() {
+        let mut events = TaskEvents::default();
+        let job_start = Event::JobStart {
+            time_ms: 1,
+            job_id: 1,
+            name: String::new(),
+            tasks: 1,
+        };
+        assert_eq!(events.absorb(job_start.clone()), Some(job_start));
+        assert!(events.due().is_none());
+        let ids: Vec<u64> = (0..MAX_WAITING as u64 - 1).collect();
+        events.absorb(task_end(1, 1, "a", &ids));
+        assert!(!events.is_full());
+        events.absorb(task_end(1, 1, "b", &[u64::MAX]));
+        assert!(events.is_full());
+        assert_eq!(events.take()[0].task_count(), MAX_WAITING);
+        assert!(!events.is_full());
+    }
+}
