@@ -47,18 +47,21 @@ pub fn describe(event: &Event) -> String {
         } => {
             format!("job started       {job_id} {name:?} with {tasks} tasks")
         }
-        Event::TaskStart { job_id, tasks, .. } => {
-            format!("tasks started     job {job_id}: {} launched", tasks.len())
+        Event::TaskStart { job_id, .. } => {
+            format!(
+                "tasks started     job {job_id}: {} launched",
+                event.task_count()
+            )
         }
-        Event::TaskEnd { job_id, tasks, .. } => {
-            let ok = tasks
-                .iter()
-                .filter(|t| t.state == TaskState::Finished)
+        Event::TaskEnd { job_id, .. } => {
+            let ok = event
+                .ended()
+                .filter(|(_, t)| t.state == TaskState::Finished)
                 .count();
-            let first_error = tasks.iter().find_map(|t| t.error.as_deref());
+            let first_error = event.ended().find_map(|(_, t)| t.error.as_deref());
             let mut line = format!(
                 "tasks ended       job {job_id}: {ok} finished, {} not",
-                tasks.len() - ok
+                event.task_count() - ok
             );
             if let Some(error) = first_error {
                 line.push_str(&format!(" (e.g. {error})"));

@@ -71,14 +71,14 @@ struct Ledger {
 impl Ledger {
     fn record(&mut self, event: Event) {
         match event {
-            Event::TaskStart { tasks, .. } => {
+            Event::TaskStart { .. } => {
                 self.start_times.push(Instant::now());
                 self.launched
-                    .extend(tasks.iter().map(|t| (t.task_id, t.attempt)))
+                    .extend(event.started().map(|(_, t)| (t.task_id, t.attempt)))
             }
             Event::JobEnd { job_id, state, .. } => self.job_ends.push((job_id, state)),
-            Event::TaskEnd { tasks, .. } => {
-                for t in tasks {
+            Event::TaskEnd { .. } => {
+                for (_, t) in event.ended() {
                     if !self.launched.contains(&(t.task_id, t.attempt)) {
                         self.unexpected += 1;
                     }

@@ -43,7 +43,7 @@ const SEEDS: &[&str] = &[
     r#"{"type":"KillTask","task_id":42,"attempt":0,"reason":"job 7 killed"}"#,
     r#"{"type":"StopExecutor","reason":"decommissioned by request"}"#,
     r#"{"type":"ExecutorAdded","time_ms":1700000000000,"executor_id":"exec-1","info":{"host":"worker-3","host_port":"worker-3:7078","total_cores":8,"log_urls":{},"attributes":{}}}"#,
-    r#"{"type":"TaskEnd","time_ms":3000,"job_id":7,"tasks":[{"task_id":42,"index":3,"attempt":0,"executor_id":"exec-1","state":"FINISHED","duration_ms":15}]}"#,
+    r#"{"type":"TaskEnd","time_ms":3000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[{"task_id":42,"index":3,"attempt":0,"state":"FINISHED","duration_ms":15}]}]}"#,
     r#"{"type":"JobEnd","time_ms":4001,"job_id":8,"state":"KILLED","succeeded":1,"failed":0,"killed":9,"reason":"killed by request"}"#,
     r#"{"kind":"command","argv":["true"]}"#,
 ];

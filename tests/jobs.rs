@@ -70,13 +70,13 @@ async fn ten_thousand_noop_tasks_on_four_executors_finish_exactly_once() {
     within(LIMIT, async {
         while finished.len() < 10_000 {
             let message = ends.next().await.unwrap();
-            let Ok(Event::TaskEnd { tasks, .. }) = decode(&message.payload, usize::MAX) else {
+            let Ok(event @ Event::TaskEnd { .. }) = decode(&message.payload, usize::MAX) else {
                 panic!("bad event")
             };
-            for t in tasks {
+            for (executor, t) in event.ended() {
                 assert_eq!(t.state, TaskState::Finished);
                 *finished.entry(t.task_id).or_default() += 1;
-                *per_executor.entry(t.executor_id.to_string()).or_default() += 1;
+                *per_executor.entry(executor.to_string()).or_default() += 1;
             }
         }
     })
@@ -151,11 +151,11 @@ async fn a_task_that_fails_twice_then_succeeds_finishes_after_three_attempts() {
     let mut attempts = Vec::new();
     while attempts.len() < 3 {
         let message = within(LIMIT, ends.next()).await.unwrap();
-        if let Ok(Event::TaskEnd { tasks, .. }) = decode(&message.payload, usize::MAX) {
+        if let Ok(event) = decode::<Event>(&message.payload, usize::MAX) {
             attempts.extend(
-                tasks
-                    .into_iter()
-                    .map(|t| (t.attempt, t.state, t.executor_id.to_string(), t.error)),
+                event.ended().map(|(executor, t)| {
+                    (t.attempt, t.state, executor.to_string(), t.error.clone())
+                }),
             );
         }
     }
@@ -278,11 +278,11 @@ async fn a_status_from_the_wrong_executor_is_refused() {
         .await
         .unwrap();
     let message = within(LIMIT, starts.next()).await.unwrap();
-    let Ok(Event::TaskStart { tasks, .. }) = decode(&message.payload, usize::MAX) else {
+    let Ok(event @ Event::TaskStart { .. }) = decode(&message.payload, usize::MAX) else {
         panic!()
     };
-    let started = &tasks[0];
-    let (owner, other) = if started.executor_id.as_str() == "real" {
+    let (executor, started) = event.started().next().unwrap();
+    let (owner, other) = if executor.as_str() == "real" {
         ("real", "intruder")
     } else {
         ("intruder", "real")
@@ -427,10 +427,10 @@ async fn launches_too_big_for_the_acknowledgement_go_to_the_inbox() {
             < tasks as usize
         {
             let message = ends.next().await.unwrap();
-            let Ok(Event::TaskEnd { tasks, .. }) = decode(&message.payload, usize::MAX) else {
+            let Ok(event @ Event::TaskEnd { .. }) = decode(&message.payload, usize::MAX) else {
                 panic!("bad event")
             };
-            for end in tasks {
+            for (_, end) in event.ended() {
                 states.entry(end.task_id).or_default().push(end.state);
             }
         }

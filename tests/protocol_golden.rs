@@ -7,7 +7,7 @@ use ember::protocol::*;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -268,7 +268,13 @@ fn task_started() -> TaskStarted {
         task_id: 42,
         index: 3,
         attempt: 0,
-        executor_id: exec("exec-1"),
+    }
+}
+
+fn on<T>(id: &str, tasks: Vec<T>) -> ExecutorTasks<T> {
+    ExecutorTasks {
+        executor_id: exec(id),
+        tasks,
     }
 }
 
@@ -276,7 +282,7 @@ fn task_started() -> TaskStarted {
 fn task_started_shape() {
     golden(
         &task_started(),
-        json!({"task_id": 42, "index": 3, "attempt": 0, "executor_id": "exec-1"}),
+        json!({"task_id": 42, "index": 3, "attempt": 0}),
     );
 }
 
@@ -285,14 +291,26 @@ fn event_task_start() {
     let event = Event::TaskStart {
         time_ms: 2000,
         job_id: 7,
-        tasks: vec![
-            task_started(),
-            TaskStarted {
-                task_id: 43,
-                index: 4,
-                attempt: 1,
-                executor_id: exec("exec-2"),
-            },
+        executors: vec![
+            on(
+                "exec-1",
+                vec![
+                    task_started(),
+                    TaskStarted {
+                        task_id: 44,
+                        index: 5,
+                        attempt: 0,
+                    },
+                ],
+            ),
+            on(
+                "exec-2",
+                vec![TaskStarted {
+                    task_id: 43,
+                    index: 4,
+                    attempt: 1,
+                }],
+            ),
         ],
     };
     assert_eq!(event.kind(), "task.start");
@@ -302,12 +320,29 @@ fn event_task_start() {
             "type": "TaskStart",
             "time_ms": 2000,
             "job_id": 7,
-            "tasks": [
-                {"task_id": 42, "index": 3, "attempt": 0, "executor_id": "exec-1"},
-                {"task_id": 43, "index": 4, "attempt": 1, "executor_id": "exec-2"}
+            "executors": [
+                {
+                    "executor_id": "exec-1",
+                    "tasks": [
+                        {"task_id": 42, "index": 3, "attempt": 0},
+                        {"task_id": 44, "index": 5, "attempt": 0}
+                    ]
+                },
+                {
+                    "executor_id": "exec-2",
+                    "tasks": [{"task_id": 43, "index": 4, "attempt": 1}]
+                }
             ]
         }),
     );
+    // Each attempt with the executor it was launched on, in the event's order.
+    let started: Vec<_> = event
+        .started()
+        .map(|(executor, t)| (executor.as_str(), t.task_id))
+        .collect();
+    assert_eq!(started, [("exec-1", 42), ("exec-1", 44), ("exec-2", 43)]);
+    assert_eq!(event.task_count(), 3);
+    assert_eq!(event.ended().count(), 0);
 }
 
 fn task_ended_ok() -> TaskEnded {
@@ -315,7 +350,6 @@ fn task_ended_ok() -> TaskEnded {
         task_id: 42,
         index: 3,
         attempt: 0,
-        executor_id: exec("exec-1"),
         state: TaskState::Finished,
         duration_ms: 15,
         error: None,
@@ -327,7 +361,6 @@ fn task_ended_failed() -> TaskEnded {
         task_id: 43,
         index: 4,
         attempt: 1,
-        executor_id: exec("exec-2"),
         state: TaskState::Failed,
         duration_ms: 2,
         error: Some("boom".into()),
@@ -343,7 +376,6 @@ fn task_ended_shape() {
             "task_id": 42,
             "index": 3,
             "attempt": 0,
-            "executor_id": "exec-1",
             "state": "FINISHED",
             "duration_ms": 15
         }),
@@ -354,7 +386,6 @@ fn task_ended_shape() {
             "task_id": 43,
             "index": 4,
             "attempt": 1,
-            "executor_id": "exec-2",
             "state": "FAILED",
             "duration_ms": 2,
             "error": "boom"
@@ -366,7 +397,6 @@ fn task_ended_shape() {
             "task_id": 42,
             "index": 3,
             "attempt": 0,
-            "executor_id": "exec-1",
             "state": "FINISHED",
             "duration_ms": 15,
             "error": null
@@ -380,7 +410,10 @@ fn event_task_end() {
     let event = Event::TaskEnd {
         time_ms: 3000,
         job_id: 7,
-        tasks: vec![task_ended_ok(), task_ended_failed()],
+        executors: vec![
+            on("exec-1", vec![task_ended_ok()]),
+            on("exec-2", vec![task_ended_failed()]),
+        ],
     };
     assert_eq!(event.kind(), "task.end");
     golden(
@@ -389,27 +422,191 @@ fn event_task_end() {
             "type": "TaskEnd",
             "time_ms": 3000,
             "job_id": 7,
-            "tasks": [
+            "executors": [
                 {
-                    "task_id": 42,
-                    "index": 3,
-                    "attempt": 0,
                     "executor_id": "exec-1",
-                    "state": "FINISHED",
-                    "duration_ms": 15
+                    "tasks": [
+                        {"task_id": 42, "index": 3, "attempt": 0, "state": "FINISHED", "duration_ms": 15}
+                    ]
                 },
                 {
-                    "task_id": 43,
-                    "index": 4,
-                    "attempt": 1,
                     "executor_id": "exec-2",
-                    "state": "FAILED",
-                    "duration_ms": 2,
-                    "error": "boom"
+                    "tasks": [
+                        {
+                            "task_id": 43,
+                            "index": 4,
+                            "attempt": 1,
+                            "state": "FAILED",
+                            "duration_ms": 2,
+                            "error": "boom"
+                        }
+                    ]
                 }
             ]
         }),
     );
+    let ended: Vec<_> = event
+        .ended()
+        .map(|(executor, t)| (executor.as_str(), t.task_id, t.state))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            ("exec-1", 42, TaskState::Finished),
+            ("exec-2", 43, TaskState::Failed)
+        ]
+    );
+    assert_eq!(event.task_count(), 2);
+    assert_eq!(event.started().count(), 0);
+}
+
+/// A `TaskEnd` of job 7 with `sizes[i]` attempts on executor `exec-<i>`, task ids counting up
+/// from 1 across the executors.
+fn task_end_of(sizes: &[usize]) -> Event {
+    let mut next = 0;
+    let executors = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let tasks = (0..size)
+                .map(|_| {
+                    next += 1;
+                    TaskEnded {
+                        task_id: next,
+                        index: next as u32 - 1,
+                        attempt: 0,
+                        state: TaskState::Finished,
+                        duration_ms: 1,
+                        error: None,
+                    }
+                })
+                .collect();
+            on(&format!("exec-{i}"), tasks)
+        })
+        .collect();
+    Event::TaskEnd {
+        time_ms: 3000,
+        job_id: 7,
+        executors,
+    }
+}
+
+/// `event` as (executor, task id) pairs.
+fn pairs(event: &Event) -> Vec<(String, u64)> {
+    let started = event.started().map(|(e, t)| (e.to_string(), t.task_id));
+    let ended = event.ended().map(|(e, t)| (e.to_string(), t.task_id));
+    started.chain(ended).collect()
+}
+
+/// `event` cut in halves, as the driver does, until each part encodes to at most `limit` bytes.
+fn fit(event: Event, limit: usize) -> Vec<Event> {
+    let mut parts = vec![event];
+    let mut fitted = Vec::new();
+    while let Some(part) = parts.pop() {
+        if encode(&part).len() <= limit {
+            fitted.push(part);
+            continue;
+        }
+        match part.split() {
+            Ok((first, second)) => parts.extend([second, first]),
+            Err(part) => panic!("cannot split {part:?}"),
+        }
+    }
+    fitted
+}
+
+#[test]
+fn task_event_split_cuts_the_attempts_in_half() {
+    // Nine attempts: the first half takes four, all on exec-0, which the second names again.
+    let (first, second) = task_end_of(&[5, 3, 1]).split().unwrap();
+    let ids = |event: &Event| -> Vec<(String, Vec<u64>)> {
+        let Event::TaskEnd { executors, .. } = event else {
+            panic!("not a TaskEnd: {event:?}");
+        };
+        executors
+            .iter()
+            .map(|g| {
+                let ids = g.tasks.iter().map(|t| t.task_id).collect();
+                (g.executor_id.to_string(), ids)
+            })
+            .collect()
+    };
+    assert_eq!(ids(&first), [("exec-0".to_string(), vec![1, 2, 3, 4])]);
+    assert_eq!(
+        ids(&second),
+        [
+            ("exec-0".to_string(), vec![5]),
+            ("exec-1".to_string(), vec![6, 7, 8]),
+            ("exec-2".to_string(), vec![9]),
+        ]
+    );
+    // A cut between two executors leaves no empty group behind.
+    let (first, second) = task_end_of(&[2, 2]).split().unwrap();
+    assert_eq!(ids(&first), [("exec-0".to_string(), vec![1, 2])]);
+    assert_eq!(ids(&second), [("exec-1".to_string(), vec![3, 4])]);
+    // One attempt cannot be cut; the event comes back whole.
+    let single = task_end_of(&[1]);
+    assert_eq!(single.clone().split().unwrap_err(), single);
+    // Nor can an event that is not a task event.
+    let job_start = Event::JobStart {
+        time_ms: 1,
+        job_id: 7,
+        name: String::new(),
+        tasks: 1,
+    };
+    assert_eq!(job_start.clone().split().unwrap_err(), job_start);
+}
+
+#[test]
+fn an_oversize_task_event_splits_into_parts_that_keep_every_attempt_once_in_order() {
+    for sizes in [
+        vec![64, 64],
+        vec![1, 1, 1, 1, 1, 1, 1],
+        vec![100],
+        vec![3, 50, 1, 20],
+    ] {
+        let whole = task_end_of(&sizes);
+        let one = encode(&task_end_of(&[1])).len();
+        let entry = encode(&task_end_of(&[2])).len() - one;
+        // Room for about three attempts a part.
+        let limit = one + 2 * entry;
+        let parts = fit(whole.clone(), limit);
+        assert!(parts.len() > 1, "{sizes:?}: not split");
+        let mut rejoined = Vec::new();
+        for part in &parts {
+            assert!(
+                encode(part).len() <= limit,
+                "{sizes:?}: a part over the limit"
+            );
+            let Event::TaskEnd {
+                time_ms,
+                job_id,
+                executors,
+            } = part
+            else {
+                panic!("{sizes:?}: a part that is not a TaskEnd");
+            };
+            assert_eq!((*time_ms, *job_id), (3000, 7));
+            let named: BTreeSet<_> = executors.iter().map(|g| &g.executor_id).collect();
+            assert_eq!(named.len(), executors.len(), "{sizes:?}: an executor twice");
+            assert!(executors.iter().all(|g| !g.tasks.is_empty()), "{sizes:?}");
+            rejoined.extend(pairs(part));
+        }
+        assert_eq!(rejoined, pairs(&whole), "{sizes:?}");
+    }
+    // A TaskStart splits the same way.
+    let start = Event::TaskStart {
+        time_ms: 2000,
+        job_id: 7,
+        executors: vec![
+            on("exec-1", vec![task_started(); 3]),
+            on("exec-2", vec![task_started(); 2]),
+        ],
+    };
+    let (first, second) = start.clone().split().unwrap();
+    assert_eq!((first.task_count(), second.task_count()), (2, 3));
+    let rejoined: Vec<_> = pairs(&first).into_iter().chain(pairs(&second)).collect();
+    assert_eq!(rejoined, pairs(&start));
 }
 
 #[test]

@@ -1,10 +1,11 @@
 //! Task events, coalesced: `TaskStart` and `TaskEnd` entries wait a moment and go out together,
-//! one event per job and kind, so that at one core per executor (one task per status batch)
-//! the listener bus does not cost two messages per task. Any other event first flushes what
-//! waits, so a job's `JobEnd` always follows its last `TaskEnd`.
+//! one event per job and kind that names each executor once, so that at one core per executor
+//! (one task per status batch) the listener bus does not cost two messages per task. Any other
+//! event first flushes what waits, so a job's `JobEnd` always follows its last `TaskEnd`.
 
-use crate::ids::JobId;
-use crate::protocol::Event;
+use crate::ids::{ExecutorId, JobId};
+use crate::protocol::{Event, ExecutorTasks};
+use std::collections::hash_map::{Entry, HashMap};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -17,6 +18,11 @@ const MAX_WAITING: usize = 4096;
 #[derive(Default)]
 pub struct TaskEvents {
     waiting: Vec<Event>,
+    /// Where each executor's group is in each waiting event: (the event's place in `waiting`,
+    /// executor) to the group's place in its `executors`. Found by hashing rather than by
+    /// looking through the groups, which with many executors of one core each would cost a
+    /// look at every waiting group per status batch.
+    groups: HashMap<(usize, ExecutorId), usize>,
     entries: usize,
     since: Option<Instant>,
 }
@@ -24,18 +30,59 @@ pub struct TaskEvents {
 impl TaskEvents {
     /// Takes `event` in if it is a task event (returning `None`); hands any other back.
     pub fn absorb(&mut self, event: Event) -> Option<Event> {
-        let (job, count) = match &event {
-            Event::TaskStart { job_id, tasks, .. } => (*job_id, tasks.len()),
-            Event::TaskEnd { job_id, tasks, .. } => (*job_id, tasks.len()),
+        let (time_ms, job_id) = match &event {
+            Event::TaskStart {
+                time_ms, job_id, ..
+            }
+            | Event::TaskEnd {
+                time_ms, job_id, ..
+            } => (*time_ms, *job_id),
             _ => return Some(event),
         };
         self.since.get_or_insert_with(Instant::now);
-        self.entries += count;
-        match self.waiting.iter_mut().find(|w| same_kind(w, &event, job)) {
-            Some(existing) => merge(existing, event),
-            None => self.waiting.push(event),
+        self.entries += event.task_count();
+        let at = self.place_for(&event, time_ms, job_id);
+        match (&mut self.waiting[at], event) {
+            (
+                Event::TaskStart { executors, .. },
+                Event::TaskStart {
+                    executors: more, ..
+                },
+            ) => merge(&mut self.groups, at, executors, more),
+            (
+                Event::TaskEnd { executors, .. },
+                Event::TaskEnd {
+                    executors: more, ..
+                },
+            ) => merge(&mut self.groups, at, executors, more),
+            _ => {}
         }
         None
+    }
+
+    /// The place in `waiting` of the event of `event`'s job and kind; a new one, empty, if
+    /// none waits.
+    fn place_for(&mut self, event: &Event, time_ms: u64, job_id: JobId) -> usize {
+        if let Some(at) = self
+            .waiting
+            .iter()
+            .position(|w| same_kind(w, event, job_id))
+        {
+            return at;
+        }
+        self.waiting.push(match event {
+            Event::TaskStart { .. } => Event::TaskStart {
+                time_ms,
+                job_id,
+                executors: Vec::new(),
+            },
+            _ => Event::TaskEnd {
+                time_ms,
+                job_id,
+                executors: Vec::new(),
+            },
+        });
+        self.waiting.len() - 1
     }
 
     /// Whether what waits should go now.
@@ -52,6 +99,7 @@ impl TaskEvents {
     pub fn take(&mut self) -> Vec<Event> {
         self.since = None;
         self.entries = 0;
+        self.groups.clear();
         std::mem::take(&mut self.waiting)
     }
 }
@@ -64,12 +112,164 @@ fn same_kind(waiting: &Event, event: &Event, job: JobId) -> bool {
     )
 }
 
-fn merge(into: &mut Event, event: Event) {
-    match (into, event) {
-        (Event::TaskStart { tasks, .. }, Event::TaskStart { tasks: more, .. }) => {
-            tasks.extend(more)
+/// Adds `more` to `into`, the groups of the waiting event at `at`: an executor's tasks go after
+/// those of its group there, if it has one, and keep their order.
+fn merge<T>(
+    groups: &mut HashMap<(usize, ExecutorId), usize>,
+    at: usize,
+    into: &mut Vec<ExecutorTasks<T>>,
+    more: Vec<ExecutorTasks<T>>,
+) {
+    for group in more {
+        match groups.entry((at, group.executor_id.clone())) {
+            Entry::Occupied(place) => into[*place.get()].tasks.extend(group.tasks),
+            Entry::Vacant(place) => {
+                place.insert(into.len());
+                into.push(group);
+            }
         }
-        (Event::TaskEnd { tasks, .. }, Event::TaskEnd { tasks: more, .. }) => tasks.extend(more),
-        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{TaskEnded, TaskStarted, TaskState};
+
+    fn id(name: &str) -> ExecutorId {
+        ExecutorId::parse(name).unwrap()
+    }
+
+    fn ended(task_id: u64) -> TaskEnded {
+        TaskEnded {
+            task_id,
+            index: task_id as u32,
+            attempt: 0,
+            state: TaskState::Finished,
+            duration_ms: 1,
+            error: None,
+        }
+    }
+
+    fn task_end(time_ms: u64, job_id: JobId, executor: &str, ids: &[u64]) -> Event {
+        Event::TaskEnd {
+            time_ms,
+            job_id,
+            executors: vec![ExecutorTasks {
+                executor_id: id(executor),
+                tasks: ids.iter().copied().map(ended).collect(),
+            }],
+        }
+    }
+
+    fn task_start(job_id: JobId, executor: &str, ids: &[u64]) -> Event {
+        let tasks = ids
+            .iter()
+            .map(|&task_id| TaskStarted {
+                task_id,
+                index: task_id as u32,
+                attempt: 0,
+            })
+            .collect();
+        Event::TaskStart {
+            time_ms: 1,
+            job_id,
+            executors: vec![ExecutorTasks {
+                executor_id: id(executor),
+                tasks,
+            }],
+        }
+    }
+
+    /// (executor, task ids) in an event's order.
+    type Groups = Vec<(String, Vec<u64>)>;
+
+    /// Each event as (kind, job, groups).
+    fn shape(events: &[Event]) -> Vec<(&'static str, JobId, Groups)> {
+        events
+            .iter()
+            .map(|event| {
+                let job = match event {
+                    Event::TaskStart { job_id, .. } | Event::TaskEnd { job_id, .. } => *job_id,
+                    other => panic!("not a task event: {other:?}"),
+                };
+                let mut groups = Groups::new();
+                let pairs = event
+                    .started()
+                    .map(|(e, t)| (e, t.task_id))
+                    .chain(event.ended().map(|(e, t)| (e, t.task_id)));
+                for (executor, task_id) in pairs {
+                    match groups.last_mut() {
+                        Some((last, ids)) if last == executor.as_str() => ids.push(task_id),
+                        _ => groups.push((executor.to_string(), vec![task_id])),
+                    }
+                }
+                (event.kind(), job, groups)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn entries_of_one_job_and_kind_go_out_together_each_executor_named_once() {
+        let mut events = TaskEvents::default();
+        for event in [
+            task_end(10, 1, "a", &[1, 2]),
+            task_end(11, 1, "b", &[3]),
+            task_start(1, "a", &[7]),
+            task_end(12, 1, "a", &[4]),
+            task_end(12, 2, "a", &[5]),
+            task_end(13, 1, "b", &[6]),
+        ] {
+            assert!(events.absorb(event).is_none());
+        }
+        assert!(events.due().is_some());
+        let taken = events.take();
+        assert_eq!(
+            shape(&taken),
+            [
+                (
+                    "task.end",
+                    1,
+                    vec![("a".into(), vec![1, 2, 4]), ("b".into(), vec![3, 6])]
+                ),
+                ("task.start", 1, vec![("a".into(), vec![7])]),
+                ("task.end", 2, vec![("a".into(), vec![5])]),
+            ]
+        );
+        // The first event's time stands for the merged one.
+        assert!(matches!(taken[0], Event::TaskEnd { time_ms: 10, .. }));
+        assert!(events.due().is_none());
+
+        // What was taken is forgotten: a new round starts new events.
+        events.absorb(task_end(20, 2, "b", &[8]));
+        events.absorb(task_end(20, 2, "a", &[9]));
+        assert_eq!(
+            shape(&events.take()),
+            [(
+                "task.end",
+                2,
+                vec![("b".into(), vec![8]), ("a".into(), vec![9])]
+            )]
+        );
+    }
+
+    #[test]
+    fn other_events_are_handed_back_and_a_full_store_says_so() {
+        let mut events = TaskEvents::default();
+        let job_start = Event::JobStart {
+            time_ms: 1,
+            job_id: 1,
+            name: String::new(),
+            tasks: 1,
+        };
+        assert_eq!(events.absorb(job_start.clone()), Some(job_start));
+        assert!(events.due().is_none());
+        let ids: Vec<u64> = (0..MAX_WAITING as u64 - 1).collect();
+        events.absorb(task_end(1, 1, "a", &ids));
+        assert!(!events.is_full());
+        events.absorb(task_end(1, 1, "b", &[u64::MAX]));
+        assert!(events.is_full());
+        assert_eq!(events.take()[0].task_count(), MAX_WAITING);
+        assert!(!events.is_full());
     }
 }

@@ -95,9 +95,9 @@ impl Ledger {
         match event {
             Event::ExecutorAdded { executor_id, .. } => self.added(executor_id),
             Event::ExecutorRemoved { executor_id, .. } => self.removed(executor_id),
-            Event::TaskEnd { job_id, tasks, .. } => tasks
-                .iter()
-                .try_for_each(|end| self.task_ended(*job_id, end, &pid_of)),
+            Event::TaskEnd { job_id, .. } => event
+                .ended()
+                .try_for_each(|(from, end)| self.task_ended(*job_id, from, end, &pid_of)),
             Event::JobEnd { job_id, state, .. } => self.job_ended(*job_id, *state),
             Event::JobStart { .. } | Event::TaskStart { .. } => Ok(()),
         }
@@ -124,17 +124,18 @@ impl Ledger {
     fn task_ended(
         &mut self,
         job_id: JobId,
+        from: &ExecutorId,
         end: &TaskEnded,
         pid_of: &impl Fn(&ExecutorId) -> Option<Pid>,
     ) -> Result<(), String> {
         let (task, attempt) = (end.task_id, end.attempt);
         if end.state != TaskState::Lost {
-            let sent = pid_of(&end.executor_id)
-                .is_some_and(|pid| self.launched.contains(&(task, attempt, pid)));
+            let sent =
+                pid_of(from).is_some_and(|pid| self.launched.contains(&(task, attempt, pid)));
             if !sent {
                 return Err(format!(
                     "task {task} attempt {attempt} ended {:?} from {}, which was not running it",
-                    end.state, end.executor_id
+                    end.state, from
                 ));
             }
         }

@@ -53,17 +53,21 @@ pub fn event_words(event: &Event) -> Vec<u64> {
         Event::ExecutorAdded { time_ms, .. } => vec![1, *time_ms],
         Event::ExecutorRemoved { time_ms, .. } => vec![2, *time_ms],
         Event::JobStart { job_id, .. } => vec![3, *job_id],
-        Event::TaskStart { job_id, tasks, .. } => {
+        Event::TaskStart { job_id, .. } => {
             let mut words = vec![4, *job_id];
-            words.extend(tasks.iter().flat_map(|t| [t.task_id, u64::from(t.attempt)]));
+            words.extend(
+                event
+                    .started()
+                    .flat_map(|(_, t)| [t.task_id, u64::from(t.attempt)]),
+            );
             words
         }
-        Event::TaskEnd { job_id, tasks, .. } => {
+        Event::TaskEnd { job_id, .. } => {
             let mut words = vec![5, *job_id];
             words.extend(
-                tasks
-                    .iter()
-                    .flat_map(|t| [t.task_id, u64::from(t.attempt), state_word(t.state)]),
+                event
+                    .ended()
+                    .flat_map(|(_, t)| [t.task_id, u64::from(t.attempt), state_word(t.state)]),
             );
             words
         }

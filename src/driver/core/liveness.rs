@@ -5,8 +5,8 @@
 use super::Core;
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, Event, ExecutorMessage, HeartbeatReply, HeartbeatRequest, JobState, RunningAttempt,
-    StatusUpdate, TaskEnded, TaskState,
+    ApiReply, Event, ExecutorMessage, ExecutorTasks, HeartbeatReply, HeartbeatRequest, JobState,
+    RunningAttempt, StatusUpdate, TaskEnded, TaskState,
 };
 use std::collections::{BTreeMap, HashSet};
 
@@ -143,7 +143,7 @@ impl Core {
                 "the executor does not run it (a lost launch)",
                 now,
             );
-            self.publish_lost(ends, now);
+            self.publish_lost(id, ends, now);
             self.make_offers(None, now);
         }
     }
@@ -167,7 +167,7 @@ impl Core {
             &format!("executor {id} removed: {reason}"),
             now,
         );
-        self.publish_lost(ends, now);
+        self.publish_lost(id, ends, now);
         self.publish(Event::ExecutorRemoved {
             time_ms: now,
             executor_id: id.clone(),
@@ -207,12 +207,16 @@ impl Core {
         ends
     }
 
-    fn publish_lost(&mut self, ends: BTreeMap<JobId, Vec<TaskEnded>>, now: u64) {
+    /// One `TaskEnd` per job for the attempts `lose_attempts` ended on executor `id`.
+    fn publish_lost(&mut self, id: &ExecutorId, ends: BTreeMap<JobId, Vec<TaskEnded>>, now: u64) {
         for (job_id, tasks) in ends {
             self.publish(Event::TaskEnd {
                 time_ms: now,
                 job_id,
-                tasks,
+                executors: vec![ExecutorTasks {
+                    executor_id: id.clone(),
+                    tasks,
+                }],
             });
         }
     }

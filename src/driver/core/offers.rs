@@ -5,7 +5,7 @@
 use super::jobs::TaskStatus;
 use super::{Core, Effect};
 use crate::ids::{ExecutorId, JobId};
-use crate::protocol::{Event, ExecutorMessage, TaskDescription, TaskStarted};
+use crate::protocol::{Event, ExecutorMessage, ExecutorTasks, TaskDescription, TaskStarted};
 use std::collections::BTreeMap;
 
 /// How far past the head of a job's queue the scheduler looks for a task that did not last fail
@@ -39,11 +39,9 @@ impl Core {
                 .collect(),
         };
         let mut launches: BTreeMap<ExecutorId, Vec<TaskDescription>> = BTreeMap::new();
-        let mut started: BTreeMap<JobId, Vec<TaskStarted>> = BTreeMap::new();
         while !offers.is_empty() && !self.queue.is_empty() {
             offers.retain(|executor| match self.launch_one(executor, now) {
-                Some((description, start)) => {
-                    started.entry(description.job_id).or_default().push(start);
+                Some(description) => {
                     launches
                         .entry(executor.clone())
                         .or_default()
@@ -55,14 +53,15 @@ impl Core {
             self.queue
                 .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
         }
+        let started = started_by_job(&launches);
         for (to, tasks) in launches {
             self.send_launch(to, tasks);
         }
-        for (job_id, tasks) in started {
+        for (job_id, executors) in started {
             self.publish(Event::TaskStart {
                 time_ms: now,
                 job_id,
-                tasks,
+                executors,
             });
         }
     }
@@ -105,11 +104,7 @@ impl Core {
     }
 
     /// Launches one waiting task on `executor` if one fits; FIFO over jobs.
-    fn launch_one(
-        &mut self,
-        executor: &ExecutorId,
-        now: u64,
-    ) -> Option<(TaskDescription, TaskStarted)> {
+    fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
         let free = self.executors.get(executor)?.free_cores;
         let (job_id, position) = self.queue.iter().find_map(|id| {
             let job = self.jobs.get(id)?;
@@ -142,21 +137,14 @@ impl Core {
         let data = self.executors.get_mut(executor)?;
         data.free_cores -= cpus;
         data.running.insert(task_id, attempt);
-        let description = TaskDescription {
+        Some(TaskDescription {
             task_id,
             job_id,
             index,
             attempt,
             cpus,
             spec,
-        };
-        let start = TaskStarted {
-            task_id,
-            index,
-            attempt,
-            executor_id: executor.clone(),
-        };
-        Some((description, start))
+        })
     }
 }
 
@@ -168,6 +156,34 @@ impl Core {
             .iter()
             .any(|(id, data)| id != executor && data.free_cores >= cpus && !data.decommissioning)
     }
+}
+
+/// A round's launches as each job's `TaskStart` lists them: by executor (in id order), each
+/// executor named once per job, its tasks in the order it was dealt them.
+fn started_by_job(
+    launches: &BTreeMap<ExecutorId, Vec<TaskDescription>>,
+) -> BTreeMap<JobId, Vec<ExecutorTasks<TaskStarted>>> {
+    let mut started: BTreeMap<JobId, Vec<ExecutorTasks<TaskStarted>>> = BTreeMap::new();
+    for (executor, tasks) in launches {
+        for task in tasks {
+            let groups = started.entry(task.job_id).or_default();
+            // Executors come one at a time, so this executor's group, if any, is the last.
+            if groups.last().map(|group| &group.executor_id) != Some(executor) {
+                groups.push(ExecutorTasks {
+                    executor_id: executor.clone(),
+                    tasks: Vec::new(),
+                });
+            }
+            if let Some(group) = groups.last_mut() {
+                group.tasks.push(TaskStarted {
+                    task_id: task.task_id,
+                    index: task.index,
+                    attempt: task.attempt,
+                });
+            }
+        }
+    }
+    started
 }
 
 /// Whether task `index`'s last attempt failed on `executor` (a retry should prefer another).

@@ -6,8 +6,8 @@ use super::jobs::TaskStatus;
 use super::Core;
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
-    Event, JobState, JournalRecord, JournaledTask, RefusedStatus, StatusReply, StatusRequest,
-    StatusUpdate, TaskEnded, TaskState,
+    Event, ExecutorTasks, JobState, JournalRecord, JournaledTask, RefusedStatus, StatusReply,
+    StatusRequest, StatusUpdate, TaskEnded, TaskState,
 };
 use std::collections::BTreeMap;
 
@@ -90,7 +90,7 @@ impl Core {
         for update in updates {
             match self.apply_status(executor_id, &update, now) {
                 Ok(Applied::Ended(job_id, end, abort)) => {
-                    settled.extend(self.settled(job_id, &end));
+                    settled.extend(self.settled(job_id, executor_id, &end));
                     ended.entry(job_id).or_default().push(end);
                     if let Some(reason) = abort {
                         aborts.entry(job_id).or_insert(reason);
@@ -121,7 +121,10 @@ impl Core {
             self.publish(Event::TaskEnd {
                 time_ms: now,
                 job_id,
-                tasks,
+                executors: vec![ExecutorTasks {
+                    executor_id: executor_id.clone(),
+                    tasks,
+                }],
             });
             // After the TaskEnd, so listeners see the failure that ended the job first.
             match aborts.remove(&job_id) {
@@ -238,7 +241,6 @@ impl Core {
                 task_id,
                 index,
                 attempt: update.attempt,
-                executor_id: from.clone(),
                 state: update.state,
                 duration_ms,
                 error,
@@ -248,14 +250,15 @@ impl Core {
     }
 
     /// The journal's entry for an attempt that ended its task for good (FINISHED, or FAILED
-    /// the last time); none for one that will run again, or when nothing keeps a journal.
-    fn settled(&self, job_id: JobId, end: &TaskEnded) -> Option<JournaledTask> {
+    /// the last time) on executor `from`; none for one that will run again, or when nothing
+    /// keeps a journal.
+    fn settled(&self, job_id: JobId, from: &ExecutorId, end: &TaskEnded) -> Option<JournaledTask> {
         let job = self.jobs.get(&job_id).filter(|_| self.config.journal)?;
         let status = job.tasks[end.index as usize].status;
         matches!(status, TaskStatus::Finished | TaskStatus::Failed).then(|| JournaledTask {
             task_id: end.task_id,
             attempt: end.attempt,
-            executor_id: end.executor_id.clone(),
+            executor_id: from.clone(),
             state: end.state,
             result: job.results.get(&end.index).cloned(),
             error: job.errors.get(&end.index).cloned(),

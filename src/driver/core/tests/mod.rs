@@ -15,9 +15,9 @@ use super::jobs::TaskStatus;
 use super::{Core, CoreConfig, Effect};
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JobSummary, JournalRecord,
-    RefusedStatus, RegisterExecutor, RegisterReply, ResultsPage, StatusReply, StatusUpdate,
-    SubmitJob, TaskEnded, TaskOutcome, TaskSpec, TaskState,
+    ApiReply, ApiRequest, Event, ExecutorMessage, ExecutorTasks, JobState, JobSummary,
+    JournalRecord, RefusedStatus, RegisterExecutor, RegisterReply, ResultsPage, StatusReply,
+    StatusUpdate, SubmitJob, TaskEnded, TaskOutcome, TaskSpec, TaskState,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -386,11 +386,8 @@ fn job_ends(effects: &[Effect]) -> Vec<Event> {
 
 fn task_ends(effects: &[Effect]) -> Vec<TaskEnded> {
     events(effects)
-        .into_iter()
-        .flat_map(|e| match e {
-            Event::TaskEnd { tasks, .. } => tasks,
-            _ => vec![],
-        })
+        .iter()
+        .flat_map(|e| e.ended().map(|(_, t)| t.clone()))
         .collect()
 }
 
@@ -694,13 +691,10 @@ fn check_effects(core: &Core, effects: &[Effect]) {
         }
     }
     let started: BTreeSet<_> = events(effects)
-        .into_iter()
-        .flat_map(|e| match e {
-            Event::TaskStart { tasks, .. } => tasks
-                .into_iter()
-                .map(|t| (t.executor_id, t.task_id, t.attempt))
-                .collect(),
-            _ => vec![],
+        .iter()
+        .flat_map(|e| {
+            e.started()
+                .map(|(executor, t)| (executor.clone(), t.task_id, t.attempt))
         })
         .collect();
     assert_eq!(launched, started, "LaunchTasks and TaskStart disagree");

@@ -23,7 +23,6 @@ fn a_job_submitted_with_no_executors_launches_when_one_registers() {
         task_id,
         index,
         attempt: 0,
-        executor_id: eid("exec-1"),
     };
     match &effects[..] {
         [Effect::Publish(Event::ExecutorAdded { .. }), launch, start] => {
@@ -42,7 +41,10 @@ fn a_job_submitted_with_no_executors_launches_when_one_registers() {
                 Effect::Publish(Event::TaskStart {
                     time_ms: 20,
                     job_id,
-                    tasks: vec![started(1, 0), started(2, 1)],
+                    executors: vec![crate::protocol::ExecutorTasks {
+                        executor_id: eid("exec-1"),
+                        tasks: vec![started(1, 0), started(2, 1)],
+                    }],
                 })
             );
         }
@@ -74,11 +76,8 @@ fn cores_a_status_batch_frees_are_refilled_in_its_acknowledgement() {
     let effects = core.take_effects();
     assert!(launches(&effects).is_empty(), "{effects:?}");
     let started: Vec<_> = events(&effects)
-        .into_iter()
-        .flat_map(|e| match e {
-            Event::TaskStart { tasks, .. } => tasks.into_iter().map(|t| t.task_id).collect(),
-            _ => vec![],
-        })
+        .iter()
+        .flat_map(|e| e.started().map(|(_, t)| t.task_id))
         .collect();
     assert_eq!(started, [3]);
     assert_eq!(free(&core, "a"), 0);
@@ -105,10 +104,25 @@ fn offers_deal_tasks_round_robin_with_one_launch_per_executor() {
     // JobStart, three launches, one TaskStart for the whole round.
     assert_eq!(effects.len(), 5);
     assert_eq!(event_kinds(&effects), ["job.start", "task.start"]);
-    assert!(matches!(
-        &events(&effects)[1],
-        Event::TaskStart { tasks, .. } if tasks.len() == 6
-    ));
+    // It names each executor once, with its tasks in the order they were dealt.
+    let Event::TaskStart { executors, .. } = &events(&effects)[1] else {
+        panic!("expected a TaskStart: {effects:?}");
+    };
+    let started: Vec<(String, Vec<u64>)> = executors
+        .iter()
+        .map(|g| {
+            let ids = g.tasks.iter().map(|t| t.task_id).collect();
+            (g.executor_id.to_string(), ids)
+        })
+        .collect();
+    assert_eq!(
+        started,
+        [
+            ("a".into(), vec![1, 4]),
+            ("b".into(), vec![2, 5]),
+            ("c".into(), vec![3, 6]),
+        ]
+    );
     for id in ["a", "b", "c"] {
         assert_eq!(free(&core, id), 2);
     }

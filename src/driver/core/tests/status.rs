@@ -27,14 +27,16 @@ fn finished_frees_cores_records_the_result_and_offers_that_executor() {
         Effect::Publish(Event::TaskEnd {
             time_ms: 150,
             job_id,
-            tasks: vec![TaskEnded {
-                task_id: 1,
-                index: 0,
-                attempt: 0,
+            executors: vec![ExecutorTasks {
                 executor_id: eid("a"),
-                state: TaskState::Finished,
-                duration_ms: 50,
-                error: None,
+                tasks: vec![TaskEnded {
+                    task_id: 1,
+                    index: 0,
+                    attempt: 0,
+                    state: TaskState::Finished,
+                    duration_ms: 50,
+                    error: None,
+                }],
             }],
         })
     );

@@ -20,15 +20,17 @@ impl History {
         for event in events(log) {
             match &event {
                 Event::JobStart { job_id, .. } => *h.job_starts.entry(*job_id).or_default() += 1,
-                Event::TaskStart { tasks, .. } => {
-                    for t in tasks {
-                        let started = (t.attempt, t.executor_id.clone());
+                Event::TaskStart { executors, .. } => {
+                    names_each_executor_once(executors);
+                    for (executor, t) in event.started() {
+                        let started = (t.attempt, executor.clone());
                         h.starts.entry(t.task_id).or_default().push(started);
                     }
                 }
-                Event::TaskEnd { tasks, .. } => {
-                    for t in tasks {
-                        let ended = (t.attempt, t.executor_id.clone(), t.state);
+                Event::TaskEnd { executors, .. } => {
+                    names_each_executor_once(executors);
+                    for (executor, t) in event.ended() {
+                        let ended = (t.attempt, executor.clone(), t.state);
                         h.ends.entry(t.task_id).or_default().push(ended);
                     }
                 }
@@ -39,6 +41,23 @@ impl History {
             }
         }
         h
+    }
+}
+
+/// A task event names each executor once: its attempts there are in one group.
+fn names_each_executor_once<T>(groups: &[ExecutorTasks<T>]) {
+    let mut seen = BTreeSet::new();
+    for group in groups {
+        assert!(
+            seen.insert(&group.executor_id),
+            "executor {} named twice in one task event",
+            group.executor_id
+        );
+        assert!(
+            !group.tasks.is_empty(),
+            "an empty group for {}",
+            group.executor_id
+        );
     }
 }
 

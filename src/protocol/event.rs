@@ -1,0 +1,206 @@
+//! The listener bus: the events the driver publishes on `<p>.events.<kind>` for anyone who
+//! subscribes, and how a task event too large for one message is cut in two.
+
+use super::{Batch, JobState, TaskState};
+use crate::ids::{ExecutorId, JobId, TaskId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What `ExecutorAdded` says about the executor: the fields of Spark's `ExecutorInfo`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorInfo {
+    pub host: String,
+    pub host_port: String,
+    pub total_cores: u32,
+    pub log_urls: BTreeMap<String, String>,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// The listener bus, on `<p>.events.<kind>` ([`Event::kind`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum Event {
+    ExecutorAdded {
+        time_ms: u64,
+        executor_id: ExecutorId,
+        info: ExecutorInfo,
+    },
+    ExecutorRemoved {
+        time_ms: u64,
+        executor_id: ExecutorId,
+        reason: String,
+    },
+    JobStart {
+        time_ms: u64,
+        job_id: JobId,
+        name: String,
+        tasks: u32,
+    },
+    /// One offer round's launches for one job, by executor.
+    TaskStart {
+        time_ms: u64,
+        job_id: JobId,
+        executors: Vec<ExecutorTasks<TaskStarted>>,
+    },
+    /// One status batch's task endings for one job, by executor.
+    TaskEnd {
+        time_ms: u64,
+        job_id: JobId,
+        executors: Vec<ExecutorTasks<TaskEnded>>,
+    },
+    JobEnd {
+        time_ms: u64,
+        job_id: JobId,
+        state: JobState,
+        succeeded: u32,
+        failed: u32,
+        killed: u32,
+        reason: Option<String>,
+    },
+}
+
+impl Event {
+    /// The subject suffix this event is published under.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::ExecutorAdded { .. } => "executor.added",
+            Event::ExecutorRemoved { .. } => "executor.removed",
+            Event::JobStart { .. } => "job.start",
+            Event::TaskStart { .. } => "task.start",
+            Event::TaskEnd { .. } => "task.end",
+            Event::JobEnd { .. } => "job.end",
+        }
+    }
+
+    /// The attempts a `TaskStart` announces, each with the executor it was launched on, in the
+    /// event's order; none for any other event.
+    pub fn started(&self) -> impl Iterator<Item = (&ExecutorId, &TaskStarted)> {
+        let groups = match self {
+            Event::TaskStart { executors, .. } => executors.as_slice(),
+            _ => &[],
+        };
+        entries(groups)
+    }
+
+    /// The attempts a `TaskEnd` ends, each with the executor it ran on, in the event's order;
+    /// none for any other event.
+    pub fn ended(&self) -> impl Iterator<Item = (&ExecutorId, &TaskEnded)> {
+        let groups = match self {
+            Event::TaskEnd { executors, .. } => executors.as_slice(),
+            _ => &[],
+        };
+        entries(groups)
+    }
+
+    /// How many attempts a `TaskStart` or `TaskEnd` lists; 0 for any other event.
+    pub fn task_count(&self) -> usize {
+        match self {
+            Event::TaskStart { executors, .. } => count(executors),
+            Event::TaskEnd { executors, .. } => count(executors),
+            _ => 0,
+        }
+    }
+}
+
+/// A task event's attempts on one executor, in the order they were launched or ended there.
+/// The executor is named once for all of them: it is most of what an entry would repeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorTasks<T> {
+    pub executor_id: ExecutorId,
+    pub tasks: Vec<T>,
+}
+
+fn entries<T>(groups: &[ExecutorTasks<T>]) -> impl Iterator<Item = (&ExecutorId, &T)> {
+    groups.iter().flat_map(|group| {
+        group
+            .tasks
+            .iter()
+            .map(move |task| (&group.executor_id, task))
+    })
+}
+
+fn count<T>(groups: &[ExecutorTasks<T>]) -> usize {
+    groups.iter().map(|group| group.tasks.len()).sum()
+}
+
+/// One attempt launched, in a `TaskStart`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskStarted {
+    pub task_id: TaskId,
+    pub index: u32,
+    pub attempt: u32,
+}
+
+/// One attempt ended, in a `TaskEnd`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskEnded {
+    pub task_id: TaskId,
+    pub index: u32,
+    pub attempt: u32,
+    pub state: TaskState,
+    pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Batch for Event {
+    fn split(self) -> Result<(Self, Self), Self> {
+        match self {
+            Event::TaskStart {
+                time_ms,
+                job_id,
+                executors,
+            } => {
+                let part = |executors| Event::TaskStart {
+                    time_ms,
+                    job_id,
+                    executors,
+                };
+                halve_groups(executors)
+                    .map(|(a, b)| (part(a), part(b)))
+                    .map_err(part)
+            }
+            Event::TaskEnd {
+                time_ms,
+                job_id,
+                executors,
+            } => {
+                let part = |executors| Event::TaskEnd {
+                    time_ms,
+                    job_id,
+                    executors,
+                };
+                halve_groups(executors)
+                    .map(|(a, b)| (part(a), part(b)))
+                    .map_err(part)
+            }
+            other => Err(other),
+        }
+    }
+}
+
+type Halves<T> = (Vec<ExecutorTasks<T>>, Vec<ExecutorTasks<T>>);
+
+/// `groups` cut in two with half the attempts in each (the second has the odd one), in order;
+/// the group the cut falls in is cut too, so its executor is named in both halves. `groups`
+/// itself when it holds fewer than two attempts.
+fn halve_groups<T>(mut groups: Vec<ExecutorTasks<T>>) -> Result<Halves<T>, Vec<ExecutorTasks<T>>> {
+    if count(&groups) < 2 {
+        return Err(groups);
+    }
+    // How many attempts the first half still takes, and the group its last one is in.
+    let mut keep = count(&groups) / 2;
+    let mut cut = 0;
+    while groups[cut].tasks.len() < keep {
+        keep -= groups[cut].tasks.len();
+        cut += 1;
+    }
+    let mut second = groups.split_off(cut + 1);
+    let straddled = &mut groups[cut];
+    if straddled.tasks.len() > keep {
+        let tasks = straddled.tasks.split_off(keep);
+        let executor_id = straddled.executor_id.clone();
+        second.insert(0, ExecutorTasks { executor_id, tasks });
+    }
+    Ok((groups, second))
+}
