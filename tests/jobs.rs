@@ -36,7 +36,8 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
 #[tokio::test]
 async fn ten_thousand_noop_tasks_on_four_executors_finish_exactly_once() {
     let cluster = TestCluster::start("jobs-10k");
-    let mut ends = cluster.listen(cluster.subjects.event("task.end")).await;
+    // Starts and ends on one subscription, so they arrive in the order the driver sent them.
+    let mut ends = cluster.listen(cluster.subjects.event("task.*")).await;
     let _driver = cluster.driver().await;
     let mut executors = Vec::new();
     for i in 0..4 {
@@ -64,16 +65,26 @@ async fn ten_thousand_noop_tasks_on_four_executors_finish_exactly_once() {
         (10_000, 10_000, 0)
     );
 
-    // Count the task.end events: every task ended FINISHED exactly once.
+    // Count the task.end events: every task ended FINISHED exactly once, heard of after its
+    // start, on the executor it started on.
+    let mut started: HashMap<(u64, u32), String> = HashMap::new();
     let mut finished: HashMap<u64, u32> = HashMap::new();
     let mut per_executor: HashMap<String, u32> = HashMap::new();
     within(LIMIT, async {
         while finished.len() < 10_000 {
             let message = ends.next().await.unwrap();
-            let Ok(event @ Event::TaskEnd { .. }) = decode(&message.payload, usize::MAX) else {
-                panic!("bad event")
-            };
+            let event: Event = decode(&message.payload, usize::MAX).expect("an event");
+            for (executor, t) in event.started() {
+                started.insert((t.task_id, t.attempt), executor.to_string());
+            }
             for (executor, t) in event.ended() {
+                assert_eq!(
+                    started.get(&(t.task_id, t.attempt)),
+                    Some(&executor.to_string()),
+                    "task {} attempt {} ended before it was heard starting",
+                    t.task_id,
+                    t.attempt
+                );
                 assert_eq!(t.state, TaskState::Finished);
                 *finished.entry(t.task_id).or_default() += 1;
                 *per_executor.entry(executor.to_string()).or_default() += 1;

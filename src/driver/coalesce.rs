@@ -2,6 +2,10 @@
 //! one event per job and kind that names each executor once, so that at one core per executor
 //! (one task per status batch) the listener bus does not cost two messages per task. Any other
 //! event first flushes what waits, so a job's `JobEnd` always follows its last `TaskEnd`.
+//!
+//! What waits goes out starts first, so a listener hears of an attempt's start before its end
+//! even when the job's ends began to gather first. A retry's start is not gathered while ends
+//! of its job wait (one of them may be the previous attempt's): it goes after them.
 
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{Event, ExecutorTasks};
@@ -28,8 +32,13 @@ pub struct TaskEvents {
 }
 
 impl TaskEvents {
-    /// Takes `event` in if it is a task event (returning `None`); hands any other back.
+    /// Takes `event` in if it is a task event that may wait (returning `None`); hands back any
+    /// other, which must follow what waits: events other than task events, and the start of a
+    /// retry while ends of its job wait.
     pub fn absorb(&mut self, event: Event) -> Option<Event> {
+        if self.retry_after_ends(&event) {
+            return Some(event);
+        }
         let (time_ms, job_id) = match &event {
             Event::TaskStart {
                 time_ms, job_id, ..
@@ -85,6 +94,18 @@ impl TaskEvents {
         self.waiting.len() - 1
     }
 
+    /// Whether `event` starts a retry of a job whose ends wait.
+    fn retry_after_ends(&self, event: &Event) -> bool {
+        let Event::TaskStart { job_id, .. } = event else {
+            return false;
+        };
+        event.started().any(|(_, task)| task.attempt > 0)
+            && self
+                .waiting
+                .iter()
+                .any(|w| matches!(w, Event::TaskEnd { job_id: job, .. } if job == job_id))
+    }
+
     /// Whether what waits should go now.
     pub fn is_full(&self) -> bool {
         self.entries >= MAX_WAITING
@@ -95,12 +116,16 @@ impl TaskEvents {
         self.since.map(|since| since + EVENT_DELAY)
     }
 
-    /// Everything waiting, in the order it first arrived.
+    /// Everything waiting: the starts, then the ends, each in the order it first arrived.
     pub fn take(&mut self) -> Vec<Event> {
         self.since = None;
         self.entries = 0;
         self.groups.clear();
-        std::mem::take(&mut self.waiting)
+        let (mut starts, ends): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|event| matches!(event, Event::TaskStart { .. }));
+        starts.extend(ends);
+        starts
     }
 }
 
@@ -163,12 +188,16 @@ mod tests {
     }
 
     fn task_start(job_id: JobId, executor: &str, ids: &[u64]) -> Event {
+        attempt_start(job_id, executor, ids, 0)
+    }
+
+    fn attempt_start(job_id: JobId, executor: &str, ids: &[u64], attempt: u32) -> Event {
         let tasks = ids
             .iter()
             .map(|&task_id| TaskStarted {
                 task_id,
                 index: task_id as u32,
-                attempt: 0,
+                attempt,
             })
             .collect();
         Event::TaskStart {
@@ -227,17 +256,17 @@ mod tests {
         assert_eq!(
             shape(&taken),
             [
+                ("task.start", 1, vec![("a".into(), vec![7])]),
                 (
                     "task.end",
                     1,
                     vec![("a".into(), vec![1, 2, 4]), ("b".into(), vec![3, 6])]
                 ),
-                ("task.start", 1, vec![("a".into(), vec![7])]),
                 ("task.end", 2, vec![("a".into(), vec![5])]),
             ]
         );
         // The first event's time stands for the merged one.
-        assert!(matches!(taken[0], Event::TaskEnd { time_ms: 10, .. }));
+        assert!(matches!(taken[1], Event::TaskEnd { time_ms: 10, .. }));
         assert!(events.due().is_none());
 
         // What was taken is forgotten: a new round starts new events.
@@ -271,5 +300,38 @@ mod tests {
         assert!(events.is_full());
         assert_eq!(events.take()[0].task_count(), MAX_WAITING);
         assert!(!events.is_full());
+    }
+
+    /// An attempt's end can gather before its start does (the job's ends began to wait first,
+    /// then the attempt started and ended within the same moment): the start still goes first.
+    #[test]
+    fn an_attempt_that_starts_and_ends_while_ends_wait_is_heard_starting_first() {
+        let mut events = TaskEvents::default();
+        events.absorb(task_end(10, 1, "a", &[1]));
+        events.absorb(task_start(1, "a", &[2]));
+        events.absorb(task_end(11, 1, "a", &[2]));
+        let taken = events.take();
+        assert_eq!(
+            shape(&taken),
+            [
+                ("task.start", 1, vec![("a".into(), vec![2])]),
+                ("task.end", 1, vec![("a".into(), vec![1, 2])]),
+            ]
+        );
+    }
+
+    /// A retry's start must follow the previous attempt's end, which may be among the ends
+    /// waiting: it is handed back, to go after them. With no end of its job waiting, or for a
+    /// first attempt, it waits like any other start.
+    #[test]
+    fn a_retry_is_not_gathered_while_ends_of_its_job_wait() {
+        let mut events = TaskEvents::default();
+        events.absorb(task_end(10, 1, "a", &[1]));
+        let retry = attempt_start(1, "b", &[1], 1);
+        assert_eq!(events.absorb(retry.clone()), Some(retry.clone()));
+        assert!(events.absorb(attempt_start(2, "b", &[5], 1)).is_none());
+        assert!(events.absorb(task_start(1, "b", &[3])).is_none());
+        events.take();
+        assert!(events.absorb(retry).is_none());
     }
 }
