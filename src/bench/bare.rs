@@ -162,6 +162,31 @@ async fn answer_all(
     }
 }
 
+/// For each message on a route's first subject, publishes the route's payload on its second,
+/// until `stop`.
+async fn relay(
+    client: Client,
+    routes: Vec<(&'static str, &'static str, bytes::Bytes)>,
+    stop: oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    let mut inputs = Vec::with_capacity(routes.len());
+    for (route, (from, _, _)) in routes.iter().enumerate() {
+        inputs.push(client.subscribe(*from).await?.map(move |_| route));
+    }
+    client.flush().await?;
+    let mut inputs = futures::stream::select_all(inputs);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            Some(route) = inputs.next() => {
+                let (_, to, payload) = &routes[route];
+                client.publish(*to, payload.clone()).await?;
+            }
+        }
+    }
+}
+
 /// Sends requests until one is answered: a flush only writes the SUB, so the other party's
 /// subscription may not be in place yet.
 async fn wait_for_answers(
@@ -231,35 +256,16 @@ fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
     let (stop_executor, executor_stopped) = oneshot::channel();
     let (status, _) = status_and_answer(0);
     let (launch, end) = launch_and_end();
-    let driver = spawn_party(url, move |client| async move {
-        let mut submits = client.subscribe("bench.chain.submit").await?;
-        let mut statuses = client.subscribe("bench.chain.status").await?;
-        client.flush().await?;
-        tokio::pin!(driver_stopped);
-        loop {
-            tokio::select! {
-                _ = &mut driver_stopped => return Ok(()),
-                Some(_) = submits.next() => {
-                    client.publish("bench.chain.launch", launch.clone()).await?;
-                }
-                Some(_) = statuses.next() => {
-                    client.publish("bench.chain.end", end.clone()).await?;
-                }
-            }
-        }
+    let driver = spawn_party(url, move |client| {
+        let routes = vec![
+            ("bench.chain.submit", "bench.chain.launch", launch),
+            ("bench.chain.status", "bench.chain.end", end),
+        ];
+        relay(client, routes, driver_stopped)
     });
-    let executor = spawn_party(url, move |client| async move {
-        let mut launches = client.subscribe("bench.chain.launch").await?;
-        client.flush().await?;
-        tokio::pin!(executor_stopped);
-        loop {
-            tokio::select! {
-                _ = &mut executor_stopped => return Ok(()),
-                Some(_) = launches.next() => {
-                    client.publish("bench.chain.status", status.clone()).await?;
-                }
-            }
-        }
+    let executor = spawn_party(url, move |client| {
+        let routes = vec![("bench.chain.launch", "bench.chain.status", status)];
+        relay(client, routes, executor_stopped)
     });
     let samples = crate::cli::runtime()?.block_on(async {
         let client = async_nats::connect(url).await?;
