@@ -99,11 +99,11 @@ impl TaskEvents {
         let Event::TaskStart { job_id, .. } = event else {
             return false;
         };
-        event.started().any(|(_, task)| task.attempt > 0)
-            && self
-                .waiting
-                .iter()
-                .any(|w| matches!(w, Event::TaskEnd { job_id: job, .. } if job == job_id))
+        // The few waiting events first: the event's attempts are many, and seldom retries.
+        self.waiting
+            .iter()
+            .any(|w| matches!(w, Event::TaskEnd { job_id: job, .. } if job == job_id))
+            && event.started().any(|(_, task)| task.attempt > 0)
     }
 
     /// Whether what waits should go now.

@@ -150,33 +150,35 @@ impl Batch for Event {
                 time_ms,
                 job_id,
                 executors,
-            } => {
-                let part = |executors| Event::TaskStart {
-                    time_ms,
-                    job_id,
-                    executors,
-                };
-                halve_groups(executors)
-                    .map(|(a, b)| (part(a), part(b)))
-                    .map_err(part)
-            }
+            } => split_groups(executors, |executors| Event::TaskStart {
+                time_ms,
+                job_id,
+                executors,
+            }),
             Event::TaskEnd {
                 time_ms,
                 job_id,
                 executors,
-            } => {
-                let part = |executors| Event::TaskEnd {
-                    time_ms,
-                    job_id,
-                    executors,
-                };
-                halve_groups(executors)
-                    .map(|(a, b)| (part(a), part(b)))
-                    .map_err(part)
-            }
+            } => split_groups(executors, |executors| Event::TaskEnd {
+                time_ms,
+                job_id,
+                executors,
+            }),
             other => Err(other),
         }
     }
+}
+
+/// A task event's groups cut in two, each half made an event by `part`; the event itself, whole,
+/// when it cannot be cut (the shape of [`Batch::split`]).
+#[allow(clippy::result_large_err)]
+fn split_groups<T>(
+    groups: Vec<ExecutorTasks<T>>,
+    part: impl Fn(Vec<ExecutorTasks<T>>) -> Event,
+) -> Result<(Event, Event), Event> {
+    halve_groups(groups)
+        .map(|(a, b)| (part(a), part(b)))
+        .map_err(part)
 }
 
 type Halves<T> = (Vec<ExecutorTasks<T>>, Vec<ExecutorTasks<T>>);
