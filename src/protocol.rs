@@ -4,6 +4,7 @@
 //! docs/protocol.md describes the same messages for implementers in other languages; the golden
 //! tests in tests/protocol_golden.rs hold the two together.
 
+mod compact;
 mod event;
 mod groups;
 mod journal;
@@ -349,15 +350,14 @@ pub enum StatusRequest {
     },
 }
 
-/// Spark's `StatusUpdate(executorId, taskId, state, data)`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Spark's `StatusUpdate(executorId, taskId, state, data)`. On the wire a plain finish (no
+/// result, no error) is `[task_id, attempt]`, anything else an object (`compact.rs`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct StatusUpdate {
     pub task_id: TaskId,
     pub attempt: u32,
     pub state: TaskState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 

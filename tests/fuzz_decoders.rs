@@ -24,7 +24,7 @@ const SEEDS: &[&str] = &[
     r#"{"type":"RegisterExecutor","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","host_port":"worker-3:7078","cores":8,"log_urls":{"stderr":"http://w/e"},"attributes":{"rack":"r1"}}"#,
     r#"{"type":"RegisteredExecutor","executor_id":"exec-1","driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
     r#"{"type":"RegisterExecutorFailed","message":"Duplicate executor ID: exec-1"}"#,
-    r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[{"task_id":42,"attempt":0,"state":"FINISHED","result":{"exit_code":0}},{"task_id":43,"attempt":1,"state":"FAILED","error":"boom"}]}"#,
+    r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[{"task_id":42,"attempt":0,"state":"FINISHED","result":{"exit_code":0}},{"task_id":43,"attempt":1,"state":"FAILED","error":"boom"},[44,0]]}"#,
     r#"{"type":"StatusAck","accepted":1,"refused":[{"task_id":43,"attempt":1,"reason":"stale"}]}"#,
     r#"{"type":"StatusAck","accepted":1,"refused":[],"launch":[{"job_id":2,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null},"tasks":[[44,3,0],[45,4,1]]}]}"#,
     r#"{"type":"UnknownExecutor","message":"executor exec-1 is not registered"}"#,
@@ -43,7 +43,8 @@ const SEEDS: &[&str] = &[
     r#"{"type":"KillTask","task_id":42,"attempt":0,"reason":"job 7 killed"}"#,
     r#"{"type":"StopExecutor","reason":"decommissioned by request"}"#,
     r#"{"type":"ExecutorAdded","time_ms":1700000000000,"executor_id":"exec-1","info":{"host":"worker-3","host_port":"worker-3:7078","total_cores":8,"log_urls":{},"attributes":{}}}"#,
-    r#"{"type":"TaskEnd","time_ms":3000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[{"task_id":42,"index":3,"attempt":0,"state":"FINISHED","duration_ms":15}]}]}"#,
+    r#"{"type":"TaskEnd","time_ms":3000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[[41,2,0,3],{"task_id":42,"index":3,"attempt":0,"state":"FAILED","duration_ms":15,"error":"boom"}]}]}"#,
+    r#"{"type":"TaskStart","time_ms":2000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[[42,3,0],[44,5,0]]}]}"#,
     r#"{"type":"JobEnd","time_ms":4001,"job_id":8,"state":"KILLED","succeeded":1,"failed":0,"killed":9,"reason":"killed by request"}"#,
     r#"{"kind":"command","argv":["true"]}"#,
 ];

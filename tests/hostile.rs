@@ -21,7 +21,7 @@ const GHOST: &str = "ghost";
 /// their strict prefixes are the truncated JSON.
 const VALID: [&str; 5] = [
     r#"{"type":"RegisterExecutor","executor_id":"exec-a","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","host_port":"h:1","cores":2,"log_urls":{},"attributes":{}}"#,
-    r#"{"type":"StatusUpdates","executor_id":"exec-a","updates":[{"task_id":1,"attempt":0,"state":"FINISHED"}]}"#,
+    r#"{"type":"StatusUpdates","executor_id":"exec-a","updates":[{"task_id":1,"attempt":0,"state":"FINISHED"},[2,0]]}"#,
     r#"{"type":"Heartbeat","executor_id":"exec-a","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[]}"#,
     r#"{"type":"SubmitJob","name":"x","tasks":[{"kind":"handler","name":"noop"}],"repeat":1}"#,
     r#"{"type":"LaunchTasks","tasks":[{"job_id":1,"cpus":1,"spec":{"kind":"handler","name":"noop"},"tasks":[[1,0,0]]}]}"#,
@@ -83,6 +83,9 @@ fn malformed() -> Vec<Vec<u8>> {
         r#"{"type":"RegisterExecutor","executor_id":"*","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","host_port":"h:1","cores":2}"#,
         r#"{"type":"StatusUpdates","executor_id":"exec-a","updates":{"task_id":1}}"#,
         r#"{"type":"StatusUpdates","executor_id":"exec-a","updates":[{"task_id":1,"attempt":0,"state":"EXPLODED"}]}"#,
+        r#"{"type":"StatusUpdates","executor_id":"exec-a","updates":[[1]]}"#,
+        r#"{"type":"StatusUpdates","executor_id":"exec-a","updates":[[1,0,"FINISHED"]]}"#,
+        r#"{"type":"StatusUpdates","executor_id":"exec-a","updates":[[-1,0]]}"#,
         r#"{"type":"Heartbeat","executor_id":"exec-a","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":"all"}"#,
         r#"{"type":"SubmitJob","tasks":[{"kind":"rm -rf","argv":["/"]}]}"#,
         r#"{"type":"SubmitJob","tasks":"noop"}"#,

@@ -280,10 +280,28 @@ fn on<T>(id: &str, tasks: Vec<T>) -> ExecutorTasks<T> {
 
 #[test]
 fn task_started_shape() {
-    golden(
-        &task_started(),
+    golden(&task_started(), json!([42, 3, 0]));
+    // Written out in full, it reads the same.
+    decodes_to(
         json!({"task_id": 42, "index": 3, "attempt": 0}),
+        &task_started(),
     );
+    let expected = "a started attempt: [task_id, index, attempt]";
+    for (entry, needles) in [
+        ("[42,3]", vec!["invalid length 2", expected]),
+        ("[42,3,0,0]", vec!["invalid length 4", expected]),
+        (
+            "[42,-3,0]",
+            vec!["invalid value: integer `-3`", "expected u32"],
+        ),
+        ("42", vec!["invalid type: integer `42`", expected]),
+        (
+            r#"{"task_id":42,"index":3}"#,
+            vec!["missing field `attempt`"],
+        ),
+    ] {
+        json_error::<TaskStarted>(entry.as_bytes(), &needles);
+    }
 }
 
 #[test]
@@ -323,14 +341,11 @@ fn event_task_start() {
             "executors": [
                 {
                     "executor_id": "exec-1",
-                    "tasks": [
-                        {"task_id": 42, "index": 3, "attempt": 0},
-                        {"task_id": 44, "index": 5, "attempt": 0}
-                    ]
+                    "tasks": [[42, 3, 0], [44, 5, 0]]
                 },
                 {
                     "executor_id": "exec-2",
-                    "tasks": [{"task_id": 43, "index": 4, "attempt": 1}]
+                    "tasks": [[43, 4, 1]]
                 }
             ]
         }),
@@ -369,15 +384,41 @@ fn task_ended_failed() -> TaskEnded {
 
 #[test]
 fn task_ended_shape() {
-    // `error` is left out when there is none.
-    golden(
-        &task_ended_ok(),
+    // A plain finish is [task_id, index, attempt, duration_ms]; anything else an object, without
+    // `error` when there is none.
+    golden(&task_ended_ok(), json!([42, 3, 0, 15]));
+    decodes_to(
         json!({
             "task_id": 42,
             "index": 3,
             "attempt": 0,
             "state": "FINISHED",
             "duration_ms": 15
+        }),
+        &task_ended_ok(),
+    );
+    let killed = TaskEnded {
+        state: TaskState::Killed,
+        error: None,
+        ..task_ended_ok()
+    };
+    golden(
+        &killed,
+        json!({"task_id": 42, "index": 3, "attempt": 0, "state": "KILLED", "duration_ms": 15}),
+    );
+    let finished_with_error = TaskEnded {
+        error: Some("late".into()),
+        ..task_ended_ok()
+    };
+    golden(
+        &finished_with_error,
+        json!({
+            "task_id": 42,
+            "index": 3,
+            "attempt": 0,
+            "state": "FINISHED",
+            "duration_ms": 15,
+            "error": "late"
         }),
     );
     golden(
@@ -403,6 +444,23 @@ fn task_ended_shape() {
         }),
         &task_ended_ok(),
     );
+    let expected =
+        "an ended attempt: an object, or [task_id, index, attempt, duration_ms] for a plain finish";
+    for (entry, needles) in [
+        ("[42,3,0]", vec!["invalid length 3", expected]),
+        ("[42,3,0,15,\"FAILED\"]", vec!["invalid length 5", expected]),
+        (
+            "[42,3,0,-1]",
+            vec!["invalid value: integer `-1`", "expected u64"],
+        ),
+        ("null", vec!["invalid type: null", expected]),
+        (
+            r#"{"task_id":42,"index":3,"attempt":0,"duration_ms":1}"#,
+            vec!["missing field `state`"],
+        ),
+    ] {
+        json_error::<TaskEnded>(entry.as_bytes(), &needles);
+    }
 }
 
 #[test]
@@ -425,9 +483,7 @@ fn event_task_end() {
             "executors": [
                 {
                     "executor_id": "exec-1",
-                    "tasks": [
-                        {"task_id": 42, "index": 3, "attempt": 0, "state": "FINISHED", "duration_ms": 15}
-                    ]
+                    "tasks": [[42, 3, 0, 15]]
                 },
                 {
                     "executor_id": "exec-2",
@@ -1629,6 +1685,27 @@ fn status_updates() {
             ]
         }),
     );
+    // A plain finish (no result, no error) goes as [task_id, attempt], and reads back as one
+    // written out in full.
+    let plain = StatusUpdate {
+        task_id: 44,
+        attempt: 1,
+        state: TaskState::Finished,
+        result: None,
+        error: None,
+    };
+    golden(
+        &StatusRequest::StatusUpdates {
+            executor_id: exec("exec-1"),
+            updates: vec![plain.clone(), plain.clone()],
+            driver_instance: None,
+        },
+        json!({"type": "StatusUpdates", "executor_id": "exec-1", "updates": [[44, 1], [44, 1]]}),
+    );
+    decodes_to(
+        json!({"task_id": 44, "attempt": 1, "state": "FINISHED"}),
+        &plain,
+    );
     // A null result or error reads as none; a batch need not name its driver.
     decodes_to(
         json!({
@@ -1648,6 +1725,37 @@ fn status_updates() {
             driver_instance: None,
         },
     );
+}
+
+#[test]
+fn a_plain_finish_is_exactly_two_numbers() {
+    let expected = "a status update: an object, or [task_id, attempt] for a plain finish";
+    for (update, needles) in [
+        ("[]", vec!["invalid length 0", expected]),
+        ("[1]", vec!["invalid length 1", expected]),
+        ("[1,0,0]", vec!["invalid length 3", expected]),
+        ("[1,0,\"FAILED\"]", vec!["invalid length 3", expected]),
+        (
+            "[-1,0]",
+            vec!["invalid value: integer `-1`", "expected u64"],
+        ),
+        (
+            "[1,4294967296]",
+            vec!["invalid value: integer `4294967296`", "expected u32"],
+        ),
+        ("[\"1\",0]", vec!["invalid type: string", "expected u64"]),
+        (
+            "[1.5,0]",
+            vec!["invalid type: floating point", "expected u64"],
+        ),
+        ("42", vec!["invalid type: integer `42`", expected]),
+        ("\"FINISHED\"", vec!["invalid type: string", expected]),
+        ("null", vec!["invalid type: null", expected]),
+    ] {
+        let batch =
+            format!(r#"{{"type":"StatusUpdates","executor_id":"e1","updates":[{update}]}}"#);
+        json_error::<StatusRequest>(batch.as_bytes(), &needles);
+    }
 }
 
 #[test]

@@ -123,23 +123,24 @@ fn count<T>(groups: &[ExecutorTasks<T>]) -> usize {
     groups.iter().map(|group| group.tasks.len()).sum()
 }
 
-/// One attempt launched, in a `TaskStart`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One attempt launched, in a `TaskStart`; on the wire `[task_id, index, attempt]`
+/// (`compact.rs`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct TaskStarted {
     pub task_id: TaskId,
     pub index: u32,
     pub attempt: u32,
 }
 
-/// One attempt ended, in a `TaskEnd`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One attempt ended, in a `TaskEnd`; on the wire a plain finish (no error) is
+/// `[task_id, index, attempt, duration_ms]`, anything else an object (`compact.rs`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct TaskEnded {
     pub task_id: TaskId,
     pub index: u32,
     pub attempt: u32,
     pub state: TaskState,
     pub duration_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 

@@ -163,17 +163,27 @@ impl<'de> Visitor<'de> for AttemptVisitor {
         let attempt = seq
             .next_element()?
             .ok_or_else(|| de::Error::invalid_length(2, &self))?;
-        let mut len = 3;
-        while seq.next_element::<IgnoredAny>()?.is_some() {
-            len += 1;
-        }
-        if len > 3 {
-            return Err(de::Error::invalid_length(len, &self));
-        }
+        end_of_tuple(seq, 3, &self)?;
         Ok(Attempt {
             task_id,
             index,
             attempt,
         })
+    }
+}
+
+/// Checks that a tuple of `len` elements, read that far, has no more.
+pub(super) fn end_of_tuple<'de, A: SeqAccess<'de>>(
+    mut seq: A,
+    len: usize,
+    expected: &dyn de::Expected,
+) -> Result<(), A::Error> {
+    let mut seen = len;
+    while seq.next_element::<IgnoredAny>()?.is_some() {
+        seen += 1;
+    }
+    match seen > len {
+        true => Err(de::Error::invalid_length(seen, expected)),
+        false => Ok(()),
     }
 }
