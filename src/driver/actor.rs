@@ -8,12 +8,12 @@ use super::core::{Core, CoreConfig, Effect, Liveness};
 use super::journal::{Journal, JournalError, JournalMode};
 use super::outbox::{Outbox, Output};
 use crate::protocol::{
-    decode, encode, ApiReply, ApiRequest, Batch, HeartbeatReply, HeartbeatRequest, JournalRecord,
-    RegisterReply, RegisterRequest, StatusReply, StatusRequest,
+    decode, encode, ApiReply, ApiRequest, Batch, Event, HeartbeatReply, HeartbeatRequest,
+    JournalRecord, RegisterReply, RegisterRequest, StatusReply, StatusRequest,
 };
 use crate::subjects::Subjects;
 use crate::{now_ms, PAYLOAD_HEADROOM};
-use async_nats::{Client, Message, Subscriber};
+use async_nats::{Client, Message, Subject, Subscriber};
 use futures::StreamExt;
 use serde::Serialize;
 use std::future::Future;
@@ -90,6 +90,7 @@ pub async fn run(
         subjects,
         limit,
         task_events: TaskEvents::default(),
+        event_subjects: EventSubjects::new(config.subjects.clone()),
         refusals: Refusals::default(),
         journal,
     };
@@ -170,9 +171,31 @@ struct Shell {
     /// The server's max_payload: the largest message anyone can send us.
     limit: usize,
     task_events: TaskEvents,
+    event_subjects: EventSubjects,
     refusals: Refusals,
     /// Where the core's journal records are stored, if anywhere.
     journal: Option<Journal>,
+}
+
+/// The listener-bus subject of each event kind, built once rather than for every event.
+struct EventSubjects {
+    subjects: Subjects,
+    built: Vec<(&'static str, Subject)>,
+}
+
+impl EventSubjects {
+    fn new(subjects: Subjects) -> Self {
+        let kinds = Event::KINDS.iter();
+        let built = kinds.map(|&k| (k, subjects.event(k).into())).collect();
+        Self { subjects, built }
+    }
+
+    fn of(&self, kind: &str) -> Subject {
+        match self.built.iter().find(|(k, _)| *k == kind) {
+            Some((_, subject)) => subject.clone(),
+            None => self.subjects.event(kind).into(),
+        }
+    }
 }
 
 /// Requests the driver refused or dropped before the core saw them, counted; the counts go to
@@ -304,13 +327,13 @@ impl Shell {
                 }
             }
         };
-        Some(Output::Reply(reply.to_string(), encode(&answer)))
+        Some(Output::Reply(reply, encode(&answer)))
     }
 
     /// The reply subject of a request on an executor's subject, if it is that executor's own.
     /// NATS does not check where a requester points its reply, so a request that would have the
     /// driver answer into someone else's inbox gets no answer at all.
-    fn executor_reply(&self, message: &Message, claimed: &str) -> Option<String> {
+    fn executor_reply(&self, message: &Message, claimed: &str) -> Option<Subject> {
         let Some(reply) = &message.reply else {
             debug!(subject = %message.subject, "request without a reply subject dropped");
             Refusals::count(&self.refusals.no_reply);
@@ -321,10 +344,10 @@ impl Shell {
             Refusals::count(&self.refusals.foreign_reply);
             return None;
         }
-        Some(reply.to_string())
+        Some(reply.clone())
     }
 
-    async fn answer(&self, reply: String, payload: bytes::Bytes) {
+    async fn answer(&self, reply: Subject, payload: bytes::Bytes) {
         if let Err(error) = self.client.publish(reply, payload).await {
             warn!(%error, "could not send a reply");
         }
@@ -382,7 +405,7 @@ impl Shell {
                 }
             }
             Output::Effect(Effect::Send { to, message }) => {
-                let subject = self.subjects.executor_inbox(&to);
+                let subject = self.subjects.executor_inbox(&to).into();
                 self.publish_batch(subject, message).await;
             }
             // `emit` hands records to the journal; none reaches here.
@@ -412,13 +435,13 @@ impl Shell {
         }
     }
 
-    async fn publish_event(&self, event: crate::protocol::Event) {
-        let subject = self.subjects.event(event.kind());
+    async fn publish_event(&self, event: Event) {
+        let subject = self.event_subjects.of(event.kind());
         self.publish_batch(subject, event).await;
     }
 
     /// Publishes a batch, cut in halves until each part fits in one message.
-    async fn publish_batch<T: Batch + Serialize>(&self, subject: String, message: T) {
+    async fn publish_batch<T: Batch + Serialize>(&self, subject: Subject, message: T) {
         for payload in self.fit(message, &subject) {
             self.publish(subject.clone(), payload).await;
         }
@@ -444,7 +467,7 @@ impl Shell {
         fitted
     }
 
-    async fn publish(&self, subject: String, payload: bytes::Bytes) {
+    async fn publish(&self, subject: Subject, payload: bytes::Bytes) {
         if let Err(error) = self.client.publish(subject, payload).await {
             warn!(%error, "could not publish");
         }

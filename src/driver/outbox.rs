@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 /// One thing to send.
 pub enum Output {
     /// The answer to a request: (reply subject, payload).
-    Reply(String, bytes::Bytes),
+    Reply(async_nats::Subject, bytes::Bytes),
     /// An event or an executor's message.
     Effect(Effect),
 }
@@ -74,14 +74,14 @@ mod tests {
     use tokio::sync::oneshot;
 
     fn reply(n: u8) -> Output {
-        Output::Reply(format!("r{n}"), bytes::Bytes::new())
+        Output::Reply(format!("r{n}").into(), bytes::Bytes::new())
     }
 
     fn names(outputs: &[Output]) -> Vec<String> {
         outputs
             .iter()
             .map(|o| match o {
-                Output::Reply(subject, _) => subject.clone(),
+                Output::Reply(subject, _) => subject.to_string(),
                 Output::Effect(_) => "effect".into(),
             })
             .collect()

@@ -13,7 +13,7 @@ use crate::protocol::{
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
-use async_nats::{Client, Message, Subscriber};
+use async_nats::{Client, Message, RequestErrorKind, Subject, Subscriber};
 use futures::future::BoxFuture;
 use futures::StreamExt;
 use std::collections::BTreeMap;
@@ -161,18 +161,22 @@ fn millis(duration: Duration) -> u64 {
     duration.as_millis() as u64
 }
 
-/// A request answered or not within [`REQUEST_TIMEOUT`].
+/// A request answered or not within [`REQUEST_TIMEOUT`] (whatever the client's own request
+/// timeout).
 fn request<T: serde::de::DeserializeOwned + 'static>(
     client: &Client,
-    subject: String,
+    subject: Subject,
     payload: bytes::Bytes,
 ) -> BoxFuture<'static, Result<T, String>> {
     let client = client.clone();
+    let request = async_nats::Request::new()
+        .payload(payload)
+        .timeout(Some(REQUEST_TIMEOUT));
     Box::pin(async move {
-        match tokio::time::timeout(REQUEST_TIMEOUT, client.request(subject, payload)).await {
-            Ok(Ok(reply)) => decode(&reply.payload, usize::MAX).map_err(|e| e.to_string()),
-            Ok(Err(error)) => Err(error.to_string()),
-            Err(_) => Err("timed out".into()),
+        match client.send_request(subject, request).await {
+            Ok(reply) => decode(&reply.payload, usize::MAX).map_err(|e| e.to_string()),
+            Err(error) if error.kind() == RequestErrorKind::TimedOut => Err("timed out".into()),
+            Err(error) => Err(error.to_string()),
         }
     })
 }
@@ -200,6 +204,10 @@ struct Backend {
     reregister: Option<BoxFuture<'static, Result<InstanceId, ExecutorError>>>,
     /// `ExecutorExiting`, once the machine has decided to leave.
     leaving: Option<HeartbeatRequest>,
+    /// Where status batches go.
+    status_subject: Subject,
+    /// Where heartbeats and the drain's notices go.
+    lifecycle_subject: Subject,
 }
 
 impl Backend {
@@ -225,7 +233,11 @@ impl Backend {
             0,
         );
         machine.on_registered(driver, 0);
+        let status_subject = config.subjects.status(&config.executor_id).into();
+        let lifecycle_subject = config.subjects.heartbeat(&config.executor_id).into();
         Self {
+            status_subject,
+            lifecycle_subject,
             client,
             config,
             instance,
@@ -347,7 +359,7 @@ impl Backend {
 
     /// Sends what the machine asked for.
     fn send_requests(&mut self) {
-        let lifecycle = self.config.subjects.heartbeat(&self.config.executor_id);
+        let lifecycle = &self.lifecycle_subject;
         while let Some(next) = self.machine.next_request() {
             match next {
                 Request::Register => {
@@ -359,8 +371,7 @@ impl Backend {
                 }
                 Request::Status => {
                     let payload = self.machine.statuses().encode_batch();
-                    let subject = self.config.subjects.status(&self.config.executor_id);
-                    let reply = request(&self.client, subject, payload);
+                    let reply = request(&self.client, self.status_subject.clone(), payload);
                     self.status = Some(Box::pin(async move {
                         let result = reply.await;
                         if result.is_err() {
@@ -400,7 +411,7 @@ impl Backend {
     /// Tells the driver this executor leaves, and returns.
     async fn exit(self) -> Result<(), ExecutorError> {
         if let Some(exiting) = self.leaving {
-            let subject = self.config.subjects.heartbeat(&self.config.executor_id);
+            let subject = self.lifecycle_subject.clone();
             let told: Result<HeartbeatReply, String> =
                 request(&self.client, subject, encode(&exiting)).await;
             if let Err(error) = told {

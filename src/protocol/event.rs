@@ -60,6 +60,16 @@ pub enum Event {
 }
 
 impl Event {
+    /// Every [`Event::kind`].
+    pub const KINDS: [&'static str; 6] = [
+        "executor.added",
+        "executor.removed",
+        "job.start",
+        "task.start",
+        "task.end",
+        "job.end",
+    ];
+
     /// The subject suffix this event is published under.
     pub fn kind(&self) -> &'static str {
         match self {
