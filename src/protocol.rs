@@ -313,10 +313,15 @@ pub enum ExecutorMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         driver_instance: Option<InstanceId>,
     },
+    /// Stops one attempt. Like a launch, it names the driver instance that sent it: an
+    /// executor registered with another instance ignores it (the task id would name another
+    /// driver's task there).
     KillTask {
         task_id: TaskId,
         attempt: u32,
         reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        driver_instance: Option<InstanceId>,
     },
     /// Decommission: finish or hand back the running tasks, then exit.
     StopExecutor { reason: String },

@@ -40,7 +40,7 @@ const SEEDS: &[&str] = &[
     r#"{"type":"Error","message":"no job with id 99"}"#,
     r#"{"type":"Results","job_id":7,"results":[{"index":0,"task_id":40,"state":"FINISHED","attempts":1,"executor_id":"exec-1","result":{"exit_code":0}}],"next_offset":null}"#,
     r#"{"type":"LaunchTasks","tasks":[{"job_id":7,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null},"tasks":[[42,3,0],[43,4,0]]},{"job_id":8,"cpus":2,"spec":{"kind":"command","argv":["true"]},"tasks":[[50,0,2]]}],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
-    r#"{"type":"KillTask","task_id":42,"attempt":0,"reason":"job 7 killed"}"#,
+    r#"{"type":"KillTask","task_id":42,"attempt":0,"reason":"job 7 killed","driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
     r#"{"type":"StopExecutor","reason":"decommissioned by request"}"#,
     r#"{"type":"ExecutorAdded","time_ms":1700000000000,"executor_id":"exec-1","info":{"host":"worker-3","host_port":"worker-3:7078","total_cores":8,"log_urls":{},"attributes":{}}}"#,
     r#"{"type":"TaskEnd","time_ms":3000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[[41,2,0,3],{"task_id":42,"index":3,"attempt":0,"state":"FAILED","duration_ms":15,"error":"boom"}]}]}"#,

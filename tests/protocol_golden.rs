@@ -1618,12 +1618,25 @@ fn a_launch_decodes_no_more_than_its_limit_allows() {
 
 #[test]
 fn executor_kill_task() {
+    let kill = |driver_instance| ExecutorMessage::KillTask {
+        task_id: 43,
+        attempt: 2,
+        reason: "job 7 ended: killed by request".into(),
+        driver_instance,
+    };
     golden(
-        &ExecutorMessage::KillTask {
-            task_id: 43,
-            attempt: 2,
-            reason: "job 7 ended: killed by request".into(),
-        },
+        &kill(Some(driver_instance())),
+        json!({
+            "type": "KillTask",
+            "task_id": 43,
+            "attempt": 2,
+            "reason": "job 7 ended: killed by request",
+            "driver_instance": DRIVER
+        }),
+    );
+    // Without `driver_instance` it is a kill from whichever driver the executor has.
+    golden(
+        &kill(None),
         json!({
             "type": "KillTask",
             "task_id": 43,

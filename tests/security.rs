@@ -469,6 +469,7 @@ async fn an_executor_cannot_read_another_inbox_or_a_wildcard_above_its_own() {
         task_id: 999_999,
         attempt: 0,
         reason: "probe".into(),
+        driver_instance: None,
     };
     driver_conn
         .client

@@ -329,7 +329,7 @@ impl Backend {
                 tasks,
                 driver_instance,
             }) => {
-                if self.machine.launched_by_my_driver(driver_instance) {
+                if self.machine.sent_by_my_driver(driver_instance) {
                     self.launch(&tasks);
                 } else {
                     warn!(
@@ -342,9 +342,17 @@ impl Backend {
                 task_id,
                 attempt,
                 reason,
+                driver_instance,
             }) => {
-                info!(task = task_id, attempt, %reason, "kill");
-                self.machine.kill(task_id, attempt);
+                if self.machine.sent_by_my_driver(driver_instance) {
+                    info!(task = task_id, attempt, %reason, "kill");
+                    self.machine.kill(task_id, attempt);
+                } else {
+                    warn!(
+                        task = task_id,
+                        attempt, "ignored a kill from another driver instance"
+                    );
+                }
             }
             Ok(ExecutorMessage::StopExecutor { reason }) => {
                 info!(%reason, "the driver asked this executor to stop");

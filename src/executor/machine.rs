@@ -171,9 +171,10 @@ impl<H: Cancel> Machine<H> {
         Registered::NewDriver { dropped, unsent }
     }
 
-    /// Whether a `LaunchTasks` from `driver_instance` is for this executor's driver: one from
-    /// another instance launched that driver's tasks, not this one's, and is ignored.
-    pub fn launched_by_my_driver(&self, driver_instance: Option<InstanceId>) -> bool {
+    /// Whether a `LaunchTasks` or `KillTask` from `driver_instance` is from this executor's
+    /// driver: one from another instance is about that driver's tasks, not this one's, and is
+    /// ignored.
+    pub fn sent_by_my_driver(&self, driver_instance: Option<InstanceId>) -> bool {
         driver_instance.is_none() || driver_instance == self.driver
     }
 

@@ -197,3 +197,19 @@ fn tasks_in_an_acknowledgement_come_back_to_be_launched() {
     assert_eq!(launch, [task(2)]);
     assert_eq!(states(&m), []);
 }
+
+#[test]
+fn launches_and_kills_count_only_from_the_driver_registered_with() {
+    let mut machine = machine();
+    let (first, second) = (
+        InstanceId::from_u64_pair(9, 9),
+        InstanceId::from_u64_pair(8, 8),
+    );
+    assert!(machine.sent_by_my_driver(Some(first)));
+    assert!(!machine.sent_by_my_driver(Some(second)));
+    // A sender that names no instance is taken to be the current driver.
+    assert!(machine.sent_by_my_driver(None));
+    machine.on_registered(second, 1);
+    assert!(machine.sent_by_my_driver(Some(second)));
+    assert!(!machine.sent_by_my_driver(Some(first)));
+}

@@ -87,6 +87,7 @@ impl TryFrom<ExecutorMessageWire> for ExecutorMessage {
                 task_id: w.task_id.ok_or_else(|| missing("task_id"))?,
                 attempt: w.attempt.ok_or_else(|| missing("attempt"))?,
                 reason: w.reason.ok_or_else(|| missing("reason"))?,
+                driver_instance: w.driver_instance,
             }),
             MessageKind::StopExecutor => Ok(ExecutorMessage::StopExecutor {
                 reason: w.reason.ok_or_else(|| missing("reason"))?,

@@ -214,14 +214,22 @@ impl World {
             } => {
                 if self.procs[pid as usize]
                     .machine
-                    .launched_by_my_driver(driver_instance)
+                    .sent_by_my_driver(driver_instance)
                 {
                     self.launch_all(pid, driver, &tasks);
                 }
             }
             ExecutorMessage::KillTask {
-                task_id, attempt, ..
-            } => self.procs[pid as usize].machine.kill(task_id, attempt),
+                task_id,
+                attempt,
+                driver_instance,
+                ..
+            } => {
+                let machine = &mut self.procs[pid as usize].machine;
+                if machine.sent_by_my_driver(driver_instance) {
+                    machine.kill(task_id, attempt);
+                }
+            }
             ExecutorMessage::StopExecutor { reason } => self.stop(pid, &reason, now),
         }
         self.executor_stepped(pid)

@@ -3,8 +3,8 @@
 use super::Core;
 use crate::ids::{ExecutorId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, Event, ExecutorMessage, JobState, JobSummary, JournalRecord, ResultsPage, SubmitJob,
-    TaskOutcome, TaskSpec, TaskState,
+    ApiReply, Event, JobState, JobSummary, JournalRecord, ResultsPage, SubmitJob, TaskOutcome,
+    TaskSpec, TaskState,
 };
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
@@ -278,14 +278,7 @@ impl Core {
         let reason = reason.unwrap_or_default();
         for (executor, task_id, attempt) in kills {
             let reason = format!("job {job_id} ended: {reason}");
-            self.send(
-                executor,
-                ExecutorMessage::KillTask {
-                    task_id,
-                    attempt,
-                    reason,
-                },
-            );
+            self.send_kill(executor, task_id, attempt, reason);
         }
         self.publish(end);
     }

@@ -126,14 +126,7 @@ impl Core {
                 } else {
                     "not assigned to this executor"
                 };
-                self.send(
-                    id.clone(),
-                    ExecutorMessage::KillTask {
-                        task_id,
-                        attempt,
-                        reason: reason.into(),
-                    },
-                );
+                self.send_kill(id.clone(), task_id, attempt, reason.into());
             }
         }
         if !missing.is_empty() {

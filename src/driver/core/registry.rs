@@ -129,6 +129,24 @@ impl Core {
     pub(super) fn send(&mut self, to: ExecutorId, message: crate::protocol::ExecutorMessage) {
         self.effects.push(Effect::Send { to, message });
     }
+
+    /// A `KillTask` that says which driver instance sent it.
+    pub(super) fn send_kill(
+        &mut self,
+        to: ExecutorId,
+        task_id: TaskId,
+        attempt: u32,
+        reason: String,
+    ) {
+        let driver_instance = Some(self.config.driver_instance);
+        let kill = crate::protocol::ExecutorMessage::KillTask {
+            task_id,
+            attempt,
+            reason,
+            driver_instance,
+        };
+        self.send(to, kill);
+    }
 }
 
 fn validate_registration(subject_id: &str, req: &RegisterExecutor) -> Result<(), String> {

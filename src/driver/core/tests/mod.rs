@@ -337,7 +337,8 @@ fn launches(effects: &[Effect]) -> Vec<Launch> {
         .collect()
 }
 
-/// The `KillTask`s in `effects`: (executor, task id, attempt, reason).
+/// The `KillTask`s in `effects`: (executor, task id, attempt, reason). Each must name the
+/// driver instance that sent it.
 fn kill_tasks(effects: &[Effect]) -> Vec<(String, TaskId, u32, String)> {
     effects
         .iter()
@@ -349,8 +350,15 @@ fn kill_tasks(effects: &[Effect]) -> Vec<(String, TaskId, u32, String)> {
                         task_id,
                         attempt,
                         reason,
+                        driver_instance,
                     },
-            } => Some((to.to_string(), *task_id, *attempt, reason.clone())),
+            } => {
+                assert!(
+                    driver_instance.is_some(),
+                    "a KillTask without driver_instance"
+                );
+                Some((to.to_string(), *task_id, *attempt, reason.clone()))
+            }
             _ => None,
         })
         .collect()
