@@ -187,16 +187,22 @@ impl Compact for TaskStarted {
         mut seq: A,
         expected: &dyn Expected,
     ) -> Result<Self, A::Error> {
-        let task_id = element(&mut seq, 0, expected)?;
-        let index = element(&mut seq, 1, expected)?;
-        let attempt = element(&mut seq, 2, expected)?;
+        let started = attempt_head(&mut seq, expected)?;
         end_of_tuple(seq, 3, expected)?;
-        Ok(Self {
-            task_id,
-            index,
-            attempt,
-        })
+        Ok(started)
     }
+}
+
+/// The `task_id, index, attempt` that both attempts' array forms start with.
+fn attempt_head<'de, A: SeqAccess<'de>>(
+    seq: &mut A,
+    expected: &dyn Expected,
+) -> Result<TaskStarted, A::Error> {
+    Ok(TaskStarted {
+        task_id: element(seq, 0, expected)?,
+        index: element(seq, 1, expected)?,
+        attempt: element(seq, 2, expected)?,
+    })
 }
 
 impl TaskEnded {
@@ -264,9 +270,11 @@ impl Compact for TaskEnded {
         mut seq: A,
         expected: &dyn Expected,
     ) -> Result<Self, A::Error> {
-        let task_id = element(&mut seq, 0, expected)?;
-        let index = element(&mut seq, 1, expected)?;
-        let attempt = element(&mut seq, 2, expected)?;
+        let TaskStarted {
+            task_id,
+            index,
+            attempt,
+        } = attempt_head(&mut seq, expected)?;
         let duration_ms = element(&mut seq, 3, expected)?;
         end_of_tuple(seq, 4, expected)?;
         Ok(Self {
