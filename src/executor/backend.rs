@@ -13,7 +13,7 @@ use crate::protocol::{
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
-use async_nats::{Client, Message, RequestErrorKind, Subject, Subscriber};
+use async_nats::{Client, Message, Subject, Subscriber};
 use futures::future::BoxFuture;
 use futures::StreamExt;
 use std::collections::BTreeMap;
@@ -161,22 +161,20 @@ fn millis(duration: Duration) -> u64 {
     duration.as_millis() as u64
 }
 
-/// A request answered or not within [`REQUEST_TIMEOUT`] (whatever the client's own request
-/// timeout).
+/// A request answered or not within [`REQUEST_TIMEOUT`], whatever the client's own request
+/// timeout, and counting the wait to hand the request to the client's connection (which the
+/// client's timeout does not).
 fn request<T: serde::de::DeserializeOwned + 'static>(
     client: &Client,
     subject: Subject,
     payload: bytes::Bytes,
 ) -> BoxFuture<'static, Result<T, String>> {
     let client = client.clone();
-    let request = async_nats::Request::new()
-        .payload(payload)
-        .timeout(Some(REQUEST_TIMEOUT));
     Box::pin(async move {
-        match client.send_request(subject, request).await {
-            Ok(reply) => decode(&reply.payload, usize::MAX).map_err(|e| e.to_string()),
-            Err(error) if error.kind() == RequestErrorKind::TimedOut => Err("timed out".into()),
-            Err(error) => Err(error.to_string()),
+        match tokio::time::timeout(REQUEST_TIMEOUT, client.request(subject, payload)).await {
+            Ok(Ok(reply)) => decode(&reply.payload, usize::MAX).map_err(|e| e.to_string()),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err("timed out".into()),
         }
     })
 }
