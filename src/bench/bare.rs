@@ -8,11 +8,11 @@
 //! - **chain**: submit -> launch -> status -> job end, four hops through two relays: the bound
 //!   on Ember's task round trip.
 
-use super::percentiles;
+use super::{noop, noops, percentiles};
 use crate::ids::ExecutorId;
 use crate::protocol::{
     encode, ApiRequest, Event, ExecutorMessage, JobState, StatusReply, StatusRequest, StatusUpdate,
-    SubmitJob, TaskDescription, TaskSpec, TaskState,
+    TaskDescription, TaskState,
 };
 use anyhow::Context;
 use async_nats::Client;
@@ -105,13 +105,6 @@ fn launch() -> TaskDescription {
         attempt: 0,
         cpus: 1,
         spec: Arc::new(noop()),
-    }
-}
-
-fn noop() -> TaskSpec {
-    TaskSpec::Handler {
-        name: "noop".into(),
-        arg: serde_json::Value::Null,
     }
 }
 
@@ -271,13 +264,7 @@ fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
         let client = async_nats::connect(url).await?;
         let mut ends = client.subscribe("bench.chain.end").await?;
         client.flush().await?;
-        let submit = encode(&ApiRequest::SubmitJob(SubmitJob {
-            name: "bench".into(),
-            tasks: vec![noop()],
-            repeat: 1,
-            max_failures: crate::DEFAULT_MAX_FAILURES,
-            cpus_per_task: 1,
-        }));
+        let submit = encode(&ApiRequest::SubmitJob(noops(1)));
         // Until a round goes through: the relays' subscriptions may not be in place yet.
         let ready = Instant::now() + PATIENCE;
         while round(&client, &mut ends, &submit, Duration::from_millis(100))

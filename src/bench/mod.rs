@@ -130,6 +130,24 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A job of `tasks` no-op tasks.
+fn noops(tasks: u32) -> crate::protocol::SubmitJob {
+    crate::protocol::SubmitJob {
+        name: "bench".into(),
+        tasks: vec![noop()],
+        repeat: tasks,
+        max_failures: 4,
+        cpus_per_task: 1,
+    }
+}
+
+fn noop() -> crate::protocol::TaskSpec {
+    crate::protocol::TaskSpec::Handler {
+        name: "noop".into(),
+        arg: serde_json::Value::Null,
+    }
+}
+
 /// p50 and p99 of `samples`, in milliseconds.
 pub(crate) fn percentiles(mut samples: Vec<Duration>) -> Percentiles {
     samples.sort();

@@ -1,10 +1,10 @@
 //! The Ember workloads of `ember bench`.
 
 use super::procs::{machine, rss_mb, Cluster};
-use super::{broker, percentiles, BenchArgs, Memory, Register, Report, Throughput};
+use super::{broker, noops, percentiles, BenchArgs, Memory, Register, Report, Throughput};
 use crate::client::EmberClient;
 use crate::ids::ExecutorId;
-use crate::protocol::{encode, Event, RegisterExecutor, RegisterRequest, SubmitJob, TaskSpec};
+use crate::protocol::{encode, Event, RegisterExecutor, RegisterRequest};
 use crate::subjects::Subjects;
 use futures::StreamExt;
 use std::time::{Duration, Instant};
@@ -102,19 +102,6 @@ impl Memory {
             driver_with_many_executors_mb: 0.0,
             many_executors: 0,
         }
-    }
-}
-
-fn noops(tasks: u32) -> SubmitJob {
-    SubmitJob {
-        name: "bench".into(),
-        tasks: vec![TaskSpec::Handler {
-            name: "noop".into(),
-            arg: serde_json::Value::Null,
-        }],
-        repeat: tasks,
-        max_failures: 4,
-        cpus_per_task: 1,
     }
 }
 

@@ -90,7 +90,6 @@ pub async fn run(
         subjects,
         limit,
         task_events: TaskEvents::default(),
-        event_subjects: EventSubjects::new(config.subjects.clone()),
         refusals: Refusals::default(),
         journal,
     };
@@ -171,31 +170,9 @@ struct Shell {
     /// The server's max_payload: the largest message anyone can send us.
     limit: usize,
     task_events: TaskEvents,
-    event_subjects: EventSubjects,
     refusals: Refusals,
     /// Where the core's journal records are stored, if anywhere.
     journal: Option<Journal>,
-}
-
-/// The listener-bus subject of each event kind, built once rather than for every event.
-struct EventSubjects {
-    subjects: Subjects,
-    built: Vec<(&'static str, Subject)>,
-}
-
-impl EventSubjects {
-    fn new(subjects: Subjects) -> Self {
-        let kinds = Event::KINDS.iter();
-        let built = kinds.map(|&k| (k, subjects.event(k).into())).collect();
-        Self { subjects, built }
-    }
-
-    fn of(&self, kind: &str) -> Subject {
-        match self.built.iter().find(|(k, _)| *k == kind) {
-            Some((_, subject)) => subject.clone(),
-            None => self.subjects.event(kind).into(),
-        }
-    }
 }
 
 /// Requests the driver refused or dropped before the core saw them, counted; the counts go to
@@ -436,7 +413,7 @@ impl Shell {
     }
 
     async fn publish_event(&self, event: Event) {
-        let subject = self.event_subjects.of(event.kind());
+        let subject = self.subjects.event(event.kind()).into();
         self.publish_batch(subject, event).await;
     }
 

@@ -9,12 +9,11 @@
 //! wherever an entry is, so a sender may always write objects.
 
 use super::event::{TaskEnded, TaskStarted};
-use super::groups::end_of_tuple;
 use super::{StatusUpdate, TaskState};
 use crate::ids::TaskId;
 use serde::de::{
-    self, value::MapAccessDeserializer, DeserializeOwned, Deserializer, Expected, MapAccess,
-    SeqAccess, Visitor,
+    self, value::MapAccessDeserializer, DeserializeOwned, Deserializer, Expected, IgnoredAny,
+    MapAccess, SeqAccess, Visitor,
 };
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
@@ -66,6 +65,22 @@ fn element<'de, A: SeqAccess<'de>, T: Deserialize<'de>>(
 ) -> Result<T, A::Error> {
     seq.next_element()?
         .ok_or_else(|| de::Error::invalid_length(at, expected))
+}
+
+/// Checks that a tuple of `len` elements, read that far, has no more.
+fn end_of_tuple<'de, A: SeqAccess<'de>>(
+    mut seq: A,
+    len: usize,
+    expected: &dyn Expected,
+) -> Result<(), A::Error> {
+    let mut seen = len;
+    while seq.next_element::<IgnoredAny>()?.is_some() {
+        seen += 1;
+    }
+    match seen > len {
+        true => Err(de::Error::invalid_length(seen, expected)),
+        false => Ok(()),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -184,13 +199,21 @@ impl Compact for TaskStarted {
     type Object = StartedObject;
 
     fn from_array<'de, A: SeqAccess<'de>>(
-        mut seq: A,
+        seq: A,
         expected: &dyn Expected,
     ) -> Result<Self, A::Error> {
-        let started = attempt_head(&mut seq, expected)?;
-        end_of_tuple(seq, 3, expected)?;
-        Ok(started)
+        attempt_array(seq, expected)
     }
+}
+
+/// `[task_id, index, attempt]`, exactly: a started attempt, or a task of a launch group.
+pub(super) fn attempt_array<'de, A: SeqAccess<'de>>(
+    mut seq: A,
+    expected: &dyn Expected,
+) -> Result<TaskStarted, A::Error> {
+    let started = attempt_head(&mut seq, expected)?;
+    end_of_tuple(seq, 3, expected)?;
+    Ok(started)
 }
 
 /// The `task_id, index, attempt` that both attempts' array forms start with.

@@ -60,15 +60,22 @@ pub enum Event {
 }
 
 impl Event {
-    /// Every [`Event::kind`].
-    pub const KINDS: [&'static str; 6] = [
-        "executor.added",
-        "executor.removed",
-        "job.start",
-        "task.start",
-        "task.end",
-        "job.end",
-    ];
+    /// A `TaskEnd` of job `job_id` for attempts that all ran on one executor.
+    pub fn task_end_on(
+        executor_id: &ExecutorId,
+        time_ms: u64,
+        job_id: JobId,
+        tasks: Vec<TaskEnded>,
+    ) -> Self {
+        Event::TaskEnd {
+            time_ms,
+            job_id,
+            executors: vec![ExecutorTasks {
+                executor_id: executor_id.clone(),
+                tasks,
+            }],
+        }
+    }
 
     /// The subject suffix this event is published under.
     pub fn kind(&self) -> &'static str {

@@ -7,9 +7,10 @@
 //! memory the list stays a `Vec<TaskDescription>`: encoding reads it where it lies, and the tasks
 //! decoded from one group share one `Arc<TaskSpec>`, decoded once.
 
-use super::{TaskDescription, TaskSpec};
-use crate::ids::{JobId, TaskId};
-use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use super::compact::attempt_array;
+use super::{TaskDescription, TaskSpec, TaskStarted};
+use crate::ids::JobId;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::ser::{SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -119,7 +120,7 @@ impl GroupWire {
         if attempts.is_empty() {
             return Err(format!("a task group of job {job_id} has no tasks"));
         }
-        tasks.extend(attempts.into_iter().map(|a| TaskDescription {
+        tasks.extend(attempts.into_iter().map(|Attempt(a)| TaskDescription {
             task_id: a.task_id,
             job_id,
             index: a.index,
@@ -131,12 +132,9 @@ impl GroupWire {
     }
 }
 
-/// One task of a group: `[task_id, index, attempt]`, exactly three numbers.
-struct Attempt {
-    task_id: TaskId,
-    index: u32,
-    attempt: u32,
-}
+/// One task of a group: `[task_id, index, attempt]`, exactly three numbers (a started
+/// attempt's array form).
+struct Attempt(TaskStarted);
 
 impl<'de> Deserialize<'de> for Attempt {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -153,37 +151,7 @@ impl<'de> Visitor<'de> for AttemptVisitor {
         f.write_str("a task as [task_id, index, attempt]")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Attempt, A::Error> {
-        let task_id = seq
-            .next_element()?
-            .ok_or_else(|| de::Error::invalid_length(0, &self))?;
-        let index = seq
-            .next_element()?
-            .ok_or_else(|| de::Error::invalid_length(1, &self))?;
-        let attempt = seq
-            .next_element()?
-            .ok_or_else(|| de::Error::invalid_length(2, &self))?;
-        end_of_tuple(seq, 3, &self)?;
-        Ok(Attempt {
-            task_id,
-            index,
-            attempt,
-        })
-    }
-}
-
-/// Checks that a tuple of `len` elements, read that far, has no more.
-pub(super) fn end_of_tuple<'de, A: SeqAccess<'de>>(
-    mut seq: A,
-    len: usize,
-    expected: &dyn de::Expected,
-) -> Result<(), A::Error> {
-    let mut seen = len;
-    while seq.next_element::<IgnoredAny>()?.is_some() {
-        seen += 1;
-    }
-    match seen > len {
-        true => Err(de::Error::invalid_length(seen, expected)),
-        false => Ok(()),
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Attempt, A::Error> {
+        attempt_array(seq, &self).map(Attempt)
     }
 }

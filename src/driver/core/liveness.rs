@@ -5,8 +5,8 @@
 use super::Core;
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, Event, ExecutorMessage, ExecutorTasks, HeartbeatReply, HeartbeatRequest, JobState,
-    RunningAttempt, StatusUpdate, TaskEnded, TaskState,
+    ApiReply, Event, ExecutorMessage, HeartbeatReply, HeartbeatRequest, JobState, RunningAttempt,
+    StatusUpdate, TaskEnded, TaskState,
 };
 use std::collections::{BTreeMap, HashSet};
 
@@ -203,14 +203,7 @@ impl Core {
     /// One `TaskEnd` per job for the attempts `lose_attempts` ended on executor `id`.
     fn publish_lost(&mut self, id: &ExecutorId, ends: BTreeMap<JobId, Vec<TaskEnded>>, now: u64) {
         for (job_id, tasks) in ends {
-            self.publish(Event::TaskEnd {
-                time_ms: now,
-                job_id,
-                executors: vec![ExecutorTasks {
-                    executor_id: id.clone(),
-                    tasks,
-                }],
-            });
+            self.publish(Event::task_end_on(id, now, job_id, tasks));
         }
     }
 

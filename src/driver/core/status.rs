@@ -6,8 +6,8 @@ use super::jobs::TaskStatus;
 use super::Core;
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
-    Event, ExecutorTasks, JobState, JournalRecord, JournaledTask, RefusedStatus, StatusReply,
-    StatusRequest, StatusUpdate, TaskEnded, TaskState,
+    Event, JobState, JournalRecord, JournaledTask, RefusedStatus, StatusReply, StatusRequest,
+    StatusUpdate, TaskEnded, TaskState,
 };
 use std::collections::BTreeMap;
 
@@ -118,14 +118,7 @@ impl Core {
             .flatten()
             .any(|end| end.state != TaskState::Finished);
         for (job_id, tasks) in ended {
-            self.publish(Event::TaskEnd {
-                time_ms: now,
-                job_id,
-                executors: vec![ExecutorTasks {
-                    executor_id: executor_id.clone(),
-                    tasks,
-                }],
-            });
+            self.publish(Event::task_end_on(executor_id, now, job_id, tasks));
             // After the TaskEnd, so listeners see the failure that ended the job first.
             match aborts.remove(&job_id) {
                 Some(reason) => self.end_job(job_id, JobState::Failed, Some(reason), now),
