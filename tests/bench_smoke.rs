@@ -42,9 +42,14 @@ async fn ember_bench_quick_reports_every_workload() {
         "NATS dropped messages: {stderr}"
     );
     assert_eq!(report["bare"]["executors"], 2);
-    for field in ["loop_cycles_per_s", "chain_p50_ms", "chain_p99_ms"] {
+    for field in ["chain_p50_ms", "chain_p99_ms"] {
         assert!(report["bare"][field].as_f64().unwrap() > 0.0, "{field}");
     }
+    let loops = report["bare"]["loops"].as_array().unwrap();
+    assert_eq!(loops.len(), 2, "one bare loop per core count: {loops:?}");
+    assert!(loops
+        .iter()
+        .all(|l| l["tasks_per_s"].as_f64().unwrap() > 0.0));
     for field in [
         "driver_idle_mb",
         "executor_idle_mb",

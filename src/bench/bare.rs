@@ -4,7 +4,8 @@
 //! processes do, and sends payloads of the size Ember sends, encoded from its own messages.
 //!
 //! - **loop**: E executors each wait for the answer to one status batch at a time, as Ember's
-//!   executors do at one core: the bound on Ember's 2 x 1 throughput.
+//!   executors do. At C cores each batch reports C finished tasks and its answer launches C
+//!   more: the bound on Ember's E x C throughput.
 //! - **chain**: submit -> launch -> status -> job end, four hops through two relays: the bound
 //!   on Ember's task round trip.
 
@@ -27,54 +28,88 @@ use tokio::sync::oneshot;
 pub struct Bare {
     /// Executors in the loop.
     pub executors: u32,
-    /// Status -> answer cycles per second, all executors together.
-    pub loop_cycles_per_s: f64,
+    /// The loop at each core count measured.
+    pub loops: Vec<Loop>,
     pub chain_p50_ms: f64,
     pub chain_p99_ms: f64,
+}
+
+/// The bare loop at one core count: each status batch reports `cores` tasks, and each answer
+/// launches as many.
+#[derive(Debug, Serialize)]
+pub struct Loop {
+    pub cores: u32,
+    /// Status -> answer cycles per second, all executors together.
+    pub cycles_per_s: f64,
+    /// Tasks per second: cycles per second times `cores`.
+    pub tasks_per_s: f64,
+}
+
+impl Bare {
+    /// The loop at `cores` cores, if it was measured.
+    pub fn at(&self, cores: u32) -> Option<&Loop> {
+        self.loops.iter().find(|l| l.cores == cores)
+    }
 }
 
 /// How long a party waits for any one message before the measurement fails.
 const PATIENCE: Duration = Duration::from_secs(10);
 
-/// Measures the bare loop with `executors` executors doing `cycles` cycles each, and `rounds`
-/// round trips through the bare chain.
+/// Measures the bare loop with `executors` executors, at each `(cores, cycles)` given, and
+/// `rounds` round trips through the bare chain.
 pub async fn measure(
     url: &str,
     executors: u32,
-    cycles: usize,
+    loops: Vec<(u32, usize)>,
     rounds: usize,
 ) -> anyhow::Result<Bare> {
-    let (url, owned) = (url.to_string(), url.to_string());
-    let loop_cycles_per_s =
-        tokio::task::spawn_blocking(move || bare_loop(&url, executors, cycles)).await??;
-    let chain = tokio::task::spawn_blocking(move || chain(&owned, rounds)).await??;
-    Ok(Bare {
-        executors,
-        loop_cycles_per_s,
-        chain_p50_ms: chain.p50_ms,
-        chain_p99_ms: chain.p99_ms,
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        let loops = loops
+            .into_iter()
+            .map(|(cores, cycles)| {
+                let cycles_per_s = bare_loop(&url, executors, cores, cycles)?;
+                anyhow::Ok(Loop {
+                    cores,
+                    cycles_per_s,
+                    tasks_per_s: cycles_per_s * f64::from(cores),
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let chain = chain(&url, rounds)?;
+        Ok(Bare {
+            executors,
+            loops,
+            chain_p50_ms: chain.p50_ms,
+            chain_p99_ms: chain.p99_ms,
+        })
     })
+    .await?
 }
 
-/// A status batch with one finished task, and the answer carrying the next task, as Ember
-/// encodes them.
-fn status_and_answer(executor: u32) -> (bytes::Bytes, bytes::Bytes) {
+/// A status batch of `cores` finished tasks, and the answer carrying as many launches, as
+/// Ember encodes them.
+fn status_and_answer(executor: u32, cores: u32) -> (bytes::Bytes, bytes::Bytes) {
     let executor_id = ExecutorId::parse(format!("bench-{executor}")).expect("a valid id");
     let status = StatusRequest::StatusUpdates {
         executor_id,
-        updates: vec![StatusUpdate {
-            task_id: 123_456,
-            attempt: 0,
-            state: TaskState::Finished,
-            result: None,
-            error: None,
-        }],
+        updates: (0..u64::from(cores))
+            .map(|i| StatusUpdate {
+                task_id: 123_456 + i,
+                attempt: 0,
+                state: TaskState::Finished,
+                result: None,
+                error: None,
+            })
+            .collect(),
         driver_instance: Some(uuid::Uuid::new_v4()),
     };
     let answer = StatusReply::StatusAck {
-        accepted: 1,
+        accepted: cores,
         refused: Vec::new(),
-        launch: vec![launch()],
+        launch: (0..cores)
+            .map(|i| launch(200_000 + u64::from(i), i))
+            .collect(),
     };
     (encode(&status), encode(&answer))
 }
@@ -82,7 +117,7 @@ fn status_and_answer(executor: u32) -> (bytes::Bytes, bytes::Bytes) {
 /// The launch of a one-task job, and its end event.
 fn launch_and_end() -> (bytes::Bytes, bytes::Bytes) {
     let launch = ExecutorMessage::LaunchTasks {
-        tasks: vec![launch()],
+        tasks: vec![launch(123_457, 123_456)],
         driver_instance: Some(uuid::Uuid::new_v4()),
     };
     let end = Event::JobEnd {
@@ -97,11 +132,11 @@ fn launch_and_end() -> (bytes::Bytes, bytes::Bytes) {
     (encode(&launch), encode(&end))
 }
 
-fn launch() -> TaskDescription {
+fn launch(task_id: u64, index: u32) -> TaskDescription {
     TaskDescription {
-        task_id: 123_457,
+        task_id,
         job_id: 2,
-        index: 123_456,
+        index,
         attempt: 0,
         cpus: 1,
         spec: Arc::new(noop()),
@@ -197,10 +232,11 @@ async fn wait_for_answers(
     }
 }
 
-/// Cycles per second of `executors` executors, each waiting for one answer at a time.
-fn bare_loop(url: &str, executors: u32, cycles: usize) -> anyhow::Result<f64> {
+/// Cycles per second of `executors` executors of `cores` cores, each waiting for one answer at
+/// a time.
+fn bare_loop(url: &str, executors: u32, cores: u32, cycles: usize) -> anyhow::Result<f64> {
     let (stop, stopped) = oneshot::channel();
-    let (_, answer) = status_and_answer(0);
+    let (_, answer) = status_and_answer(0, cores);
     let driver = spawn_party(url, move |client| {
         answer_all(client, "bench.loop.status.*", answer, stopped)
     });
@@ -209,7 +245,7 @@ fn bare_loop(url: &str, executors: u32, cycles: usize) -> anyhow::Result<f64> {
         .map(|i| {
             let start = start.clone();
             spawn_party(url, move |client| async move {
-                let (status, _) = status_and_answer(i);
+                let (status, _) = status_and_answer(i, cores);
                 let subject = format!("bench.loop.status.bench-{i}");
                 let warm = async {
                     wait_for_answers(&client, &subject, &status).await?;
@@ -247,7 +283,7 @@ fn bare_loop(url: &str, executors: u32, cycles: usize) -> anyhow::Result<f64> {
 fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
     let (stop_driver, driver_stopped) = oneshot::channel();
     let (stop_executor, executor_stopped) = oneshot::channel();
-    let (status, _) = status_and_answer(0);
+    let (status, _) = status_and_answer(0, 1);
     let (launch, end) = launch_and_end();
     let driver = spawn_party(url, move |client| {
         let routes = vec![

@@ -54,6 +54,20 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// No-op tasks in the throughput run at `cores` cores per executor.
+    fn tasks_at(&self, cores: u32) -> u32 {
+        if cores == 1 {
+            self.tasks_one_core
+        } else {
+            self.tasks
+        }
+    }
+
+    /// Cycles of each executor in the bare loop at `cores` cores: as many tasks as Ember's run.
+    fn cycles_per_executor(&self, cores: u32) -> usize {
+        (self.tasks_at(cores) / (self.executors * cores).max(1)) as usize
+    }
+
     fn scaled(&self) -> Self {
         if !self.quick {
             return self.clone();
@@ -194,11 +208,12 @@ fn print_table(report: &Report) {
                 t.tasks, t.executors, t.cores
             ),
             format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
-            match (&report.bare, limit) {
-                // At one core each, an executor waits for one answer at a time: the bare loop.
-                (Some(b), _) if t.cores == 1 && t.executors == b.executors => format!(
-                    "{:.0}% of the bare loop",
-                    100.0 * t.tasks_per_s / b.loop_cycles_per_s
+            match (report.bare.as_ref().and_then(|b| b.at(t.cores)), limit) {
+                // An executor waits for one answer at a time: the bare loop at as many cores.
+                (Some(b), _) => format!(
+                    "{:.0}% of the bare loop ({:.0} tasks/s)",
+                    100.0 * t.tasks_per_s / b.tasks_per_s,
+                    b.tasks_per_s
                 ),
                 (_, Some(l)) => format!(
                     "{:.1}% of pipelined requests/s",
@@ -234,8 +249,15 @@ fn print_table(report: &Report) {
         table.add_row([
             "bare (Ember's messages, no Ember)".to_string(),
             format!(
-                "loop: {:.0} cycles/s on {} executors; round trip: p50 {:.3} ms, p99 {:.3} ms",
-                b.loop_cycles_per_s, b.executors, b.chain_p50_ms, b.chain_p99_ms
+                "loop on {} executors: {}; round trip: p50 {:.3} ms, p99 {:.3} ms",
+                b.executors,
+                b.loops
+                    .iter()
+                    .map(|l| format!("{:.0} tasks/s at {} cores", l.tasks_per_s, l.cores))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                b.chain_p50_ms,
+                b.chain_p99_ms
             ),
             String::new(),
         ]);

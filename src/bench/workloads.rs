@@ -31,7 +31,10 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
         super::bare::measure(
             &cluster.server.url(),
             args.executors,
-            (args.tasks_one_core / args.executors.max(1)) as usize,
+            args.cores
+                .iter()
+                .map(|&cores| (cores, args.cycles_per_executor(cores)))
+                .collect(),
             args.latency_jobs,
         )
         .await?,
@@ -43,11 +46,7 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
 
     let mut memory = Memory::default_zero();
     for &cores in &args.cores {
-        let tasks = if cores == 1 {
-            args.tasks_one_core
-        } else {
-            args.tasks
-        };
+        let tasks = args.tasks_at(cores);
         eprintln!(
             "bench: {tasks} no-op tasks on {} x {cores} cores",
             args.executors
