@@ -33,10 +33,40 @@ pub fn validate_token(what: &str, value: &str) -> Result<(), String> {
 }
 
 /// An executor's id: one subject token, given by the operator or a generated UUID. Shared, not
-/// copied: the driver stores it with every attempt it launches.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+/// copied: the driver stores it with every attempt it launches, and compares two copies of one
+/// id without reading them.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(try_from = "String")]
 pub struct ExecutorId(Arc<str>);
+
+impl PartialEq for ExecutorId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for ExecutorId {}
+
+impl PartialOrd for ExecutorId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ExecutorId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return std::cmp::Ordering::Equal;
+        }
+        self.0.cmp(&other.0)
+    }
+}
+
+impl std::hash::Hash for ExecutorId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
 
 impl ExecutorId {
     /// Parses and validates an id.
@@ -118,6 +148,24 @@ mod tests {
         }
         assert!(ExecutorId::parse("x".repeat(64)).is_ok());
         assert!(ExecutorId::parse(ExecutorId::generate().to_string()).is_ok());
+    }
+
+    #[test]
+    fn copies_and_separate_parses_of_an_id_compare_alike() {
+        use std::cmp::Ordering;
+        use std::hash::BuildHasher;
+        let a = ExecutorId::parse("exec-a").unwrap();
+        let parsed_again = ExecutorId::parse("exec-a").unwrap();
+        let b = ExecutorId::parse("exec-b").unwrap();
+        let hasher = std::collections::hash_map::RandomState::new();
+        for same in [a.clone(), parsed_again] {
+            assert_eq!(a, same);
+            assert_eq!(a.cmp(&same), Ordering::Equal);
+            assert_eq!(hasher.hash_one(&a), hasher.hash_one(&same));
+        }
+        assert_ne!(a, b);
+        assert_eq!(a.cmp(&b), Ordering::Less);
+        assert_eq!(b.cmp(&a.clone()), Ordering::Greater);
     }
 
     #[test]

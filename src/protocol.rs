@@ -505,8 +505,27 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8], limit: usize) -> Result<T, De
 
 /// Encodes a message. Ember's messages have string keys and no fallible `Serialize` impls, so
 /// this cannot fail for them.
+///
+/// The JSON is written into a buffer each thread keeps, then copied out at its final size: a
+/// message of many tasks costs one copy, not a string of reallocations as a fresh buffer grows.
 pub fn encode<T: Serialize>(message: &T) -> bytes::Bytes {
-    serde_json::to_vec(message)
-        .expect("Ember's messages always serialize to JSON")
-        .into()
+    /// A buffer that grew past this is let go after use rather than kept.
+    const KEEP: usize = 256 * 1024;
+    const INFALLIBLE: &str = "Ember's messages always serialize to JSON";
+    thread_local! {
+        static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUFFER.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut buffer) => {
+            buffer.clear();
+            serde_json::to_writer(&mut *buffer, message).expect(INFALLIBLE);
+            let payload = bytes::Bytes::copy_from_slice(&buffer);
+            if buffer.capacity() > KEEP {
+                *buffer = Vec::new();
+            }
+            payload
+        }
+        // Only if a `Serialize` impl encoded something itself.
+        Err(_) => serde_json::to_vec(message).expect(INFALLIBLE).into(),
+    })
 }

@@ -6,6 +6,7 @@ use crate::protocol::{
     ApiReply, Event, JobState, JobSummary, JournalRecord, ResultsPage, SubmitJob, TaskOutcome,
     TaskSpec, TaskState,
 };
+use crate::IdHasher;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -53,9 +54,9 @@ pub struct Job {
     pub pending: VecDeque<u32>,
     /// Where superseded attempts ran: (index, attempt) -> executor; for telling a late repeat
     /// from a status that was never ours.
-    pub past_attempts: HashMap<(u32, u32), ExecutorId>,
-    pub results: HashMap<u32, Value>,
-    pub errors: HashMap<u32, String>,
+    pub past_attempts: HashMap<(u32, u32), ExecutorId, IdHasher>,
+    pub results: HashMap<u32, Value, IdHasher>,
+    pub errors: HashMap<u32, String, IdHasher>,
     pub state: JobState,
     pub succeeded: u32,
     pub failed: u32,
@@ -87,9 +88,9 @@ impl Job {
             cpus_per_task: submit.cpus_per_task,
             tasks: vec![task; count as usize],
             pending: (0..count).collect(),
-            past_attempts: HashMap::new(),
-            results: HashMap::new(),
-            errors: HashMap::new(),
+            past_attempts: HashMap::default(),
+            results: HashMap::default(),
+            errors: HashMap::default(),
             state: JobState::Running,
             succeeded: 0,
             failed: 0,

@@ -23,38 +23,37 @@ impl Core {
         if self.queue.is_empty() {
             return;
         }
-        let mut offers: Vec<ExecutorId> = match only {
+        // Each executor offered, in id order, with what it is dealt.
+        let mut offers: Vec<(ExecutorId, Vec<TaskDescription>)> = match only {
             Some(id) => self
                 .executors
                 .get(id)
                 .filter(|e| !e.decommissioning)
-                .map(|_| id.clone())
+                .map(|_| (id.clone(), Vec::new()))
                 .into_iter()
                 .collect(),
             None => self
                 .executors
                 .iter()
                 .filter(|(_, e)| e.free_cores > 0 && !e.decommissioning)
-                .map(|(id, _)| id.clone())
+                .map(|(id, _)| (id.clone(), Vec::new()))
                 .collect(),
         };
-        let mut launches: BTreeMap<ExecutorId, Vec<TaskDescription>> = BTreeMap::new();
-        while !offers.is_empty() && !self.queue.is_empty() {
-            offers.retain(|executor| match self.launch_one(executor, now) {
-                Some(description) => {
-                    launches
-                        .entry(executor.clone())
-                        .or_default()
-                        .push(description);
-                    true
-                }
-                None => false,
+        // Those that may still take a task.
+        let mut open: Vec<usize> = (0..offers.len()).collect();
+        while !open.is_empty() && !self.queue.is_empty() {
+            open.retain(|&i| {
+                let (executor, dealt) = &mut offers[i];
+                self.launch_one(executor, now)
+                    .map(|description| dealt.push(description))
+                    .is_some()
             });
             self.queue
                 .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
         }
-        let started = started_by_job(&launches);
-        for (to, tasks) in launches {
+        offers.retain(|(_, dealt)| !dealt.is_empty());
+        let started = started_by_job(&offers);
+        for (to, tasks) in offers {
             self.send_launch(to, tasks);
         }
         for (job_id, executors) in started {
@@ -117,8 +116,8 @@ impl Core {
             })?;
             Some((*id, position))
         })?;
-        let index = self.jobs.get_mut(&job_id)?.pending.remove(position)?;
         let job = self.jobs.get_mut(&job_id)?;
+        let index = job.pending.remove(position)?;
         let cpus = job.cpus_per_task;
         let task_id = job.first_task + u64::from(index);
         let record = &mut job.tasks[index as usize];
@@ -158,10 +157,10 @@ impl Core {
     }
 }
 
-/// A round's launches as each job's `TaskStart` lists them: by executor (in id order), each
+/// A round's launches, by executor in id order, as each job's `TaskStart` lists them: each
 /// executor named once per job, its tasks in the order it was dealt them.
 fn started_by_job(
-    launches: &BTreeMap<ExecutorId, Vec<TaskDescription>>,
+    launches: &[(ExecutorId, Vec<TaskDescription>)],
 ) -> BTreeMap<JobId, Vec<ExecutorTasks<TaskStarted>>> {
     let mut started: BTreeMap<JobId, Vec<ExecutorTasks<TaskStarted>>> = BTreeMap::new();
     for (executor, tasks) in launches {

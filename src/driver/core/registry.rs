@@ -23,7 +23,7 @@ pub struct ExecutorData {
     pub registered_at_ms: u64,
     pub last_seen_ms: u64,
     /// The attempts running there: task id -> attempt.
-    pub running: HashMap<TaskId, u32, crate::FixedHasher>,
+    pub running: HashMap<TaskId, u32, crate::IdHasher>,
     /// Draining: it gets no new tasks.
     pub decommissioning: bool,
 }

@@ -76,12 +76,21 @@ impl Core {
                 ),
             };
         }
-        let Some(executor) = self.executors.get_mut(executor_id) else {
+        // The registry's own copy of the id from here on: the attempts launched below keep it,
+        // and two copies of one id compare without being read.
+        let Some(registered) = self
+            .executors
+            .get_key_value(executor_id)
+            .map(|(id, _)| id.clone())
+        else {
             return StatusReply::UnknownExecutor {
                 message: format!("executor {executor_id} is not registered"),
             };
         };
-        executor.last_seen_ms = now;
+        let executor_id = &registered;
+        if let Some(executor) = self.executors.get_mut(executor_id) {
+            executor.last_seen_ms = now;
+        }
         let mut accepted = 0;
         let mut refused = Vec::new();
         let mut ended: BTreeMap<JobId, Vec<TaskEnded>> = BTreeMap::new();
