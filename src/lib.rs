@@ -64,9 +64,10 @@ pub const SUBSCRIPTION_CAPACITY: usize = 1 << 16;
 pub type FixedHasher = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
 
 /// Hashing for keys the driver hands out itself (task ids, a job's task indexes), in the maps
-/// touched for every task: a rotation and a multiplication per word, FxHash's, a fraction of
-/// SipHash's cost, and as deterministic as [`FixedHasher`]. Not for keys that come from the
-/// wire: whoever knows the function can choose keys that all collide.
+/// touched for every task: a rotation and a multiplication per word (FxHash's), then the
+/// finishing mix of MurmurHash3, a fraction of SipHash's cost and as deterministic as
+/// [`FixedHasher`]. Not for keys that come from the wire: whoever knows the function can
+/// choose keys that all collide.
 pub type IdHasher = std::hash::BuildHasherDefault<IdHash>;
 
 /// The hasher of [`IdHasher`].
@@ -94,8 +95,16 @@ impl std::hash::Hasher for IdHash {
         self.add(n);
     }
 
+    /// Mixes every bit of the state into the low bits, where a map picks its bucket: a product
+    /// alone keeps the key's low bits there, and ids that step by a power of two (one
+    /// executor's tasks, dealt round-robin among 64) would crowd a few buckets.
     fn finish(&self) -> u64 {
-        self.0
+        let mut x = self.0;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        x ^ (x >> 33)
     }
 }
 
@@ -105,4 +114,34 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdHasher;
+    use std::collections::HashSet;
+    use std::hash::BuildHasher;
+
+    /// Where a map of 128 buckets would put each of 64 ids that start at 1 and step by `stride`.
+    fn buckets(stride: u64) -> HashSet<u64> {
+        (0..64)
+            .map(|i| IdHasher::default().hash_one(1 + stride * i) & 127)
+            .collect()
+    }
+
+    #[test]
+    fn ids_spread_over_buckets_whatever_their_step() {
+        // Spread at random, 64 ids would fill about 50 of 128 buckets.
+        for stride in [1, 2, 3, 7, 64, 1024, 1 << 20, 1 << 32] {
+            let used = buckets(stride).len();
+            assert!(used >= 40, "step {stride}: 64 ids in {used} of 128 buckets");
+        }
+    }
+
+    #[test]
+    fn id_hashing_is_the_same_in_every_process() {
+        let hash = |key: (u32, u32)| IdHasher::default().hash_one(key);
+        assert_eq!(hash((7, 1)), hash((7, 1)));
+        assert_ne!(hash((7, 1)), hash((1, 7)));
+    }
 }
