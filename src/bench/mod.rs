@@ -176,6 +176,14 @@ pub(crate) fn percentiles(mut samples: Vec<Duration>) -> Percentiles {
     }
 }
 
+/// "1 core", "64 cores".
+fn cores(n: u32) -> String {
+    match n {
+        1 => "1 core".to_string(),
+        n => format!("{n} cores"),
+    }
+}
+
 fn print_table(report: &Report) {
     use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
     let mut table = Table::new();
@@ -204,8 +212,10 @@ fn print_table(report: &Report) {
     for t in &report.throughput {
         table.add_row([
             format!(
-                "{} no-op tasks, {} x {} cores",
-                t.tasks, t.executors, t.cores
+                "{} no-op tasks, {} x {}",
+                t.tasks,
+                t.executors,
+                cores(t.cores)
             ),
             format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
             match (report.bare.as_ref().and_then(|b| b.at(t.cores)), limit) {
@@ -253,7 +263,7 @@ fn print_table(report: &Report) {
                 b.executors,
                 b.loops
                     .iter()
-                    .map(|l| format!("{:.0} tasks/s at {} cores", l.tasks_per_s, l.cores))
+                    .map(|l| format!("{:.0} tasks/s at {}", l.tasks_per_s, cores(l.cores)))
                     .collect::<Vec<_>>()
                     .join(", "),
                 b.chain_p50_ms,
