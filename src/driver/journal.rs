@@ -161,14 +161,28 @@ impl Journal {
         let subject = self.subject.clone();
         Box::pin(async move {
             let mut delay = Duration::from_millis(50);
+            let (first, mut attempts) = (std::time::Instant::now(), 0u32);
             loop {
                 let stored = match context.publish(subject.clone(), payload.clone()).await {
                     Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
                 };
+                attempts += 1;
                 match stored {
-                    Ok(()) => return,
-                    Err(error) => warn!(%error, retry_in = ?delay, "journal write failed"),
+                    Ok(()) => {
+                        if attempts > 1 {
+                            info!(attempts, after = ?first.elapsed(), "journal write stored");
+                        }
+                        return;
+                    }
+                    Err(error) => warn!(
+                        %error,
+                        attempts,
+                        failing_for = ?first.elapsed(),
+                        retry_in = ?delay,
+                        "journal write failed; the answers and events that follow it wait until \
+                         it is stored (is JetStream up?)"
+                    ),
                 }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(MAX_RETRY_DELAY);
