@@ -108,7 +108,7 @@ fn status_and_answer(executor: u32, cores: u32) -> (bytes::Bytes, bytes::Bytes) 
         accepted: cores,
         refused: Vec::new(),
         launch: (0..cores)
-            .map(|i| launch(200_000 + u64::from(i), i))
+            .map(|i| launch(123_457 + u64::from(i), 123_456 + i))
             .collect(),
     };
     (encode(&status), encode(&answer))
