@@ -58,3 +58,21 @@ async fn ember_bench_quick_reports_every_workload() {
         assert!(report["memory"][field].as_f64().unwrap() > 1.0, "{field}");
     }
 }
+
+#[test]
+fn ember_bench_refuses_an_empty_workload_before_it_starts_anything() {
+    for (flag, value, says) in [
+        ("--executors", "0", "0 is not in 1..=1000"),
+        ("--cores", "1,0", "0 is not in 1..=65536"),
+        ("--register", "0", "must be at least 1"),
+        ("--tasks", "0", "0 is not in 1.."),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["bench", "--quick", flag, value])
+            .output()
+            .expect("ember runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(flag) && stderr.contains(says), "{flag} {value}: {stderr}");
+    }
+}

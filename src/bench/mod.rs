@@ -21,25 +21,26 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Executors that register at once in the register workload.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
     pub register: usize,
     /// No-op tasks per throughput run with many cores per executor.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub tasks: u32,
     /// No-op tasks per throughput run at 1 core per executor (bound by round trips, not CPU).
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub tasks_one_core: u32,
     /// Executors in the throughput and latency workloads.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub executors: u32,
     /// Cores per executor for the throughput runs (comma-separated).
-    #[arg(long, default_value = "1,64", value_delimiter = ',')]
+    #[arg(long, default_value = "1,64", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub cores: Vec<u32>,
     /// Single-task jobs in the latency workload (after 200 of warm-up).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = at_least_one)]
     pub latency_jobs: usize,
     /// Executors registered (through one connection) for the driver-memory figure.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
     pub memory_executors: usize,
     /// Run the throughput and latency workloads with the driver's JetStream journal on (the
     /// server gets a temporary store), to measure what the journal costs.
@@ -53,6 +54,15 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// A count for a workload: a workload of nothing measures nothing.
+fn at_least_one(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
 impl BenchArgs {
     /// No-op tasks in the throughput run at `cores` cores per executor.
     fn tasks_at(&self, cores: u32) -> u32 {
@@ -63,9 +73,10 @@ impl BenchArgs {
         }
     }
 
-    /// Cycles of each executor in the bare loop at `cores` cores: as many tasks as Ember's run.
+    /// Cycles of each executor in the bare loop at `cores` cores: as many tasks as Ember's run,
+    /// and at least one.
     fn cycles_per_executor(&self, cores: u32) -> usize {
-        (self.tasks_at(cores) / (self.executors * cores).max(1)) as usize
+        (self.tasks_at(cores) / self.executors.saturating_mul(cores).max(1)).max(1) as usize
     }
 
     fn scaled(&self) -> Self {
