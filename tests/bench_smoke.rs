@@ -73,6 +73,9 @@ fn ember_bench_refuses_an_empty_workload_before_it_starts_anything() {
             .expect("ember runs");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{flag} {value}: {stderr}");
-        assert!(stderr.contains(flag) && stderr.contains(says), "{flag} {value}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains(says),
+            "{flag} {value}: {stderr}"
+        );
     }
 }
