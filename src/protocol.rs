@@ -511,21 +511,16 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8], limit: usize) -> Result<T, De
 pub fn encode<T: Serialize>(message: &T) -> bytes::Bytes {
     /// A buffer that grew past this is let go after use rather than kept.
     const KEEP: usize = 256 * 1024;
-    const INFALLIBLE: &str = "Ember's messages always serialize to JSON";
     thread_local! {
-        static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        static BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
     }
-    BUFFER.with(|buffer| match buffer.try_borrow_mut() {
-        Ok(mut buffer) => {
-            buffer.clear();
-            serde_json::to_writer(&mut *buffer, message).expect(INFALLIBLE);
-            let payload = bytes::Bytes::copy_from_slice(&buffer);
-            if buffer.capacity() > KEEP {
-                *buffer = Vec::new();
-            }
-            payload
-        }
-        // Only if a `Serialize` impl encoded something itself.
-        Err(_) => serde_json::to_vec(message).expect(INFALLIBLE).into(),
-    })
+    // Taken out while in use: an encoding inside another would find an empty one.
+    let mut buffer = BUFFER.take();
+    buffer.clear();
+    serde_json::to_writer(&mut buffer, message).expect("Ember's messages always serialize to JSON");
+    let payload = bytes::Bytes::copy_from_slice(&buffer);
+    if buffer.capacity() <= KEEP {
+        BUFFER.set(buffer);
+    }
+    payload
 }

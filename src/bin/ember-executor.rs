@@ -3,6 +3,7 @@
 use clap::Parser;
 use ember::cli::{init_tracing, parse_duration, parse_key_value, runtime, shutdown_signal, to_map};
 use ember::connect::NatsArgs;
+use ember::driver::core::MAX_CORES;
 use ember::executor::{run, ExecutorConfig, ExecutorError, Handlers, EXIT_REGISTRATION_REFUSED};
 use ember::ids::{validate_host_port, ExecutorId};
 use ember::subjects::Subjects;
@@ -23,7 +24,7 @@ struct Args {
     #[arg(long, env = "EMBER_EXECUTOR_ID", value_parser = |s: &str| ExecutorId::parse(s))]
     executor_id: Option<ExecutorId>,
     /// Cores to offer [default: this machine's].
-    #[arg(long, env = "EMBER_CORES", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, env = "EMBER_CORES", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CORES)))]
     cores: Option<u32>,
     /// host:port others can reach this executor at, shown in the registry [default: <hostname>:0].
     #[arg(long, env = "EMBER_HOST_PORT")]

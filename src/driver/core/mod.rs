@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 pub use jobs::Job;
 pub use liveness::Liveness;
-pub use registry::ExecutorData;
+pub use registry::{ExecutorData, MAX_CORES};
 pub use restore::{ReplayError, Restored};
 pub use status::MAX_UPDATES_PER_BATCH;
 
