@@ -28,7 +28,7 @@ impl Subjects {
 
     /// Where executor `id` sends `RegisterExecutor`.
     pub fn register(&self, id: &ExecutorId) -> String {
-        format!("{}.driver.register.{id}", self.prefix)
+        self.join(".driver.register.", id.as_str())
     }
 
     /// What the driver subscribes to for registrations.
@@ -38,7 +38,7 @@ impl Subjects {
 
     /// Where executor `id` sends its batches of status updates.
     pub fn status(&self, id: &ExecutorId) -> String {
-        format!("{}.driver.status.{id}", self.prefix)
+        self.join(".driver.status.", id.as_str())
     }
 
     /// What the driver subscribes to for status updates.
@@ -48,7 +48,7 @@ impl Subjects {
 
     /// Where executor `id` sends heartbeats.
     pub fn heartbeat(&self, id: &ExecutorId) -> String {
-        format!("{}.driver.heartbeat.{id}", self.prefix)
+        self.join(".driver.heartbeat.", id.as_str())
     }
 
     /// What the driver subscribes to for heartbeats.
@@ -63,12 +63,12 @@ impl Subjects {
 
     /// Executor `id`'s inbox: the driver sends it tasks and orders here.
     pub fn executor_inbox(&self, id: &ExecutorId) -> String {
-        format!("{}.executor.{id}", self.prefix)
+        self.join(".executor.", id.as_str())
     }
 
     /// The listener-bus subject of one event kind, such as `executor.added`.
     pub fn event(&self, kind: &str) -> String {
-        format!("{}.events.{kind}", self.prefix)
+        self.join(".events.", kind)
     }
 
     /// Every event of the cluster.
@@ -100,6 +100,16 @@ impl Subjects {
             .strip_prefix("_INBOX.")
             .and_then(|rest| rest.strip_prefix(id))
             .is_some_and(|rest| rest.starts_with('.'))
+    }
+
+    /// `<p><middle><last>`, put together without the formatting machinery: the driver builds
+    /// one of these for every message it sends to an executor's inbox.
+    fn join(&self, middle: &str, last: &str) -> String {
+        let mut subject = String::with_capacity(self.prefix.len() + middle.len() + last.len());
+        subject.push_str(&self.prefix);
+        subject.push_str(middle);
+        subject.push_str(last);
+        subject
     }
 
     /// The last token of a `<p>.driver.<kind>.<id>` subject: the id the sender claims.

@@ -29,8 +29,22 @@ pub fn init_tracing(json: bool, default: &str) {
     }
 }
 
-/// Completes on the first SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Completes on the first SIGINT or SIGTERM. The signals are awaited on a task of their own:
+/// the serving loops poll this future once per message they handle, and a poll of a one-shot
+/// receiver costs far less than a poll of both signal streams. Call it inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    let (signalled, signal) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        first_signal().await;
+        let _ = signalled.send(());
+    });
+    async move {
+        // An error means the task was dropped with the runtime: nothing is left to serve.
+        let _ = signal.await;
+    }
+}
+
+async fn first_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

@@ -97,8 +97,15 @@ pub async fn run(
     let mut outbox = Outbox::default();
     let mut revive = tokio::time::interval(config.revive_interval);
     revive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
+    // One timer for the task events, moved only when what waits changes, rather than a new
+    // one each time round the loop.
+    let events_due = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(shutdown, events_due);
     loop {
+        let due = shell.task_events.due();
+        if let Some(due) = due.filter(|&due| due != events_due.deadline()) {
+            events_due.as_mut().reset(due);
+        }
         let reply = tokio::select! {
             _ = &mut shutdown => break,
             Some(message) = register.next() => shell.on_register(&mut core, message),
@@ -110,7 +117,7 @@ pub async fn run(
                 shell.refusals.report();
                 None
             }
-            _ = sleep_until_due(shell.task_events.due()) => {
+            _ = &mut events_due, if due.is_some() => {
                 shell.flush_task_events().await;
                 None
             }
@@ -146,14 +153,6 @@ fn api_reply_allowed(reply: &str, core: &Core) -> Result<(), &'static str> {
         return Err("the reply subject is under a registered executor's inbox");
     }
     Ok(())
-}
-
-/// Completes at `due`; never, if nothing is due.
-async fn sleep_until_due(due: Option<tokio::time::Instant>) {
-    match due {
-        Some(due) => tokio::time::sleep_until(due).await,
-        None => std::future::pending().await,
-    }
 }
 
 async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, DriverError> {

@@ -171,7 +171,9 @@ fn request<T: serde::de::DeserializeOwned + 'static>(
 ) -> BoxFuture<'static, Result<T, String>> {
     let client = client.clone();
     Box::pin(async move {
-        match tokio::time::timeout(REQUEST_TIMEOUT, client.request(subject, payload)).await {
+        // No timeout of the client's own beside this one: one timer per request is enough.
+        let request = async_nats::Request::new().payload(payload).timeout(None);
+        match tokio::time::timeout(REQUEST_TIMEOUT, client.send_request(subject, request)).await {
             Ok(Ok(reply)) => decode(&reply.payload, usize::MAX).map_err(|e| e.to_string()),
             Ok(Err(error)) => Err(error.to_string()),
             Err(_) => Err("timed out".into()),

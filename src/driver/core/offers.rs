@@ -42,14 +42,21 @@ impl Core {
         // Those that may still take a task.
         let mut open: Vec<usize> = (0..offers.len()).collect();
         while !open.is_empty() && !self.queue.is_empty() {
+            // Whether a job gave up its last waiting task in this pass.
+            let mut ran_dry = false;
             open.retain(|&i| {
                 let (executor, dealt) = &mut offers[i];
                 self.launch_one(executor, now)
-                    .map(|description| dealt.push(description))
+                    .map(|(description, last)| {
+                        ran_dry |= last;
+                        dealt.push(description);
+                    })
                     .is_some()
             });
-            self.queue
-                .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
+            if ran_dry {
+                self.queue
+                    .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
+            }
         }
         offers.retain(|(_, dealt)| !dealt.is_empty());
         let started = started_by_job(&offers);
@@ -102,8 +109,9 @@ impl Core {
         );
     }
 
-    /// Launches one waiting task on `executor` if one fits; FIFO over jobs.
-    fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
+    /// Launches one waiting task on `executor` if one fits; FIFO over jobs. Says too whether
+    /// the task was its job's last waiting one.
+    fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<(TaskDescription, bool)> {
         let free = self.executors.get(executor)?.free_cores;
         let (job_id, position) = self.queue.iter().find_map(|id| {
             let job = self.jobs.get(id)?;
@@ -118,6 +126,7 @@ impl Core {
         })?;
         let job = self.jobs.get_mut(&job_id)?;
         let index = job.pending.remove(position)?;
+        let last = job.pending.is_empty();
         let cpus = job.cpus_per_task;
         let task_id = job.first_task + u64::from(index);
         let record = &mut job.tasks[index as usize];
@@ -136,14 +145,15 @@ impl Core {
         let data = self.executors.get_mut(executor)?;
         data.free_cores -= cpus;
         data.running.insert(task_id, attempt);
-        Some(TaskDescription {
+        let description = TaskDescription {
             task_id,
             job_id,
             index,
             attempt,
             cpus,
             spec,
-        })
+        };
+        Some((description, last))
     }
 }
 
