@@ -1,5 +1,5 @@
 //! `ember bench` at smoke size: every workload runs and reports a figure. Not a measurement:
-//! figures are taken by hand on a quiet machine (docs/benchmarks.md).
+//! figures are taken on a quiet machine (docs/benchmarks.md).
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ async fn ember_bench_quick_reports_every_workload() {
     let output = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(["bench", "--quick", "--json"])
+            .args(["bench", "--quick", "--runs", "2", "--json"])
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)
             .output(),
@@ -57,6 +57,18 @@ async fn ember_bench_quick_reports_every_workload() {
     ] {
         assert!(report["memory"][field].as_f64().unwrap() > 1.0, "{field}");
     }
+    // Two runs, each reported whole; the figures above are the lower of each pair.
+    let each = report["runs"].as_array().expect("every run's report");
+    assert_eq!(each.len(), 2);
+    for (i, throughput) in runs.iter().enumerate() {
+        let rates: Vec<f64> = each
+            .iter()
+            .map(|r| r["throughput"][i]["tasks_per_s"].as_f64().unwrap())
+            .collect();
+        let median = throughput["tasks_per_s"].as_f64().unwrap();
+        assert_eq!(median, rates[0].min(rates[1]), "{rates:?}");
+    }
+    assert!(each.iter().all(|r| r["slow_consumers"] == 0));
 }
 
 #[test]
@@ -66,6 +78,7 @@ fn ember_bench_refuses_an_empty_workload_before_it_starts_anything() {
         ("--cores", "1,0", "0 is not in 1..=65536"),
         ("--register", "0", "must be at least 1"),
         ("--tasks", "0", "0 is not in 1.."),
+        ("--runs", "0", "0 is not in 1..=100"),
     ] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
             .args(["bench", "--quick", flag, value])

@@ -18,13 +18,13 @@ use crate::protocol::{
 use anyhow::Context;
 use async_nats::Client;
 use futures::StreamExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Bare {
     /// Executors in the loop.
     pub executors: u32,
@@ -36,7 +36,7 @@ pub struct Bare {
 
 /// The bare loop at one core count: each status batch reports `cores` tasks, and each answer
 /// launches as many.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Loop {
     pub cores: u32,
     /// Status -> answer cycles per second, all executors together.

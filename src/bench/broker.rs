@@ -5,10 +5,10 @@ use super::percentiles;
 use anyhow::Context;
 use async_nats::Client;
 use futures::StreamExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Limit {
     pub request_p50_ms: f64,
     pub request_p99_ms: f64,

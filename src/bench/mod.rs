@@ -15,7 +15,7 @@ mod procs;
 mod workloads;
 
 use crate::driver::core::MAX_CORES;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// What to run, and how big.
@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// Small sizes everywhere: a smoke test of the benchmark itself, not a measurement.
     #[arg(long)]
     pub quick: bool,
+    /// Run every workload this many times and report each figure's median (the machine is
+    /// shared and one run is noisy); with --json, every run's report comes too, under "runs".
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -96,7 +100,7 @@ impl BenchArgs {
 }
 
 /// Every figure of one run.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Report {
     pub machine: String,
     pub register: Option<Register>,
@@ -110,7 +114,7 @@ pub struct Report {
     pub slow_consumers: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Register {
     pub executors: usize,
     pub wall_ms: f64,
@@ -118,7 +122,7 @@ pub struct Register {
     pub one_p99_ms: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Throughput {
     pub executors: u32,
     pub cores: u32,
@@ -127,14 +131,14 @@ pub struct Throughput {
     pub tasks_per_s: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Percentiles {
     pub samples: usize,
     pub p50_ms: f64,
     pub p99_ms: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Memory {
     pub driver_idle_mb: f64,
     pub driver_peak_mb: f64,
@@ -144,16 +148,107 @@ pub struct Memory {
     pub many_executors: usize,
 }
 
-/// Runs every workload and prints the report.
+/// Runs every workload `--runs` times and prints the report: each figure's median.
 pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let args = args.scaled();
-    let report = workloads::run_all(&args).await?;
+    let mut runs = Vec::new();
+    for run in 1..=args.runs {
+        if args.runs > 1 {
+            eprintln!("bench: run {run} of {}", args.runs);
+        }
+        runs.push(serde_json::to_value(workloads::run_all(&args).await?)?);
+    }
+    let mut median = medians(&runs);
+    let report: Report = serde_json::from_value(median.clone())?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        if runs.len() > 1 {
+            median["runs"] = serde_json::Value::Array(runs);
+        }
+        println!("{median}");
     } else {
         print_table(&report);
+        if runs.len() > 1 {
+            println!(
+                "Each figure is the median of {} runs, and each ratio the ratio of two medians. The runs:",
+                runs.len()
+            );
+            for (i, run) in runs.iter().enumerate() {
+                println!(
+                    "  run {}: {}",
+                    i + 1,
+                    headline(&serde_json::from_value(run.clone())?)
+                );
+            }
+        }
     }
     Ok(())
+}
+
+/// The reports of several runs as one: each figure the median of the runs' (the lower of the
+/// two middle ones for an even count, so that every figure is one a run measured), except slow
+/// consumers, which add up: a message dropped in any run is a fault.
+fn medians(runs: &[serde_json::Value]) -> serde_json::Value {
+    let mut median = median_of(&runs.iter().collect::<Vec<_>>());
+    let dropped: u64 = runs
+        .iter()
+        .filter_map(|r| r["slow_consumers"].as_u64())
+        .sum();
+    median["slow_consumers"] = dropped.into();
+    median
+}
+
+/// The median of the figures at one place in every run's report: numbers by value, objects
+/// field by field, lists element by element; anything else as the first run has it.
+fn median_of(values: &[&serde_json::Value]) -> serde_json::Value {
+    use serde_json::Value;
+    match values.first() {
+        Some(Value::Number(_)) => {
+            let mut numbers: Vec<f64> = values.iter().filter_map(|v| v.as_f64()).collect();
+            numbers.sort_by(f64::total_cmp);
+            let middle = numbers[(numbers.len() - 1) / 2];
+            if values.iter().all(|v| v.is_u64()) {
+                (middle as u64).into()
+            } else {
+                middle.into()
+            }
+        }
+        Some(Value::Object(first)) => Value::Object(
+            first
+                .keys()
+                .map(|key| {
+                    let at: Vec<_> = values.iter().map(|v| &v[key]).collect();
+                    (key.clone(), median_of(&at))
+                })
+                .collect(),
+        ),
+        Some(Value::Array(first)) => Value::Array(
+            (0..first.len())
+                .map(|i| median_of(&values.iter().map(|v| &v[i]).collect::<Vec<_>>()))
+                .collect(),
+        ),
+        Some(other) => (*other).clone(),
+        None => Value::Null,
+    }
+}
+
+/// One run's throughput and latency, in a line.
+fn headline(report: &Report) -> String {
+    let mut parts: Vec<String> = report
+        .throughput
+        .iter()
+        .map(|t| {
+            format!(
+                "{:.0} tasks/s at {} x {}",
+                t.tasks_per_s,
+                t.executors,
+                cores(t.cores)
+            )
+        })
+        .collect();
+    if let Some(l) = &report.latency {
+        parts.push(format!("p50 {:.3} ms, p99 {:.3} ms", l.p50_ms, l.p99_ms));
+    }
+    parts.join("; ")
 }
 
 /// A job of `tasks` no-op tasks.
@@ -300,4 +395,56 @@ fn print_table(report: &Report) {
     ]);
     println!("{table}");
     println!("{}", report.machine);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(tasks_per_s: f64, p50_ms: f64, slow_consumers: u64) -> serde_json::Value {
+        json!({
+            "machine": "2 cores",
+            "throughput": [
+                {"executors": 2, "cores": 1, "tasks": 100, "seconds": 100.0 / tasks_per_s,
+                 "tasks_per_s": tasks_per_s},
+                {"executors": 2, "cores": 64, "tasks": 1000, "seconds": 1.0,
+                 "tasks_per_s": tasks_per_s * 40.0},
+            ],
+            "latency": {"samples": 20, "p50_ms": p50_ms, "p99_ms": p50_ms * 2.0},
+            "register": null,
+            "slow_consumers": slow_consumers,
+        })
+    }
+
+    #[test]
+    fn each_figure_is_the_median_of_the_runs_and_slow_consumers_add_up() {
+        let runs = [
+            run(7000.0, 0.6, 0),
+            run(5000.0, 0.4, 2),
+            run(9000.0, 0.5, 1),
+        ];
+        let median = medians(&runs);
+        assert_eq!(median["throughput"][0]["tasks_per_s"], 7000.0);
+        assert_eq!(median["throughput"][1]["tasks_per_s"], 280_000.0);
+        assert_eq!(median["latency"]["p50_ms"], 0.5);
+        assert_eq!(median["latency"]["p99_ms"], 1.0);
+        // Counts stay whole numbers, words and absent workloads as the runs have them.
+        assert_eq!(median["throughput"][1]["cores"], json!(64));
+        assert_eq!(median["latency"]["samples"], json!(20));
+        assert_eq!(median["machine"], "2 cores");
+        assert_eq!(median["register"], serde_json::Value::Null);
+        assert_eq!(median["slow_consumers"], json!(3));
+        let report: Report = serde_json::from_value(median).expect("a report again");
+        assert_eq!(report.throughput.len(), 2);
+    }
+
+    #[test]
+    fn with_an_even_count_the_median_is_a_figure_a_run_measured() {
+        let runs = [run(7000.0, 0.6, 0), run(5000.0, 0.4, 0)];
+        let median = medians(&runs);
+        assert_eq!(median["throughput"][0]["tasks_per_s"], 5000.0);
+        assert_eq!(median["latency"]["p50_ms"], 0.4);
+        assert_eq!(medians(&runs[..1]), runs[0]);
+    }
 }
