@@ -203,14 +203,18 @@ fn median_of(values: &[&serde_json::Value]) -> serde_json::Value {
     use serde_json::Value;
     match values.first() {
         Some(Value::Number(_)) => {
+            // Counts stay whole numbers; every other figure is a float.
+            if let Some(mut counts) = values
+                .iter()
+                .map(|v| v.as_u64())
+                .collect::<Option<Vec<_>>>()
+            {
+                counts.sort_unstable();
+                return counts[(counts.len() - 1) / 2].into();
+            }
             let mut numbers: Vec<f64> = values.iter().filter_map(|v| v.as_f64()).collect();
             numbers.sort_by(f64::total_cmp);
-            let middle = numbers[(numbers.len() - 1) / 2];
-            if values.iter().all(|v| v.is_u64()) {
-                (middle as u64).into()
-            } else {
-                middle.into()
-            }
+            numbers[(numbers.len() - 1) / 2].into()
         }
         Some(Value::Object(first)) => Value::Object(
             first
