@@ -30,8 +30,8 @@ pub fn init_tracing(json: bool, default: &str) {
 }
 
 /// Completes on the first SIGINT or SIGTERM. The signals are awaited on a task of their own:
-/// the serving loops poll this future once per message they handle, and a poll of a one-shot
-/// receiver costs far less than a poll of both signal streams. Call it inside the runtime.
+/// the serving loops may poll this future on every turn, and a poll of a one-shot receiver
+/// costs far less than a poll of both signal streams. Call it inside the runtime.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     let (signalled, signal) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
