@@ -48,15 +48,19 @@ impl Runner {
             index: task.index,
             attempt: task.attempt,
         };
-        let done = self.done.clone();
         let (task_id, attempt) = (task.task_id, task.attempt);
-        let report = move |outcome, detail| {
-            let _ = done.send(Done {
-                task_id,
-                attempt,
-                outcome,
-                detail,
-            });
+        // For work that ends in the background: sends its end to the executor's loop. Built
+        // only there, so that work done at once costs no clone of the sender.
+        let reporter = || {
+            let done = self.done.clone();
+            move |outcome, detail| {
+                let _ = done.send(Done {
+                    task_id,
+                    attempt,
+                    outcome,
+                    detail,
+                });
+            }
         };
         let abort = match task.spec.as_ref() {
             TaskSpec::Handler { name, arg } => match self.handlers.get(name) {
@@ -72,16 +76,17 @@ impl Runner {
                 }
                 Some(Handler::Sleep) => match sleep_duration(arg) {
                     Err(e) => return Started::Ended(status(task_id, attempt, Err(e), None)),
-                    Ok(pause) => Some(
-                        tokio::spawn(async move {
+                    Ok(pause) => {
+                        let report = reporter();
+                        let work = tokio::spawn(async move {
                             tokio::time::sleep(pause).await;
                             report(Ok(Value::Null), None);
-                        })
-                        .abort_handle(),
-                    ),
+                        });
+                        Some(work.abort_handle())
+                    }
                 },
                 Some(Handler::Blocking(f)) => {
-                    let (f, arg) = (f.clone(), arg.clone());
+                    let (f, arg, report) = (f.clone(), arg.clone(), reporter());
                     tokio::task::spawn_blocking(move || report(f(context, arg), None));
                     None
                 }
@@ -94,6 +99,7 @@ impl Runner {
             } => {
                 let (argv, env, cwd) = (argv.clone(), env.clone(), cwd.clone());
                 let timeout = timeout_ms.map(Duration::from_millis);
+                let report = reporter();
                 Some(
                     tokio::spawn(async move {
                         let (outcome, detail) =
