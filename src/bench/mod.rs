@@ -150,34 +150,37 @@ pub struct Memory {
 
 /// Runs every workload `--runs` times and prints the report: each figure's median.
 pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
     let args = args.scaled();
     let mut runs = Vec::new();
     for run in 1..=args.runs {
         if args.runs > 1 {
             eprintln!("bench: run {run} of {}", args.runs);
         }
-        runs.push(serde_json::to_value(workloads::run_all(&args).await?)?);
+        let report = workloads::run_all(&args)
+            .await
+            .with_context(|| format!("run {run} of {}", args.runs))?;
+        runs.push(report);
     }
-    let mut median = medians(&runs);
-    let report: Report = serde_json::from_value(median.clone())?;
+    let each = runs
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut median = medians(&each);
     if args.json {
         if runs.len() > 1 {
-            median["runs"] = serde_json::Value::Array(runs);
+            median["runs"] = serde_json::Value::Array(each);
         }
         println!("{median}");
     } else {
-        print_table(&report);
+        print_table(&serde_json::from_value(median)?);
         if runs.len() > 1 {
             println!(
                 "Each figure is the median of {} runs, and each ratio the ratio of two medians. The runs:",
                 runs.len()
             );
             for (i, run) in runs.iter().enumerate() {
-                println!(
-                    "  run {}: {}",
-                    i + 1,
-                    headline(&serde_json::from_value(run.clone())?)
-                );
+                println!("  run {}: {}", i + 1, headline(run));
             }
         }
     }
@@ -202,20 +205,15 @@ fn medians(runs: &[serde_json::Value]) -> serde_json::Value {
 fn median_of(values: &[&serde_json::Value]) -> serde_json::Value {
     use serde_json::Value;
     match values.first() {
-        Some(Value::Number(_)) => {
-            // Counts stay whole numbers; every other figure is a float.
-            if let Some(mut counts) = values
-                .iter()
-                .map(|v| v.as_u64())
-                .collect::<Option<Vec<_>>>()
-            {
-                counts.sort_unstable();
-                return counts[(counts.len() - 1) / 2].into();
-            }
-            let mut numbers: Vec<f64> = values.iter().filter_map(|v| v.as_f64()).collect();
-            numbers.sort_by(f64::total_cmp);
-            numbers[(numbers.len() - 1) / 2].into()
-        }
+        // Counts stay whole numbers; every other figure is a float.
+        Some(Value::Number(_)) => match values.iter().map(|v| v.as_u64()).collect() {
+            Some(counts) => lower_median(counts, u64::cmp).into(),
+            None => lower_median(
+                values.iter().filter_map(|v| v.as_f64()).collect(),
+                f64::total_cmp,
+            )
+            .into(),
+        },
         Some(Value::Object(first)) => Value::Object(
             first
                 .keys()
@@ -233,6 +231,12 @@ fn median_of(values: &[&serde_json::Value]) -> serde_json::Value {
         Some(other) => (*other).clone(),
         None => Value::Null,
     }
+}
+
+/// The lower of the middle values (the middle one for an odd count); `values` is not empty.
+fn lower_median<T: Copy>(mut values: Vec<T>, order: fn(&T, &T) -> std::cmp::Ordering) -> T {
+    values.sort_by(order);
+    values[(values.len() - 1) / 2]
 }
 
 /// One run's throughput and latency, in a line.

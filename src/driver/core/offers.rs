@@ -39,25 +39,19 @@ impl Core {
                 .map(|(id, _)| (id.clone(), Vec::new()))
                 .collect(),
         };
-        // Those that may still take a task.
+        // Those that may still take a task. `launch_one` passes over a job that runs dry; it
+        // leaves the queue once the round is dealt.
         let mut open: Vec<usize> = (0..offers.len()).collect();
-        while !open.is_empty() && !self.queue.is_empty() {
-            // Whether a job gave up its last waiting task in this pass.
-            let mut ran_dry = false;
+        while !open.is_empty() {
             open.retain(|&i| {
                 let (executor, dealt) = &mut offers[i];
                 self.launch_one(executor, now)
-                    .map(|(description, last)| {
-                        ran_dry |= last;
-                        dealt.push(description);
-                    })
+                    .map(|description| dealt.push(description))
                     .is_some()
             });
-            if ran_dry {
-                self.queue
-                    .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
-            }
         }
+        self.queue
+            .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
         offers.retain(|(_, dealt)| !dealt.is_empty());
         let started = started_by_job(&offers);
         for (to, tasks) in offers {
@@ -109,9 +103,8 @@ impl Core {
         );
     }
 
-    /// Launches one waiting task on `executor` if one fits; FIFO over jobs. Says too whether
-    /// the task was its job's last waiting one.
-    fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<(TaskDescription, bool)> {
+    /// Launches one waiting task on `executor` if one fits; FIFO over jobs.
+    fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
         let free = self.executors.get(executor)?.free_cores;
         let (job_id, position) = self.queue.iter().find_map(|id| {
             let job = self.jobs.get(id)?;
@@ -126,7 +119,6 @@ impl Core {
         })?;
         let job = self.jobs.get_mut(&job_id)?;
         let index = job.pending.remove(position)?;
-        let last = job.pending.is_empty();
         let cpus = job.cpus_per_task;
         let task_id = job.first_task + u64::from(index);
         let record = &mut job.tasks[index as usize];
@@ -145,15 +137,14 @@ impl Core {
         let data = self.executors.get_mut(executor)?;
         data.free_cores -= cpus;
         data.running.insert(task_id, attempt);
-        let description = TaskDescription {
+        Some(TaskDescription {
             task_id,
             job_id,
             index,
             attempt,
             cpus,
             spec,
-        };
-        Some((description, last))
+        })
     }
 }
 
