@@ -1,7 +1,9 @@
 //! Property-based fuzzing of every decoder: arbitrary bytes, byte-level mutations of valid
 //! messages and structural mutations (a field replaced by any JSON) go into
 //! `ember::protocol::decode::<T>` for every message enum. Each must return `Ok` or `Err` and
-//! never panic; what decodes must encode and decode back to itself.
+//! never panic; what decodes must encode and decode back to itself. The hot messages' fast path
+//! (src/protocol/fast.rs) is held to serde: `decode` must read what serde reads from the same
+//! bytes, and refuse what it refuses in the same words.
 //!
 //! CI runs proptest's default 256 cases per property. For a long run:
 //!
@@ -12,8 +14,8 @@
 //! A failure is shrunk and saved under proptest-regressions/ and replayed first next time.
 
 use ember::protocol::{
-    decode, encode, ApiReply, ApiRequest, Event, ExecutorMessage, HeartbeatReply, HeartbeatRequest,
-    RegisterReply, RegisterRequest, StatusReply, StatusRequest, TaskSpec,
+    decode, encode, ApiReply, ApiRequest, DecodeError, Event, ExecutorMessage, HeartbeatReply,
+    HeartbeatRequest, RegisterReply, RegisterRequest, StatusReply, StatusRequest, TaskSpec,
 };
 use proptest::prelude::*;
 use serde::{de::DeserializeOwned, Serialize};
@@ -25,6 +27,7 @@ const SEEDS: &[&str] = &[
     r#"{"type":"RegisteredExecutor","executor_id":"exec-1","driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
     r#"{"type":"RegisterExecutorFailed","message":"Duplicate executor ID: exec-1"}"#,
     r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[{"task_id":42,"attempt":0,"state":"FINISHED","result":{"exit_code":0}},{"task_id":43,"attempt":1,"state":"FAILED","error":"boom"},[44,0]]}"#,
+    r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[[42,0],[43,1]],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
     r#"{"type":"StatusAck","accepted":1,"refused":[{"task_id":43,"attempt":1,"reason":"stale"}]}"#,
     r#"{"type":"StatusAck","accepted":1,"refused":[],"launch":[{"job_id":2,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null},"tasks":[[44,3,0],[45,4,1]]}]}"#,
     r#"{"type":"UnknownExecutor","message":"executor exec-1 is not registered"}"#,
@@ -54,10 +57,12 @@ const SEEDS: &[&str] = &[
 /// `floats_in_task_args_survive_the_wire_exactly`, which checks them exactly.
 fn check<T>(payload: &[u8]) -> Result<(), TestCaseError>
 where
-    T: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug,
+    T: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug + 'static,
 {
     let _ = decode::<T>(payload, 64);
-    if let Ok(message) = decode::<T>(payload, usize::MAX) {
+    let decoded = decode::<T>(payload, usize::MAX);
+    same_as_serde(payload, &decoded)?;
+    if let Ok(message) = decoded {
         if serde_json::from_slice::<Value>(payload).is_ok_and(|v| has_float(&v)) {
             return Ok(());
         }
@@ -66,6 +71,26 @@ where
             again.as_ref().is_ok_and(|m| *m == message),
             "{message:?} did not survive a round trip: {again:?}"
         );
+    }
+    Ok(())
+}
+
+/// `decode`'s answer, for a payload it does not refuse as empty, is serde's: the same message,
+/// or an error in the same words.
+fn same_as_serde<T>(payload: &[u8], decoded: &Result<T, DecodeError>) -> Result<(), TestCaseError>
+where
+    T: DeserializeOwned + PartialEq + std::fmt::Debug,
+{
+    if payload.iter().all(u8::is_ascii_whitespace) {
+        return Ok(());
+    }
+    let serde = serde_json::from_slice::<T>(payload);
+    match (decoded, &serde) {
+        (Ok(ours), Ok(theirs)) => prop_assert_eq!(ours, theirs),
+        (Err(DecodeError::Json(ours)), Err(theirs)) => {
+            prop_assert_eq!(ours.to_string(), theirs.to_string())
+        }
+        _ => prop_assert!(false, "decode gave {decoded:?} where serde gave {serde:?}"),
     }
     Ok(())
 }
@@ -210,6 +235,18 @@ fn replace_node(value: &mut Value, pick: &mut usize, with: &Value) -> bool {
     }
 }
 
+/// The hot messages as Ember writes them: the fast path's own input.
+const HOT: &[&str] = &[
+    r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[[42,0],[18446744073709551615,4294967295],[0,1]],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
+    r#"{"type":"StatusAck","accepted":3,"refused":[],"launch":[{"job_id":2,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null},"tasks":[[44,3,0],[45,4,1]]},{"job_id":3,"cpus":4294967295,"spec":{"kind":"command","argv":["true"],"env":{},"cwd":null,"timeout_ms":null},"tasks":[[46,0,9]]}]}"#,
+    r#"{"type":"LaunchTasks","tasks":[{"job_id":18446744073709551615,"cpus":2,"spec":{"kind":"handler","name":"echo","arg":{"value":[1,"x"]}},"tasks":[[7,0,0]]}],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
+];
+
+/// Bytes that change how a number, a string or a list reads.
+fn number_byte() -> impl Strategy<Value = u8> {
+    prop::sample::select(b"0123456789-+.eE ,[]{}\"\\".to_vec())
+}
+
 fn seed() -> impl Strategy<Value = &'static str> {
     prop::sample::select(SEEDS.to_vec())
 }
@@ -231,6 +268,24 @@ proptest! {
         edits in prop::collection::vec(edit(), 1..8),
     ) {
         check_all(&apply(seed.as_bytes().to_vec(), &edits))?;
+    }
+
+    #[test]
+    fn mutated_hot_messages_read_as_serde_reads(
+        seed in prop::sample::select(HOT.to_vec()),
+        edits in prop::collection::vec(
+            prop_oneof![
+                (any::<usize>(), number_byte()).prop_map(|(at, b)| Edit::Flip(at, b)),
+                (any::<usize>(), number_byte()).prop_map(|(at, b)| Edit::Insert(at, b)),
+                (any::<usize>(), 1..4usize).prop_map(|(at, n)| Edit::Delete(at, n)),
+            ],
+            1..4,
+        ),
+    ) {
+        let payload = apply(seed.as_bytes().to_vec(), &edits);
+        check::<StatusRequest>(&payload)?;
+        check::<StatusReply>(&payload)?;
+        check::<ExecutorMessage>(&payload)?;
     }
 
     #[test]
@@ -270,7 +325,7 @@ proptest! {
 
 #[test]
 fn every_seed_decodes_as_some_message() {
-    for seed in SEEDS {
+    for seed in SEEDS.iter().chain(HOT) {
         let accepted = check_all(seed.as_bytes()).expect("round trip");
         assert!(accepted >= 1, "no decoder accepts the seed {seed}");
     }

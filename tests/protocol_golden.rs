@@ -39,7 +39,7 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 /// `value` serializes to exactly `wire`, `encode` agrees, and `wire` decodes back to `value`.
 fn golden<T>(value: &T, wire: Value)
 where
-    T: Serialize + DeserializeOwned + PartialEq + Debug,
+    T: Serialize + DeserializeOwned + PartialEq + Debug + 'static,
 {
     assert_eq!(
         serde_json::to_value(value).unwrap(),
@@ -56,7 +56,7 @@ where
 /// `wire` decodes to `value` (for inputs that leave out defaulted fields).
 fn decodes_to<T>(wire: Value, value: &T)
 where
-    T: DeserializeOwned + PartialEq + Debug,
+    T: DeserializeOwned + PartialEq + Debug + 'static,
 {
     let bytes = serde_json::to_vec(&wire).unwrap();
     let back: T = decode(&bytes, LIMIT).unwrap_or_else(|e| panic!("decode {wire}: {e}"));
@@ -64,7 +64,7 @@ where
 }
 
 /// Decoding `payload` as `T` fails with a JSON error whose message contains every `needles`.
-fn json_error<T: DeserializeOwned + Debug>(payload: &[u8], needles: &[&str]) -> String {
+fn json_error<T: DeserializeOwned + Debug + 'static>(payload: &[u8], needles: &[&str]) -> String {
     match decode::<T>(payload, LIMIT) {
         Err(DecodeError::Json(e)) => {
             let message = DecodeError::Json(e).to_string();
