@@ -3,8 +3,9 @@
 //! An unacknowledged batch is sent again; the driver treats a repeat as a no-op. No I/O here:
 //! the executor's shell encodes and sends the batch [`StatusQueue::take_batch`] sets aside.
 //!
-//! Each status is encoded once, when it is queued (its size decides what fits in a batch), and
-//! a batch is put together from those encodings rather than encoded again.
+//! A batch is written by hand from what is queued: a plain finish as `[task_id, attempt]`, and
+//! any other status from the JSON it was encoded to once, when it was queued (its size decides
+//! what fits in a batch). The tests hold the result to the protocol's own encoding.
 
 use crate::driver::core::MAX_UPDATES_PER_BATCH;
 use crate::ids::{ExecutorId, InstanceId};
@@ -30,9 +31,9 @@ pub struct StatusQueue {
     pub driver: Option<InstanceId>,
     /// The largest batch, in bytes.
     pub limit: usize,
-    /// Statuses waiting, each with its JSON.
-    pending: Vec<(StatusUpdate, bytes::Bytes)>,
-    sending: Vec<(StatusUpdate, bytes::Bytes)>,
+    /// Statuses waiting.
+    pending: Vec<Queued>,
+    sending: Vec<Queued>,
     in_flight: bool,
 }
 
@@ -50,6 +51,10 @@ impl StatusQueue {
 
     /// Queues a status, failing it instead if its result could never fit in a message.
     pub fn push(&mut self, mut update: StatusUpdate) {
+        if update.is_plain_finish() {
+            self.pending.push(Queued { update, json: None });
+            return;
+        }
         let mut json = encode(&update);
         let size = json.len();
         if size > self.limit {
@@ -62,7 +67,10 @@ impl StatusQueue {
             ));
             json = encode(&update);
         }
-        self.pending.push((update, json));
+        self.pending.push(Queued {
+            update,
+            json: Some(json),
+        });
     }
 
     /// Forgets every status not yet acknowledged (they were for another driver); returns how
@@ -85,31 +93,31 @@ impl StatusQueue {
         self.sending
             .iter()
             .chain(&self.pending)
-            .map(|u| RunningAttempt {
-                task_id: u.0.task_id,
-                attempt: u.0.attempt,
+            .map(|q| RunningAttempt {
+                task_id: q.update.task_id,
+                attempt: q.update.attempt,
             })
     }
 
     /// The batch in flight.
     pub fn sending(&self) -> impl Iterator<Item = &StatusUpdate> + '_ {
-        self.sending.iter().map(|(u, _)| u)
+        self.sending.iter().map(|q| &q.update)
     }
 
     /// The batch in flight as it goes on the wire: a
     /// [`crate::protocol::StatusRequest::StatusUpdates`], put together from the statuses'
     /// encodings.
     pub fn encode_batch(&self) -> bytes::Bytes {
-        let updates: usize = self.sending.iter().map(|(_, json)| json.len() + 1).sum();
+        let updates: usize = self.sending.iter().map(|q| q.size() + 1).sum();
         let mut batch = Vec::with_capacity(128 + self.executor_id.as_str().len() + updates);
         batch.extend_from_slice(br#"{"type":"StatusUpdates","executor_id":"#);
         write_json(&mut batch, &self.executor_id);
         batch.extend_from_slice(br#","updates":["#);
-        for (i, (_, json)) in self.sending.iter().enumerate() {
+        for (i, queued) in self.sending.iter().enumerate() {
             if i > 0 {
                 batch.push(b',');
             }
-            batch.extend_from_slice(json);
+            queued.write(&mut batch);
         }
         batch.push(b']');
         if let Some(driver) = &self.driver {
@@ -131,8 +139,8 @@ impl StatusQueue {
             .pending
             .iter()
             .take(MAX_UPDATES_PER_BATCH)
-            .position(|(_, json)| {
-                size += json.len() + 1;
+            .position(|queued| {
+                size += queued.size() + 1;
                 size > self.limit
             })
             .unwrap_or(self.pending.len().min(MAX_UPDATES_PER_BATCH))
@@ -180,6 +188,42 @@ impl StatusQueue {
     }
 }
 
+/// A status waiting for a batch: a plain finish alone, any other with its JSON.
+struct Queued {
+    update: StatusUpdate,
+    json: Option<bytes::Bytes>,
+}
+
+impl Queued {
+    /// Its size in a batch, in bytes.
+    fn size(&self) -> usize {
+        match &self.json {
+            Some(json) => json.len(),
+            None => {
+                let mut digits = itoa::Buffer::new();
+                "[,]".len()
+                    + digits.format(self.update.task_id).len()
+                    + digits.format(self.update.attempt).len()
+            }
+        }
+    }
+
+    /// Appends it to a batch: a plain finish as serde_json writes one, `[task_id,attempt]`.
+    fn write(&self, batch: &mut Vec<u8>) {
+        match &self.json {
+            Some(json) => batch.extend_from_slice(json),
+            None => {
+                let mut digits = itoa::Buffer::new();
+                batch.push(b'[');
+                batch.extend_from_slice(digits.format(self.update.task_id).as_bytes());
+                batch.push(b',');
+                batch.extend_from_slice(digits.format(self.update.attempt).as_bytes());
+                batch.push(b']');
+            }
+        }
+    }
+}
+
 fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
     serde_json::to_writer(out, value).expect("ids encode to JSON");
 }
@@ -213,6 +257,11 @@ mod tests {
                 Some(json!({"k": ["v", 1, null], "ü": "\u{1}"})),
             ),
             update(9, TaskState::Failed, None),
+            StatusUpdate {
+                attempt: u32::MAX,
+                ..update(u64::MAX, TaskState::Finished, None)
+            },
+            update(0, TaskState::Finished, None),
         ];
         for driver in [None, Some(uuid::Uuid::new_v4())] {
             let mut queue = StatusQueue::new(executor_id.clone(), 1 << 20);

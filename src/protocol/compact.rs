@@ -88,7 +88,7 @@ fn end_of_tuple<'de, A: SeqAccess<'de>>(
 
 impl StatusUpdate {
     /// Whether it goes on the wire as `[task_id, attempt]`.
-    fn is_plain_finish(&self) -> bool {
+    pub(crate) fn is_plain_finish(&self) -> bool {
         self.state == TaskState::Finished && self.result.is_none() && self.error.is_none()
     }
 }
