@@ -3,7 +3,7 @@
 
 use crate::ids::{JobId, TaskId};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,10 +37,11 @@ pub(crate) enum Handler {
     Blocking(BlockingHandler),
 }
 
-/// The named handlers an executor can run.
+/// The named handlers an executor can run. A few names, looked up once per task: a sorted map
+/// compares a short name or two where a hash map would hash it first.
 #[derive(Clone)]
 pub struct Handlers {
-    map: HashMap<String, Handler>,
+    map: BTreeMap<String, Handler>,
 }
 
 impl Default for Handlers {
@@ -52,7 +53,7 @@ impl Default for Handlers {
 impl Handlers {
     /// The built-ins: `noop`, `sleep {ms}`, `echo {value}`, `fail {message}`.
     pub fn builtin() -> Self {
-        let mut map = HashMap::new();
+        let mut map = BTreeMap::new();
         map.insert("noop".into(), Handler::Inline(|_, _| Ok(Value::Null)));
         map.insert("echo".into(), Handler::Inline(echo));
         map.insert("fail".into(), Handler::Inline(fail));
@@ -77,9 +78,7 @@ impl Handlers {
 
     /// The names this executor can run, sorted.
     pub fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.map.keys().cloned().collect();
-        names.sort();
-        names
+        self.map.keys().cloned().collect()
     }
 }
 
