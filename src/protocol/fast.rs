@@ -41,22 +41,16 @@ pub(super) fn decode<T: 'static>(payload: &[u8]) -> Option<T> {
 fn status_request(mut c: Cursor<'_>) -> Option<StatusRequest> {
     c.eat(br#"{"type":"StatusUpdates","executor_id":"#)?;
     let executor_id = c.string()?;
-    c.eat(br#","updates":["#)?;
+    c.eat(br#","updates":"#)?;
     let mut updates = Vec::new();
-    if !c.eat_if(b']') {
-        loop {
-            c.eat(b"[")?;
-            let task_id = c.u64()?;
-            c.eat(b",")?;
-            let attempt = c.u32()?;
-            c.eat(b"]")?;
-            updates.push(StatusUpdate::finished(task_id, attempt));
-            if c.eat_if(b']') {
-                break;
-            }
-            c.eat(b",")?;
-        }
-    }
+    c.list(|c| {
+        let [task_id, attempt] = c.numbers()?;
+        updates.push(StatusUpdate::finished(
+            task_id,
+            u32::try_from(attempt).ok()?,
+        ));
+        Some(())
+    })?;
     let driver_instance = c.driver_instance()?;
     c.close()?;
     Some(StatusRequest::StatusUpdates {
@@ -172,47 +166,65 @@ impl<'a> Cursor<'a> {
     /// A list of task groups, as `groups.rs` writes it: every task of every group, in order,
     /// each group's tasks sharing its spec.
     fn groups(&mut self) -> Option<Vec<TaskDescription>> {
-        self.eat(b"[")?;
         let mut tasks = Vec::new();
-        if self.eat_if(b']') {
-            return Some(tasks);
-        }
-        loop {
-            self.eat(br#"{"job_id":"#)?;
-            let job_id = self.u64()?;
-            self.eat(br#","cpus":"#)?;
-            let cpus = self.u32()?;
-            self.eat(br#","spec":"#)?;
-            let spec = Arc::new(self.spec()?);
-            // A group has at least one task: serde refuses an empty one.
-            self.eat(br#","tasks":["#)?;
-            loop {
-                self.eat(b"[")?;
-                let task_id = self.u64()?;
-                self.eat(b",")?;
-                let index = self.u32()?;
-                self.eat(b",")?;
-                let attempt = self.u32()?;
-                self.eat(b"]")?;
+        self.list(|c| {
+            c.eat(br#"{"job_id":"#)?;
+            let job_id = c.u64()?;
+            c.eat(br#","cpus":"#)?;
+            let cpus = c.u32()?;
+            c.eat(br#","spec":"#)?;
+            let spec = Arc::new(c.spec()?);
+            c.eat(br#","tasks":["#)?;
+            // At least one task: serde refuses an empty group.
+            c.items(|c| {
+                let [task_id, index, attempt] = c.numbers()?;
                 tasks.push(TaskDescription {
                     task_id,
                     job_id,
-                    index,
-                    attempt,
+                    index: u32::try_from(index).ok()?,
+                    attempt: u32::try_from(attempt).ok()?,
                     cpus,
                     spec: Arc::clone(&spec),
                 });
-                if self.eat_if(b']') {
-                    break;
-                }
-                self.eat(b",")?;
-            }
-            self.eat(b"}")?;
+                Some(())
+            })?;
+            c.eat(b"}")
+        })?;
+        Some(tasks)
+    }
+
+    /// `[`, then what [`Cursor::items`] reads, or nothing.
+    fn list(&mut self, item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b"[")?;
+        match self.eat_if(b']') {
+            true => Some(()),
+            false => self.items(item),
+        }
+    }
+
+    /// Items separated by commas, at least one, each read by `item`, then `]`.
+    fn items(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        loop {
+            item(self)?;
             if self.eat_if(b']') {
-                return Some(tasks);
+                return Some(());
             }
             self.eat(b",")?;
         }
+    }
+
+    /// `[a,b,..]`: exactly `N` integers.
+    fn numbers<const N: usize>(&mut self) -> Option<[u64; N]> {
+        self.eat(b"[")?;
+        let mut numbers = [0; N];
+        for (i, n) in numbers.iter_mut().enumerate() {
+            if i > 0 {
+                self.eat(b",")?;
+            }
+            *n = self.u64()?;
+        }
+        self.eat(b"]")?;
+        Some(numbers)
     }
 
     /// A task spec: an object, read by serde, that must start right here and nest shallowly.
