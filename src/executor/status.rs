@@ -105,8 +105,7 @@ impl StatusQueue {
     }
 
     /// The batch in flight as it goes on the wire: a
-    /// [`crate::protocol::StatusRequest::StatusUpdates`], put together from the statuses'
-    /// encodings.
+    /// [`crate::protocol::StatusRequest::StatusUpdates`], written from what is queued.
     pub fn encode_batch(&self) -> bytes::Bytes {
         let updates: usize = self.sending.iter().map(|q| q.size() + 1).sum();
         let mut batch = Vec::with_capacity(128 + self.executor_id.as_str().len() + updates);
