@@ -13,7 +13,7 @@ use super::{noop, noops, percentiles};
 use crate::ids::ExecutorId;
 use crate::protocol::{
     encode, ApiRequest, Event, ExecutorMessage, JobState, StatusReply, StatusRequest, StatusUpdate,
-    TaskDescription, TaskState,
+    TaskDescription,
 };
 use anyhow::Context;
 use async_nats::Client;
@@ -94,13 +94,7 @@ fn status_and_answer(executor: u32, cores: u32) -> (bytes::Bytes, bytes::Bytes) 
     let status = StatusRequest::StatusUpdates {
         executor_id,
         updates: (0..u64::from(cores))
-            .map(|i| StatusUpdate {
-                task_id: 123_456 + i,
-                attempt: 0,
-                state: TaskState::Finished,
-                result: None,
-                error: None,
-            })
+            .map(|i| StatusUpdate::finished(123_456 + i, 0))
             .collect(),
         driver_instance: Some(uuid::Uuid::new_v4()),
     };

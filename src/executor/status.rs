@@ -198,12 +198,7 @@ impl Queued {
     fn size(&self) -> usize {
         match &self.json {
             Some(json) => json.len(),
-            None => {
-                let mut digits = itoa::Buffer::new();
-                "[,]".len()
-                    + digits.format(self.update.task_id).len()
-                    + digits.format(self.update.attempt).len()
-            }
+            None => "[,]".len() + digits(self.update.task_id) + digits(self.update.attempt.into()),
         }
     }
 
@@ -221,6 +216,11 @@ impl Queued {
             }
         }
     }
+}
+
+/// How many digits `n` has in decimal.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
 }
 
 fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
@@ -277,6 +277,25 @@ mod tests {
             let batch = queue.encode_batch();
             assert_eq!(batch, encode(&expected));
             assert_eq!(decode::<StatusRequest>(&batch, 1 << 20).unwrap(), expected);
+        }
+    }
+
+    /// The size a batch counts for a status is the size it writes, at every digit count.
+    #[test]
+    fn a_queued_status_counts_the_bytes_it_writes() {
+        let mut queue = StatusQueue::new(ExecutorId::parse("e").unwrap(), 1 << 20);
+        for task_id in [0, 9, 10, 99, 100, 123_456, u64::MAX] {
+            queue.push(update(task_id, TaskState::Finished, None));
+            queue.push(StatusUpdate {
+                attempt: u32::MAX,
+                ..update(task_id, TaskState::Finished, None)
+            });
+        }
+        queue.push(update(1, TaskState::Failed, Some(json!({"exit_code": 3}))));
+        for queued in &queue.pending {
+            let mut written = Vec::new();
+            queued.write(&mut written);
+            assert_eq!(queued.size(), written.len(), "{written:?}");
         }
     }
 

@@ -87,6 +87,17 @@ fn end_of_tuple<'de, A: SeqAccess<'de>>(
 // Status updates
 
 impl StatusUpdate {
+    /// A plain finish: `FINISHED`, with no result and no error.
+    pub(crate) fn finished(task_id: TaskId, attempt: u32) -> Self {
+        Self {
+            task_id,
+            attempt,
+            state: TaskState::Finished,
+            result: None,
+            error: None,
+        }
+    }
+
     /// Whether it goes on the wire as `[task_id, attempt]`.
     pub(crate) fn is_plain_finish(&self) -> bool {
         self.state == TaskState::Finished && self.result.is_none() && self.error.is_none()
@@ -151,13 +162,7 @@ impl Compact for StatusUpdate {
         let task_id = element(&mut seq, 0, expected)?;
         let attempt = element(&mut seq, 1, expected)?;
         end_of_tuple(seq, 2, expected)?;
-        Ok(Self {
-            task_id,
-            attempt,
-            state: TaskState::Finished,
-            result: None,
-            error: None,
-        })
+        Ok(Self::finished(task_id, attempt))
     }
 }
 

@@ -16,6 +16,7 @@
 //! hand does (docs/benchmarks.md).
 
 use super::{ExecutorMessage, StatusReply, StatusRequest, StatusUpdate, TaskDescription, TaskSpec};
+use crate::ids::InstanceId;
 use serde::de::value::{BorrowedStrDeserializer, Error};
 use serde::Deserialize;
 use std::any::Any;
@@ -155,7 +156,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// `,"driver_instance":".."` if it comes next. `None` gives up; `Some(None)` means absent.
-    fn driver_instance(&mut self) -> Option<Option<uuid::Uuid>> {
+    fn driver_instance(&mut self) -> Option<Option<InstanceId>> {
         if !self.eat_if(b',') {
             return Some(None);
         }
@@ -240,19 +241,6 @@ impl<'a> Cursor<'a> {
         }
         self.0 = rest;
         Some(spec)
-    }
-}
-
-impl StatusUpdate {
-    /// A plain finish: `FINISHED`, with no result and no error.
-    fn finished(task_id: u64, attempt: u32) -> Self {
-        Self {
-            task_id,
-            attempt,
-            state: super::TaskState::Finished,
-            result: None,
-            error: None,
-        }
     }
 }
 
