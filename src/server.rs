@@ -67,6 +67,11 @@ pub fn broker_procs() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
 }
 
+/// The `GOMAXPROCS` a server started here runs with: the environment's, or [`broker_procs`].
+pub fn server_gomaxprocs() -> String {
+    std::env::var("GOMAXPROCS").unwrap_or_else(|_| broker_procs().to_string())
+}
+
 /// A port on 127.0.0.1 that nothing listens on right now.
 pub fn free_port() -> Result<u16, ServerError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(ServerError::Port)?;
@@ -191,12 +196,9 @@ mod tests {
     fn a_local_server_runs_on_half_the_cores_unless_gomaxprocs_is_set() {
         let monitor = free_port().expect("a free port");
         let server = NatsServer::start(&["-m", &monitor.to_string()]).expect("start nats-server");
-        let expected = match std::env::var("GOMAXPROCS") {
-            Ok(set) => set
-                .parse()
-                .expect("GOMAXPROCS in this environment is a number"),
-            Err(_) => broker_procs() as u64,
-        };
+        let expected: u64 = server_gomaxprocs()
+            .parse()
+            .expect("GOMAXPROCS in this environment is a number");
         let deadline = Instant::now() + Duration::from_secs(10);
         let varz = loop {
             match TcpStream::connect(("127.0.0.1", monitor)) {

@@ -144,7 +144,8 @@ pub fn machine() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     format!(
-        "{cores} cores, {cpu}; {server}; ember {}",
+        "{cores} cores, {cpu}; {server} (GOMAXPROCS={}); ember {}",
+        crate::server::server_gomaxprocs(),
         env!("CARGO_PKG_VERSION")
     )
 }
