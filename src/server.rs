@@ -67,9 +67,25 @@ pub fn broker_procs() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
 }
 
-/// The `GOMAXPROCS` a server started here runs with: the environment's, or [`broker_procs`].
+/// The `GOMAXPROCS` a server started here runs with: the environment's, which it inherits, or
+/// [`broker_procs`].
 pub fn server_gomaxprocs() -> String {
-    std::env::var("GOMAXPROCS").unwrap_or_else(|_| broker_procs().to_string())
+    match std::env::var_os("GOMAXPROCS") {
+        Some(set) => set.to_string_lossy().into_owned(),
+        None => broker_procs().to_string(),
+    }
+}
+
+/// Waits up to 10 s for something to accept connections on `port` of 127.0.0.1.
+fn wait_listening(port: u16) -> Result<(), ServerError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(ServerError::NotReady(port))
 }
 
 /// A port on 127.0.0.1 that nothing listens on right now.
@@ -135,14 +151,7 @@ impl NatsServer {
     }
 
     fn wait_ready(&self) -> Result<(), ServerError> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err(ServerError::NotReady(self.port))
+        wait_listening(self.port)
     }
 
     pub fn port(&self) -> u16 {
@@ -195,21 +204,12 @@ mod tests {
     #[test]
     fn a_local_server_runs_on_half_the_cores_unless_gomaxprocs_is_set() {
         let monitor = free_port().expect("a free port");
-        let server = NatsServer::start(&["-m", &monitor.to_string()]).expect("start nats-server");
+        let _server = NatsServer::start(&["-m", &monitor.to_string()]).expect("start nats-server");
         let expected: u64 = server_gomaxprocs()
             .parse()
             .expect("GOMAXPROCS in this environment is a number");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let varz = loop {
-            match TcpStream::connect(("127.0.0.1", monitor)) {
-                Ok(_) => break varz(monitor),
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Err(e) => panic!("the monitoring port never opened: {e}"),
-            }
-        };
+        wait_listening(monitor).expect("the monitoring port opens");
+        let varz = varz(monitor);
         assert_eq!(varz["gomaxprocs"].as_u64(), Some(expected), "{varz}");
-        drop(server);
     }
 }
