@@ -321,6 +321,27 @@ async fn sigterm_decommissions_an_executor_mid_job() {
     wait_registered(&api, 0).await;
 }
 
+/// With the server gone, a stopped driver and executor cannot send their last messages; they
+/// say so and exit rather than wait for a server that may never come back.
+#[tokio::test]
+async fn a_driver_and_an_executor_stopped_while_nats_is_down_exit() {
+    let mut cluster = TestCluster::start("fault-nats-gone");
+    let mut driver = cluster.driver_process(&[]).spawn().unwrap();
+    let mut executor = cluster.executor_process("x0", &FAST).spawn().unwrap();
+    let api = cluster.api(cluster.client().await);
+    wait_registered(&api, 1).await;
+    cluster.server.kill();
+    signal(&driver, Signal::SIGTERM);
+    signal(&executor, Signal::SIGTERM);
+    let (driver, executor) = within(LIMIT, async {
+        tokio::join!(driver.wait(), executor.wait())
+    })
+    .await;
+    // The executor's leaving needs nothing from the server; the driver's last messages are lost.
+    assert_eq!(executor.unwrap().code(), Some(0));
+    assert_eq!(driver.unwrap().code(), Some(1));
+}
+
 #[tokio::test]
 async fn a_nats_server_restart_mid_job_loses_nothing() {
     let mut cluster = TestCluster::start("fault-restart");

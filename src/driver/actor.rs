@@ -12,7 +12,7 @@ use crate::protocol::{
     JournalRecord, RegisterReply, RegisterRequest, StatusReply, StatusRequest,
 };
 use crate::subjects::Subjects;
-use crate::{now_ms, PAYLOAD_HEADROOM};
+use crate::{now_ms, PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
 use async_nats::{Client, Message, Subject, Subscriber};
 use futures::StreamExt;
 use serde::Serialize;
@@ -47,6 +47,8 @@ pub enum DriverError {
     },
     #[error("could not reach the NATS server: {0}")]
     Flush(#[from] async_nats::client::FlushError),
+    #[error("the NATS server did not confirm the driver's last messages within {0:?}; any not yet sent are lost")]
+    Unconfirmed(Duration),
     #[error(transparent)]
     Journal(#[from] JournalError),
 }
@@ -132,7 +134,10 @@ pub async fn run(
     shell.drain(&mut outbox).await;
     shell.refusals.report();
     info!("driver stopping");
-    client.flush().await?;
+    // Bounded: with the server gone, the client would wait for it to come back for ever.
+    tokio::time::timeout(REQUEST_TIMEOUT, client.flush())
+        .await
+        .map_err(|_| DriverError::Unconfirmed(REQUEST_TIMEOUT))??;
     Ok(())
 }
 

@@ -427,7 +427,14 @@ impl Backend {
             }
         }
         info!(executor = %self.config.executor_id, "executor stopped");
-        let _ = self.client.flush().await;
+        // Bounded: with the server gone, the client would wait for it to come back for ever.
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.client.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => warn!(%error, "could not send the last messages"),
+            Err(_) => warn!(
+                "the NATS server did not confirm the last messages within {REQUEST_TIMEOUT:?}"
+            ),
+        }
         Ok(())
     }
 }
