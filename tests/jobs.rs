@@ -597,3 +597,89 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         .collect();
     assert_eq!(ids, [4, 5, 6], "task ids go on after the restored ones");
 }
+
+/// An executor numbers its status batches and asks for each answer at its own number. An answer
+/// to a batch that has since gone again is dropped, launches and all; the answer to the batch in
+/// flight starts what it launches. The driver here is the test itself, on a real server.
+#[tokio::test]
+async fn an_executor_takes_only_the_answer_to_the_batch_in_flight() {
+    use ember::ids::ExecutorId;
+    use ember::protocol::{ExecutorMessage, HeartbeatReply, RegisterReply, TaskDescription};
+    let cluster = TestCluster::start("status-answers");
+    let subjects = &cluster.subjects;
+    let driver = cluster.client().await;
+    let mut register = driver.subscribe(subjects.register_all()).await.unwrap();
+    let mut status = driver.subscribe(subjects.status_all()).await.unwrap();
+    let mut heartbeat = driver.subscribe(subjects.heartbeat_all()).await.unwrap();
+    driver.flush().await.unwrap();
+    // Heartbeats are answered throughout, so the executor keeps counting this driver alive.
+    let beats = driver.clone();
+    tokio::spawn(async move {
+        while let Some(beat) = heartbeat.next().await {
+            let answer = HeartbeatReply::HeartbeatResponse { reregister: false };
+            let _ = beats.publish(beat.reply.unwrap(), encode(&answer)).await;
+        }
+    });
+    let instance = uuid::Uuid::new_v4();
+    let noop = |task_id: u64| TaskDescription {
+        task_id,
+        job_id: 1,
+        index: task_id as u32,
+        attempt: 0,
+        cpus: 1,
+        spec: std::sync::Arc::new(handler("noop", serde_json::Value::Null)),
+    };
+    let answer = |launch: Vec<TaskDescription>| {
+        encode(&StatusReply::StatusAck {
+            accepted: 1,
+            refused: Vec::new(),
+            launch,
+        })
+    };
+    let tasks_of = |payload: &[u8]| -> Vec<u64> {
+        let StatusRequest::StatusUpdates { updates, .. } = decode(payload, usize::MAX).unwrap();
+        updates.iter().map(|u| u.task_id).collect()
+    };
+
+    let _executor = cluster.executor("x0", 1, Handlers::default()).await;
+    let registration = within(LIMIT, register.next()).await.unwrap();
+    let registered = RegisterReply::RegisteredExecutor {
+        executor_id: ExecutorId::parse("x0").unwrap(),
+        driver_instance: instance,
+    };
+    driver
+        .publish(registration.reply.unwrap(), encode(&registered))
+        .await
+        .unwrap();
+    let launch = ExecutorMessage::LaunchTasks {
+        tasks: vec![noop(1)],
+        driver_instance: Some(instance),
+    };
+    let inbox = subjects.executor_inbox(&ExecutorId::parse("x0").unwrap());
+    driver.publish(inbox, encode(&launch)).await.unwrap();
+
+    let first = within(LIMIT, status.next()).await.unwrap();
+    assert_eq!(first.reply.as_deref(), Some("_INBOX.x0.status.0"));
+    assert_eq!(tasks_of(&first.payload), [1]);
+    // Unanswered, it goes again after the request timeout, under the next number.
+    let again = within(LIMIT, status.next()).await.unwrap();
+    assert_eq!(again.reply.as_deref(), Some("_INBOX.x0.status.1"));
+    assert_eq!(tasks_of(&again.payload), [1]);
+
+    // A late answer to the first launches task 2; the answer to the second, task 3.
+    driver
+        .publish(first.reply.unwrap(), answer(vec![noop(2)]))
+        .await
+        .unwrap();
+    driver
+        .publish(again.reply.unwrap(), answer(vec![noop(3)]))
+        .await
+        .unwrap();
+    let next = within(LIMIT, status.next()).await.unwrap();
+    assert_eq!(next.reply.as_deref(), Some("_INBOX.x0.status.2"));
+    assert_eq!(
+        tasks_of(&next.payload),
+        [3],
+        "only the batch in flight's answer counts"
+    );
+}

@@ -89,15 +89,13 @@ pub async fn run(
     handlers: Handlers,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ExecutorError> {
-    let inbox_subject = config.subjects.executor_inbox(&config.executor_id);
-    let inbox = client
-        .subscribe(inbox_subject.clone())
-        .await
-        .map_err(|source| ExecutorError::Subscribe {
-            subject: inbox_subject,
-            source,
-        })?;
-    // The subscription must reach the server before the driver can send the first offer.
+    let inbox = subscribe(&client, config.subjects.executor_inbox(&config.executor_id)).await?;
+    let answers = subscribe(
+        &client,
+        format!("{}.*", Subjects::status_replies(&config.executor_id)),
+    )
+    .await?;
+    // The subscriptions must reach the server before the driver can send the first offer.
     client
         .flush()
         .await
@@ -111,8 +109,15 @@ pub async fn run(
     };
     info!(executor = %config.executor_id, cores = config.cores, "registered");
     Backend::new(client, config, instance, driver, handlers)
-        .serve(inbox, shutdown)
+        .serve(inbox, answers, shutdown)
         .await
+}
+
+async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, ExecutorError> {
+    client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|source| ExecutorError::Subscribe { subject, source })
 }
 
 /// Sends `RegisterExecutor` until the driver answers, or `deadline` passes; returns the
@@ -189,6 +194,28 @@ async fn maybe<T>(future: &mut Option<BoxFuture<'static, T>>) -> T {
     }
 }
 
+/// How long a failed status batch waits before it goes again.
+const STATUS_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// A status batch sent and not yet settled.
+struct InFlight {
+    /// Its number: its answer comes to `<status_replies><seq>`.
+    seq: u64,
+    /// Until when it waits for its answer or, once it has failed, out the pause before it goes
+    /// again.
+    until: Instant,
+    /// Why it failed, once it has: reported to the machine when the pause is over.
+    failure: Option<String>,
+}
+
+impl InFlight {
+    fn fail(&mut self, error: String) {
+        debug!(%error, batch = self.seq, "status batch not acknowledged; it goes again after a pause");
+        self.failure = Some(error);
+        self.until = Instant::now() + STATUS_RETRY_PAUSE;
+    }
+}
+
 /// The executor once registered: the machine, and the I/O it asks for.
 struct Backend {
     client: Client,
@@ -199,7 +226,12 @@ struct Backend {
     ends: tokio::sync::mpsc::UnboundedReceiver<super::runner::Done>,
     /// The machine's clock: milliseconds since this instant.
     epoch: Instant,
-    status: Option<BoxFuture<'static, Result<StatusReply, String>>>,
+    /// The status batch in flight.
+    status: Option<InFlight>,
+    /// Status batches sent so far: the next one's number.
+    batches: u64,
+    /// `<Subjects::status_replies>.`: batch `n`'s answer comes to this followed by `n`.
+    status_replies: String,
     heartbeat: Option<BoxFuture<'static, Result<HeartbeatReply, String>>>,
     reregister: Option<BoxFuture<'static, Result<InstanceId, ExecutorError>>>,
     /// `ExecutorExiting`, once the machine has decided to leave.
@@ -236,6 +268,8 @@ impl Backend {
         let status_subject = config.subjects.status(&config.executor_id).into();
         let lifecycle_subject = config.subjects.heartbeat(&config.executor_id).into();
         Self {
+            status_replies: format!("{}.", Subjects::status_replies(&config.executor_id)),
+            batches: 0,
             status_subject,
             lifecycle_subject,
             client,
@@ -259,6 +293,7 @@ impl Backend {
     async fn serve(
         mut self,
         mut inbox: Subscriber,
+        mut answers: Subscriber,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ExecutorError> {
         tokio::pin!(shutdown);
@@ -269,6 +304,7 @@ impl Backend {
             let hand_back_at = self.machine.hand_back_at();
             let hand_back_deadline =
                 hand_back_at.map_or(far, |ms| self.epoch + Duration::from_millis(ms));
+            let status_until = self.status.as_ref().map_or(far, |batch| batch.until);
             // Biased, in this order: a registration's answer is handled before any launch
             // the driver sent after it, and answers before new work.
             tokio::select! {
@@ -277,12 +313,10 @@ impl Backend {
                     self.reregister = None;
                     self.registered_again(result?);
                 }
-                result = maybe(&mut self.status) => {
-                    self.status = None;
-                    let now = self.now();
-                    let launch = self.machine.on_status(result, now);
-                    self.launch(&launch);
-                }
+                message = answers.next() => match message {
+                    Some(message) => self.on_status_answer(message),
+                    None => return Err(ExecutorError::Connection("the status answers' subscription closed".into())),
+                },
                 result = maybe(&mut self.heartbeat) => {
                     self.heartbeat = None;
                     let now = self.now();
@@ -302,17 +336,86 @@ impl Backend {
                 _ = tokio::time::sleep_until(hand_back_deadline), if hand_back_at.is_some() => {
                     self.machine.hand_back();
                 }
+                _ = tokio::time::sleep_until(status_until), if self.status.is_some() => {
+                    self.status_overdue();
+                }
                 _ = &mut shutdown, if !self.machine.is_draining() => {
                     let now = self.now();
                     self.machine.stop("signal", now);
                 }
             }
             let leave = self.machine.poll(self.now());
-            self.send_requests();
+            self.send_requests().await;
             if leave {
                 return self.exit().await;
             }
         }
+    }
+
+    /// An answer on the status answers' subscription: it settles the batch in flight if it is
+    /// that batch's. An answer to a batch given up on, or sent to a driver since replaced, is
+    /// dropped (tasks it launched are found missing by the driver's reconciliation).
+    fn on_status_answer(&mut self, message: Message) {
+        let seq = message
+            .subject
+            .strip_prefix(self.status_replies.as_str())
+            .and_then(|n| n.parse::<u64>().ok());
+        let Some(batch) = self.status.as_mut().filter(|batch| Some(batch.seq) == seq) else {
+            debug!(subject = %message.subject, "answer to a status batch no longer in flight dropped");
+            return;
+        };
+        let answer = if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            Err("no driver is subscribed".to_string())
+        } else {
+            decode::<StatusReply>(&message.payload, usize::MAX).map_err(|e| e.to_string())
+        };
+        match answer {
+            Ok(reply) => self.settle_status(Ok(reply)),
+            Err(error) => batch.fail(error),
+        }
+    }
+
+    /// The batch in flight has waited its time: unanswered, it fails; failed, the pause before
+    /// it goes again is over.
+    fn status_overdue(&mut self) {
+        let Some(batch) = self.status.as_mut() else {
+            return;
+        };
+        match batch.failure.take() {
+            None => batch.fail("timed out".into()),
+            Some(error) => self.settle_status(Err(error)),
+        }
+    }
+
+    fn settle_status(&mut self, result: Result<StatusReply, String>) {
+        self.status = None;
+        let now = self.now();
+        let launch = self.machine.on_status(result, now);
+        self.launch(&launch);
+    }
+
+    /// Sends the batch the machine set aside, asking for the answer at its own number.
+    async fn send_status(&mut self) {
+        let seq = self.batches;
+        self.batches += 1;
+        let payload = self.machine.statuses().encode_batch();
+        let mut reply = String::with_capacity(self.status_replies.len() + 20);
+        reply.push_str(&self.status_replies);
+        reply.push_str(itoa::Buffer::new().format(seq));
+        let mut batch = InFlight {
+            seq,
+            until: Instant::now() + REQUEST_TIMEOUT,
+            failure: None,
+        };
+        let subject = self.status_subject.clone();
+        // Bounded: handing a message to a connection that is reconnecting can wait.
+        let sent = self.client.publish_with_reply(subject, reply, payload);
+        match tokio::time::timeout(REQUEST_TIMEOUT, sent).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => batch.fail(error.to_string()),
+            Err(_) => batch.fail("the connection did not take the batch in time".into()),
+        }
+        self.status = Some(batch);
     }
 
     /// Starts tasks the driver sent, in a `LaunchTasks` or with a status acknowledgement.
@@ -366,8 +469,7 @@ impl Backend {
     }
 
     /// Sends what the machine asked for.
-    fn send_requests(&mut self) {
-        let lifecycle = &self.lifecycle_subject;
+    async fn send_requests(&mut self) {
         while let Some(next) = self.machine.next_request() {
             match next {
                 Request::Register => {
@@ -375,23 +477,19 @@ impl Backend {
                     self.reregister = Some(Box::pin(register(client, config, self.instance, None)));
                 }
                 Request::Heartbeat(beat) => {
-                    self.heartbeat = Some(request(&self.client, lifecycle.clone(), encode(&beat)));
+                    self.heartbeat = Some(request(
+                        &self.client,
+                        self.lifecycle_subject.clone(),
+                        encode(&beat),
+                    ));
                 }
-                Request::Status => {
-                    let payload = self.machine.statuses().encode_batch();
-                    let reply = request(&self.client, self.status_subject.clone(), payload);
-                    self.status = Some(Box::pin(async move {
-                        let result = reply.await;
-                        if result.is_err() {
-                            // Back off a little before the batch goes again.
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                        result
-                    }));
-                }
+                Request::Status => self.send_status().await,
                 Request::Decommission(notice) => {
-                    let notice: BoxFuture<'static, Result<HeartbeatReply, String>> =
-                        request(&self.client, lifecycle.clone(), encode(&notice));
+                    let notice: BoxFuture<'static, Result<HeartbeatReply, String>> = request(
+                        &self.client,
+                        self.lifecycle_subject.clone(),
+                        encode(&notice),
+                    );
                     tokio::spawn(async move {
                         if let Err(error) = notice.await {
                             warn!(%error, "the driver did not hear of the decommission; it will hand tasks back");
