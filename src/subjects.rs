@@ -93,13 +93,6 @@ impl Subjects {
         format!("_INBOX.{id}")
     }
 
-    /// Where executor `id` has the answers to its status batches sent: batch `n`'s goes to
-    /// `<this>.<n>`, under its own inbox prefix, and one subscription (`<this>.*`) takes them
-    /// all.
-    pub fn status_replies(id: &ExecutorId) -> String {
-        format!("_INBOX.{id}.status")
-    }
-
     /// Whether `reply` lies under executor `id`'s own inbox prefix. NATS does not check where a
     /// requester points its reply, so the driver does before it answers.
     pub fn reply_is_owned_by(reply: &str, id: &str) -> bool {

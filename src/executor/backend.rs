@@ -90,11 +90,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ExecutorError> {
     let inbox = subscribe(&client, config.subjects.executor_inbox(&config.executor_id)).await?;
-    let answers = subscribe(
-        &client,
-        format!("{}.*", Subjects::status_replies(&config.executor_id)),
-    )
-    .await?;
+    // Status answers come to `<inbox>.<batch>`: an inbox of this connection's own, under the
+    // executor's prefix, so no other process (another cluster's executor of the same id, say)
+    // shares it.
+    let status_replies = client.new_inbox();
+    let answers = subscribe(&client, format!("{status_replies}.*")).await?;
     // The subscriptions must reach the server before the driver can send the first offer.
     client
         .flush()
@@ -108,7 +108,7 @@ pub async fn run(
         _ = &mut shutdown => return Ok(()),
     };
     info!(executor = %config.executor_id, cores = config.cores, "registered");
-    Backend::new(client, config, instance, driver, handlers)
+    Backend::new(client, config, instance, driver, handlers, status_replies)
         .serve(inbox, answers, shutdown)
         .await
 }
@@ -230,7 +230,7 @@ struct Backend {
     status: Option<InFlight>,
     /// Status batches sent so far: the next one's number.
     batches: u64,
-    /// `<Subjects::status_replies>.`: batch `n`'s answer comes to this followed by `n`.
+    /// `<the status answers' inbox>.`: batch `n`'s answer comes to this followed by `n`.
     status_replies: String,
     heartbeat: Option<BoxFuture<'static, Result<HeartbeatReply, String>>>,
     reregister: Option<BoxFuture<'static, Result<InstanceId, ExecutorError>>>,
@@ -249,6 +249,7 @@ impl Backend {
         instance: InstanceId,
         driver: InstanceId,
         handlers: Handlers,
+        status_replies: String,
     ) -> Self {
         let (runner, ends) = Runner::new(handlers);
         let status_limit =
@@ -268,7 +269,7 @@ impl Backend {
         let status_subject = config.subjects.status(&config.executor_id).into();
         let lifecycle_subject = config.subjects.heartbeat(&config.executor_id).into();
         Self {
-            status_replies: format!("{}.", Subjects::status_replies(&config.executor_id)),
+            status_replies: status_replies + ".",
             batches: 0,
             status_subject,
             lifecycle_subject,
@@ -300,11 +301,19 @@ impl Backend {
         let mut beat = tokio::time::interval(self.config.heartbeat_interval);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let far = Instant::now() + Duration::from_secs(86_400 * 365);
+        // One timer for the batch in flight, moved only when its deadline changes, rather than a
+        // new one each time round the loop.
+        let status_timer = tokio::time::sleep_until(far);
+        tokio::pin!(status_timer);
         loop {
             let hand_back_at = self.machine.hand_back_at();
             let hand_back_deadline =
                 hand_back_at.map_or(far, |ms| self.epoch + Duration::from_millis(ms));
-            let status_until = self.status.as_ref().map_or(far, |batch| batch.until);
+            if let Some(until) = self.status.as_ref().map(|batch| batch.until) {
+                if until != status_timer.deadline() {
+                    status_timer.as_mut().reset(until);
+                }
+            }
             // Biased, in this order: a registration's answer is handled before any launch
             // the driver sent after it, and answers before new work.
             tokio::select! {
@@ -336,7 +345,7 @@ impl Backend {
                 _ = tokio::time::sleep_until(hand_back_deadline), if hand_back_at.is_some() => {
                     self.machine.hand_back();
                 }
-                _ = tokio::time::sleep_until(status_until), if self.status.is_some() => {
+                _ = &mut status_timer, if self.status.is_some() => {
                     self.status_overdue();
                 }
                 _ = &mut shutdown, if !self.machine.is_draining() => {
