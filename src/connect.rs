@@ -2,9 +2,10 @@
 //! the connection options Ember needs (inbox prefix, subscription capacity, event logging).
 
 use crate::subjects::Subjects;
-use crate::{DEFAULT_CLUSTER, DEFAULT_NATS_URL, SUBSCRIPTION_CAPACITY};
+use crate::{DEFAULT_CLUSTER, DEFAULT_NATS_URL, REQUEST_TIMEOUT, SUBSCRIPTION_CAPACITY};
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tracing::{info, warn};
 
 /// The NATS flags every Ember binary takes. `Debug` leaves the password and token out, so the
@@ -193,6 +194,25 @@ pub fn parse_urls(urls: &str) -> Result<Vec<ServerAddr>, ConnectError> {
                 Ok(servers)
             }
         })
+}
+
+/// Why what a client queued did not reach the server's socket: see [`flush`].
+#[derive(Debug, thiserror::Error)]
+pub enum Unsent {
+    #[error("not sent within {0:?}")]
+    TimedOut(Duration),
+    #[error(transparent)]
+    Failed(#[from] async_nats::client::FlushError),
+}
+
+/// Writes everything `client` has queued to the server's socket, waiting at most
+/// [`REQUEST_TIMEOUT`]. The client's own flush waits while it is disconnected, for ever if the
+/// server does not come back.
+pub async fn flush(client: &Client) -> Result<(), Unsent> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, client.flush()).await {
+        Ok(flushed) => Ok(flushed?),
+        Err(_) => Err(Unsent::TimedOut(REQUEST_TIMEOUT)),
+    }
 }
 
 /// What every Ember process logs when NATS drops messages for one of its subscriptions; `ember

@@ -14,7 +14,10 @@ use nix::unistd::Pid;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Child;
+use tokio::sync::oneshot;
 
 const LIMIT: Duration = Duration::from_secs(60);
 /// The executor flags of these tests: quick heartbeats, a quick verdict on the driver.
@@ -340,6 +343,90 @@ async fn a_driver_and_an_executor_stopped_while_nats_is_down_exit() {
     // The executor's leaving needs nothing from the server; the driver's last messages are lost.
     assert_eq!(executor.unwrap().code(), Some(0));
     assert_eq!(driver.unwrap().code(), Some(1));
+}
+
+/// A relay in front of the server at `server_url` for one client: it passes what the client
+/// sends up to the line holding `marker`, then drops that line and all the rest, while the
+/// server's side still flows: from there on the server no longer hears the client, as across
+/// a one-way partition. Returns the relay's URL, and a receiver that completes at the cut.
+async fn one_way_cut(server_url: &str, marker: &'static str) -> (String, oneshot::Receiver<()>) {
+    let upstream = server_url.trim_start_matches("nats://").to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("nats://{}", listener.local_addr().unwrap());
+    let (cut, cut_made) = oneshot::channel();
+    tokio::spawn(async move {
+        let (client, _) = listener.accept().await.unwrap();
+        let server = TcpStream::connect(upstream).await.unwrap();
+        let (mut from_client, mut to_client) = client.into_split();
+        let (mut from_server, mut to_server) = server.into_split();
+        tokio::spawn(async move { tokio::io::copy(&mut from_server, &mut to_client).await });
+        let (mut sent, mut passed, mut cut) = (Vec::new(), 0, Some(cut));
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = match from_client.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if cut.is_none() {
+                continue;
+            }
+            sent.extend_from_slice(&chunk[..n]);
+            let line = sent
+                .windows(marker.len())
+                .position(|window| window == marker.as_bytes())
+                .map(|at| {
+                    sent[..at]
+                        .iter()
+                        .rposition(|&b| b == b'\n')
+                        .map_or(0, |nl| nl + 1)
+                });
+            let upto = line.unwrap_or(sent.len());
+            if to_server.write_all(&sent[passed..upto]).await.is_err() {
+                return;
+            }
+            passed = upto;
+            if line.is_some() {
+                let _ = cut.take().expect("not cut yet").send(());
+            }
+        }
+    });
+    (url, cut_made)
+}
+
+#[tokio::test]
+async fn a_driver_not_told_whether_there_is_jetstream_stops_on_a_signal_or_refuses_to_start() {
+    let cluster = TestCluster::start_with_jetstream("fault-js-unanswered");
+    // The server never hears the driver ask about JetStream.
+    let mut drivers = Vec::new();
+    for journal in ["on", "auto"] {
+        let (url, cut) = one_way_cut(&cluster.url(), "PUB $JS.API.INFO ").await;
+        let driver = cluster
+            .process_at(
+                &url,
+                env!("CARGO_BIN_EXE_ember-driver"),
+                &["--journal", journal],
+            )
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        within(LIMIT, cut).await.expect("the driver asked");
+        drivers.push(driver);
+    }
+    let waiting = drivers.pop().unwrap();
+    let signalled = drivers.pop().unwrap();
+    // A signal while the driver waits for the answer is a clean stop.
+    signal(&signalled, Signal::SIGTERM);
+    let output = within(LIMIT, signalled.wait_with_output()).await.unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    // With no answer, `--journal auto` cannot tell that there is no journal to replay, so it
+    // does not start without one.
+    let output = within(LIMIT, waiting.wait_with_output()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("could not learn whether the NATS server offers JetStream (timed out)"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

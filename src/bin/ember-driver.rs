@@ -30,8 +30,8 @@ struct Args {
     #[arg(long, env = "EMBER_NO_EXECUTORS_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     no_executors_timeout: Duration,
     /// Keep jobs in a JetStream journal, so that a driver started after this one resumes them:
-    /// auto uses JetStream if the server offers it (the log says which), on refuses to start
-    /// without it, off keeps jobs in memory only.
+    /// auto uses JetStream if the server offers it (the log says which) and does not start if
+    /// the server does not say, on refuses to start without it, off keeps jobs in memory only.
     #[arg(long, env = "EMBER_JOURNAL", value_enum, default_value_t = JournalMode::Auto)]
     journal: JournalMode,
     /// Drop journal records older than this (the stream's max age). A job still running when

@@ -7,12 +7,13 @@ use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness};
 use super::journal::{Journal, JournalError, JournalMode};
 use super::outbox::{Outbox, Output};
+use crate::connect::{flush, Unsent};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Batch, Event, HeartbeatReply, HeartbeatRequest,
     JournalRecord, RegisterReply, RegisterRequest, StatusReply, StatusRequest,
 };
 use crate::subjects::Subjects;
-use crate::{now_ms, PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
+use crate::{now_ms, PAYLOAD_HEADROOM};
 use async_nats::{Client, Message, Subject, Subscriber};
 use futures::StreamExt;
 use serde::Serialize;
@@ -45,10 +46,10 @@ pub enum DriverError {
         subject: String,
         source: async_nats::SubscribeError,
     },
-    #[error("could not reach the NATS server: {0}")]
-    Flush(#[from] async_nats::client::FlushError),
-    #[error("the NATS server did not confirm the driver's last messages within {0:?}; any not yet sent are lost")]
-    Unconfirmed(Duration),
+    #[error("could not send the driver's subscriptions to the NATS server ({0})")]
+    NotSubscribed(Unsent),
+    #[error("could not send the driver's last messages to the NATS server ({0}); they are lost")]
+    LastMessages(Unsent),
     #[error(transparent)]
     Journal(#[from] JournalError),
 }
@@ -62,39 +63,17 @@ pub async fn run(
     config: DriverConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
-    let limit = client.server_info().max_payload.max(PAYLOAD_HEADROOM * 2);
-    let subjects = config.subjects.clone();
-    let journal = Journal::open(&client, &subjects, config.journal, config.journal_max_age).await?;
-    let mut core = Core::new(CoreConfig {
-        driver_instance: uuid::Uuid::new_v4(),
-        expect_executors: config.expect_executors,
-        max_reply_bytes: limit - PAYLOAD_HEADROOM,
-        journal: journal.is_some(),
-    });
-    core.set_liveness(config.liveness.clone());
-    if let Some(journal) = &journal {
-        let restored = journal.replay(&mut core, limit).await?;
-        info!(
-            jobs = restored.jobs,
-            running_jobs = restored.running_jobs,
-            pending_tasks = restored.pending_tasks,
-            "journal replayed"
-        );
-    }
-    let mut register = subscribe(&client, subjects.register_all()).await?;
-    let mut status = subscribe(&client, subjects.status_all()).await?;
-    let mut heartbeat = subscribe(&client, subjects.heartbeat_all()).await?;
-    let mut api = subscribe(&client, subjects.api()).await?;
-    client.flush().await?;
-    info!(cluster = subjects.prefix(), "driver ready");
-    let mut shell = Shell {
-        client: client.clone(),
-        subjects,
-        limit,
-        task_events: TaskEvents::default(),
-        refusals: Refusals::default(),
-        journal,
+    tokio::pin!(shutdown);
+    // A signal is heeded from the start: a journal slow to answer or to replay, or a server
+    // gone, must not keep the driver from stopping.
+    let (mut core, mut inputs, mut shell) = tokio::select! {
+        started = start(&client, &config) => started?,
+        _ = &mut shutdown => {
+            info!("driver stopped before it was ready");
+            return Ok(());
+        }
     };
+    info!(cluster = shell.subjects.prefix(), "driver ready");
     // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
     let mut outbox = Outbox::default();
     let mut revive = tokio::time::interval(config.revive_interval);
@@ -102,7 +81,7 @@ pub async fn run(
     // One timer for the task events, moved only when what waits changes, rather than a new
     // one each time round the loop.
     let events_due = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(shutdown, events_due);
+    tokio::pin!(events_due);
     loop {
         let due = shell.task_events.due();
         if let Some(due) = due.filter(|&due| due != events_due.deadline()) {
@@ -110,10 +89,10 @@ pub async fn run(
         }
         let reply = tokio::select! {
             _ = &mut shutdown => break,
-            Some(message) = register.next() => shell.on_register(&mut core, message),
-            Some(message) = status.next() => shell.on_status(&mut core, message),
-            Some(message) = heartbeat.next() => shell.on_heartbeat(&mut core, message),
-            Some(message) = api.next() => shell.on_api(&mut core, message),
+            Some(message) = inputs.register.next() => shell.on_register(&mut core, message),
+            Some(message) = inputs.status.next() => shell.on_status(&mut core, message),
+            Some(message) = inputs.heartbeat.next() => shell.on_heartbeat(&mut core, message),
+            Some(message) = inputs.api.next() => shell.on_api(&mut core, message),
             _ = revive.tick() => {
                 core.tick(now_ms());
                 shell.refusals.report();
@@ -134,11 +113,58 @@ pub async fn run(
     shell.drain(&mut outbox).await;
     shell.refusals.report();
     info!("driver stopping");
-    // Bounded: with the server gone, the client would wait for it to come back for ever.
-    tokio::time::timeout(REQUEST_TIMEOUT, client.flush())
-        .await
-        .map_err(|_| DriverError::Unconfirmed(REQUEST_TIMEOUT))??;
-    Ok(())
+    flush(&client).await.map_err(DriverError::LastMessages)
+}
+
+/// The driver's subscriptions.
+struct Inputs {
+    register: Subscriber,
+    status: Subscriber,
+    heartbeat: Subscriber,
+    api: Subscriber,
+}
+
+/// Opens the journal and replays it into a new core, then subscribes, and returns once the
+/// subscriptions are on their way to the server.
+async fn start(
+    client: &Client,
+    config: &DriverConfig,
+) -> Result<(Core, Inputs, Shell), DriverError> {
+    let limit = client.server_info().max_payload.max(PAYLOAD_HEADROOM * 2);
+    let subjects = config.subjects.clone();
+    let journal = Journal::open(client, &subjects, config.journal, config.journal_max_age).await?;
+    let mut core = Core::new(CoreConfig {
+        driver_instance: uuid::Uuid::new_v4(),
+        expect_executors: config.expect_executors,
+        max_reply_bytes: limit - PAYLOAD_HEADROOM,
+        journal: journal.is_some(),
+    });
+    core.set_liveness(config.liveness.clone());
+    if let Some(journal) = &journal {
+        let restored = journal.replay(&mut core, limit).await?;
+        info!(
+            jobs = restored.jobs,
+            running_jobs = restored.running_jobs,
+            pending_tasks = restored.pending_tasks,
+            "journal replayed"
+        );
+    }
+    let inputs = Inputs {
+        register: subscribe(client, subjects.register_all()).await?,
+        status: subscribe(client, subjects.status_all()).await?,
+        heartbeat: subscribe(client, subjects.heartbeat_all()).await?,
+        api: subscribe(client, subjects.api()).await?,
+    };
+    flush(client).await.map_err(DriverError::NotSubscribed)?;
+    let shell = Shell {
+        client: client.clone(),
+        subjects,
+        limit,
+        task_events: TaskEvents::default(),
+        refusals: Refusals::default(),
+        journal,
+    };
+    Ok((core, inputs, shell))
 }
 
 /// An api answer may go to any inbox but an executor's, and never into Ember's own subjects:

@@ -6,7 +6,8 @@
 use super::core::{Core, Restored};
 use crate::protocol::{decode, JournalRecord};
 use crate::subjects::Subjects;
-use async_nats::jetstream::{self, consumer::pull::OrderedConfig, stream};
+use async_nats::jetstream::context::{AccountError, AccountErrorKind};
+use async_nats::jetstream::{self, consumer::pull::OrderedConfig, stream, ErrorCode};
 use async_nats::Client;
 use futures::future::BoxFuture;
 use futures::StreamExt;
@@ -21,7 +22,8 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// Whether the driver keeps a journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum JournalMode {
-    /// In JetStream if the server has it, else in memory only.
+    /// In JetStream if the server has it, in memory only if it says it has none; the driver
+    /// does not start while the server does not say.
     #[default]
     Auto,
     /// In JetStream; the driver refuses to start without it.
@@ -36,7 +38,12 @@ pub enum JournalError {
         "--journal on needs JetStream, which the NATS server does not offer to this user \
          ({0}); enable `jetstream {{}}` in the server config or use --journal off"
     )]
-    Unavailable(async_nats::jetstream::context::AccountError),
+    Unavailable(AccountError),
+    #[error(
+        "could not learn whether the NATS server offers JetStream ({0}); the driver will not \
+         start without a journal the server may hold (--journal off runs without one)"
+    )]
+    Unanswered(AccountError),
     #[error("could not create or update the journal stream {stream}: {message}")]
     Stream { stream: String, message: String },
     #[error("could not read the journal stream {stream}: {message}")]
@@ -53,6 +60,20 @@ pub struct Journal {
     stream: String,
 }
 
+/// Whether `error` is the server saying that it, or this user's account, has no JetStream at
+/// all, rather than a failure to answer (a timeout, or JetStream not ready yet).
+fn says_no_jetstream(error: &AccountError) -> bool {
+    match error.kind() {
+        AccountErrorKind::JetStreamUnavailable => true,
+        AccountErrorKind::JetStream(error) => [
+            ErrorCode::JETSTREAM_NOT_ENABLED,
+            ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
+        ]
+        .contains(&error.error_code()),
+        AccountErrorKind::TimedOut | AccountErrorKind::Other => false,
+    }
+}
+
 impl Journal {
     /// Opens (creating it if needed) the journal stream, or `None` if the journal is off, or
     /// `auto` and the server has no JetStream. Records older than `max_age` are dropped.
@@ -67,12 +88,17 @@ impl Journal {
             return Ok(None);
         }
         let context = jetstream::new(client.clone());
-        if let Err(error) = context.query_account().await {
-            if mode == JournalMode::On {
-                return Err(JournalError::Unavailable(error));
+        match context.query_account().await {
+            Ok(_) => {}
+            // A server that did not answer may well have JetStream, and a journal in it.
+            Err(error) if !says_no_jetstream(&error) => {
+                return Err(JournalError::Unanswered(error))
             }
-            info!(%error, "no JetStream: jobs live in memory only (--journal auto)");
-            return Ok(None);
+            Err(error) if mode == JournalMode::On => return Err(JournalError::Unavailable(error)),
+            Err(error) => {
+                info!(%error, "no JetStream: jobs live in memory only (--journal auto)");
+                return Ok(None);
+            }
         }
         let journal = Journal {
             context,

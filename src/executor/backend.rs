@@ -6,6 +6,7 @@
 use super::machine::{Backoff, Machine, MachineConfig, Registered, Request};
 use super::runner::Runner;
 use super::tasks::Handlers;
+use crate::connect::flush;
 use crate::ids::{ExecutorId, InstanceId};
 use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
@@ -89,28 +90,36 @@ pub async fn run(
     handlers: Handlers,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ExecutorError> {
-    let inbox = subscribe(&client, config.subjects.executor_inbox(&config.executor_id)).await?;
-    // Status answers come to `<inbox>.<batch>`: an inbox of this connection's own, under the
-    // executor's prefix, so no other process (another cluster's executor of the same id, say)
-    // shares it.
-    let status_replies = client.new_inbox();
-    let answers = subscribe(&client, format!("{status_replies}.*")).await?;
-    // The subscriptions must reach the server before the driver can send the first offer.
-    client
-        .flush()
-        .await
-        .map_err(|e| ExecutorError::Connection(e.to_string()))?;
     tokio::pin!(shutdown);
     let instance = InstanceId::new_v4();
-    let deadline = Some(Instant::now() + config.register_timeout);
-    let driver = tokio::select! {
-        result = register(client.clone(), config.clone(), instance, deadline) => result?,
+    let (inbox, answers, status_replies, driver) = tokio::select! {
+        started = start(&client, &config, instance) => started?,
         _ = &mut shutdown => return Ok(()),
     };
     info!(executor = %config.executor_id, cores = config.cores, "registered");
     Backend::new(client, config, instance, driver, handlers, status_replies)
         .serve(inbox, answers, shutdown)
         .await
+}
+
+/// Subscribes to the executor's inbox and to the answers to its status batches, then registers;
+/// returns both subscriptions, the answers' inbox and the driver's instance.
+async fn start(
+    client: &Client,
+    config: &ExecutorConfig,
+    instance: InstanceId,
+) -> Result<(Subscriber, Subscriber, String, InstanceId), ExecutorError> {
+    let inbox = subscribe(client, config.subjects.executor_inbox(&config.executor_id)).await?;
+    // Status answers come to `<inbox>.<batch>`: an inbox of this connection's own, under the
+    // executor's prefix, so no other process (another cluster's executor of the same id, say)
+    // shares it.
+    let status_replies = client.new_inbox();
+    let answers = subscribe(client, format!("{status_replies}.*")).await?;
+    // No flush needed before registering: the server takes one connection's messages in
+    // order, so the subscriptions are in place before the driver hears of this executor.
+    let deadline = Some(Instant::now() + config.register_timeout);
+    let driver = register(client.clone(), config.clone(), instance, deadline).await?;
+    Ok((inbox, answers, status_replies, driver))
 }
 
 async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, ExecutorError> {
@@ -534,13 +543,8 @@ impl Backend {
             }
         }
         info!(executor = %self.config.executor_id, "executor stopped");
-        // Bounded: with the server gone, the client would wait for it to come back for ever.
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.client.flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => warn!(%error, "could not send the last messages"),
-            Err(_) => warn!(
-                "the NATS server did not confirm the last messages within {REQUEST_TIMEOUT:?}"
-            ),
+        if let Err(error) = flush(&self.client).await {
+            warn!(%error, "could not send the last messages to the NATS server");
         }
         Ok(())
     }

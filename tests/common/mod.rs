@@ -145,9 +145,14 @@ impl TestCluster {
     /// A process of one of Ember's binaries on this cluster, logging warnings only, killed
     /// when dropped.
     fn process(&self, binary: &str, args: &[&str]) -> tokio::process::Command {
+        self.process_at(&self.url(), binary, args)
+    }
+
+    /// [`Self::process`], reaching the server through `url` (a relay in front of it, say).
+    pub fn process_at(&self, url: &str, binary: &str, args: &[&str]) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(binary);
         command
-            .args(["--nats-url", &self.url(), "--cluster", &self.cluster])
+            .args(["--nats-url", url, "--cluster", &self.cluster])
             .args(args)
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)
