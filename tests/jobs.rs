@@ -4,11 +4,14 @@
 mod common;
 
 use common::{eventually, sh, within, TestCluster};
+use ember::client::EmberClient;
+use ember::driver::{DriverConfig, JournalMode};
 use ember::executor::Handlers;
 use ember::protocol::{
     decode, encode, Event, JobState, StatusReply, StatusRequest, StatusUpdate, SubmitJob, TaskSpec,
     TaskState,
 };
+use ember::subjects::Subjects;
 use futures::StreamExt;
 use serde_json::json;
 use std::collections::HashMap;
@@ -689,4 +692,77 @@ async fn an_executor_takes_only_the_answer_to_the_batch_in_flight() {
         [3],
         "only the batch in flight's answer counts"
     );
+}
+
+#[tokio::test]
+async fn two_clusters_on_one_server_each_with_an_executor_x0_keep_to_their_own() {
+    let cluster = TestCluster::start("jobs-twins");
+    let twin = Subjects::new(&format!("{}-twin", cluster.cluster)).unwrap();
+    let _driver = cluster.driver().await;
+    let _executor = cluster.executor("x0", 2, Handlers::builtin()).await;
+    // The twin cluster's driver and executor x0, on the same server under another name.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let twin_driver = tokio::spawn(ember::driver::run(
+        cluster.client().await,
+        DriverConfig {
+            subjects: twin.clone(),
+            expect_executors: 0,
+            revive_interval: Duration::from_millis(200),
+            liveness: Default::default(),
+            journal: JournalMode::Off,
+            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
+        },
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let mut twin_config = cluster.executor_config("x0", 2);
+    twin_config.subjects = twin.clone();
+    let twin_executor = tokio::spawn(ember::executor::run(
+        cluster.executor_client("x0").await,
+        twin_config,
+        Handlers::builtin(),
+        std::future::pending(),
+    ));
+    let apis = [
+        cluster.api(cluster.client().await),
+        EmberClient::new(cluster.client().await, twin),
+    ];
+    for api in &apis {
+        eventually(LIMIT, "x0 registered", || async {
+            (api.executors().await.ok()?.registered_executors == 1).then_some(())
+        })
+        .await;
+    }
+    // Both executors report at once, each numbering its status batches from 0; each cluster's
+    // tasks echo a value of their own.
+    let echoes = |value: u32| job(vec![handler("echo", json!({ "value": value }))], 2_000);
+    let (one, other) = within(
+        LIMIT,
+        futures::future::join(
+            apis[0].run_job(echoes(1), |_| {}),
+            apis[1].run_job(echoes(2), |_| {}),
+        ),
+    )
+    .await;
+    for ((api, summary), value) in apis.iter().zip([one.unwrap(), other.unwrap()]).zip([1, 2]) {
+        assert_eq!(
+            (summary.state, summary.succeeded),
+            (JobState::Succeeded, 2_000)
+        );
+        // Every task ran on its own cluster's x0, once, and its status reached its own driver.
+        let results = api.results(summary.job_id).await.unwrap();
+        assert_eq!(results.len(), 2_000);
+        for result in results {
+            assert_eq!(
+                (result.result, result.attempts),
+                (Some(json!(value)), 1),
+                "task {} of the cluster whose tasks echo {value}",
+                result.index
+            );
+        }
+    }
+    let _ = stop.send(());
+    twin_driver.await.unwrap().unwrap();
+    twin_executor.abort();
 }
