@@ -5,7 +5,6 @@ mod common;
 
 use common::{eventually, sh, within, TestCluster};
 use ember::client::EmberClient;
-use ember::driver::{DriverConfig, JournalMode};
 use ember::executor::Handlers;
 use ember::protocol::{
     decode, encode, Event, JobState, StatusReply, StatusRequest, StatusUpdate, SubmitJob, TaskSpec,
@@ -701,29 +700,10 @@ async fn two_clusters_on_one_server_each_with_an_executor_x0_keep_to_their_own()
     let _driver = cluster.driver().await;
     let _executor = cluster.executor("x0", 2, Handlers::builtin()).await;
     // The twin cluster's driver and executor x0, on the same server under another name.
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let twin_driver = tokio::spawn(ember::driver::run(
-        cluster.client().await,
-        DriverConfig {
-            subjects: twin.clone(),
-            expect_executors: 0,
-            revive_interval: Duration::from_millis(200),
-            liveness: Default::default(),
-            journal: JournalMode::Off,
-            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
-        },
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let mut twin_config = cluster.executor_config("x0", 2);
-    twin_config.subjects = twin.clone();
-    let twin_executor = tokio::spawn(ember::executor::run(
-        cluster.executor_client("x0").await,
-        twin_config,
-        Handlers::builtin(),
-        std::future::pending(),
-    ));
+    let twin_driver = cluster.driver_of(twin.clone(), Default::default()).await;
+    let _twin_executor = cluster
+        .executor_of(twin.clone(), "x0", 2, Handlers::builtin())
+        .await;
     let apis = [
         cluster.api(cluster.client().await),
         EmberClient::new(cluster.client().await, twin),
@@ -762,7 +742,5 @@ async fn two_clusters_on_one_server_each_with_an_executor_x0_keep_to_their_own()
             );
         }
     }
-    let _ = stop.send(());
-    twin_driver.await.unwrap().unwrap();
-    twin_executor.abort();
+    twin_driver.stop().await.unwrap();
 }

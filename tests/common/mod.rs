@@ -98,9 +98,19 @@ impl TestCluster {
         &self,
         liveness: ember::driver::core::Liveness,
     ) -> Running<Result<(), driver::DriverError>> {
+        self.driver_of(self.subjects.clone(), liveness).await
+    }
+
+    /// [`Self::driver_with`] for the cluster of `subjects` instead: another cluster sharing
+    /// this one's server.
+    pub async fn driver_of(
+        &self,
+        subjects: Subjects,
+        liveness: ember::driver::core::Liveness,
+    ) -> Running<Result<(), driver::DriverError>> {
         let client = self.client().await;
         let config = DriverConfig {
-            subjects: self.subjects.clone(),
+            subjects,
             expect_executors: 0,
             revive_interval: Duration::from_millis(200),
             liveness,
@@ -120,8 +130,24 @@ impl TestCluster {
         cores: u32,
         handlers: Handlers,
     ) -> Running<Result<(), ExecutorError>> {
+        self.executor_of(self.subjects.clone(), id, cores, handlers)
+            .await
+    }
+
+    /// [`Self::executor`] for the cluster of `subjects` instead: another cluster sharing this
+    /// one's server.
+    pub async fn executor_of(
+        &self,
+        subjects: Subjects,
+        id: &str,
+        cores: u32,
+        handlers: Handlers,
+    ) -> Running<Result<(), ExecutorError>> {
         let client = self.executor_client(id).await;
-        let config = self.executor_config(id, cores);
+        let config = ExecutorConfig {
+            subjects,
+            ..self.executor_config(id, cores)
+        };
         Running::spawn(|stop| executor::run(client, config, handlers, stop))
     }
 
