@@ -37,6 +37,8 @@ async fn ember_bench_quick_reports_every_workload() {
     ] {
         assert!(report["limit"][field].as_f64().unwrap() > 0.0, "{field}");
     }
+    // 2,000 messages fit in the subscription's queue: none may be lost.
+    assert_eq!(report["limit"]["pubsub_lost"], 0);
     assert_eq!(
         report["slow_consumers"], 0,
         "NATS dropped messages: {stderr}"

@@ -4,7 +4,7 @@
 use super::percentiles;
 use anyhow::Context;
 use async_nats::Client;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,8 @@ pub struct Limit {
     pub request_p99_ms: f64,
     pub pipelined_requests_per_s: f64,
     pub pubsub_msgs_per_s: f64,
+    /// Pub/sub messages the subscriber never got.
+    pub pubsub_lost: u64,
 }
 
 /// Measures request/reply latency, pipelined requests/s and pub/sub messages/s on `url`.
@@ -60,11 +62,13 @@ pub async fn measure(url: &str, requests: usize, messages: usize) -> anyhow::Res
     let latency = percentiles(samples);
     let pipelined = pipelined(&requester, payload, requests * 20).await?;
     server.abort();
+    let (pubsub_msgs_per_s, pubsub_lost) = pubsub(url, messages).await?;
     Ok(Limit {
         request_p50_ms: latency.p50_ms,
         request_p99_ms: latency.p99_ms,
         pipelined_requests_per_s: pipelined,
-        pubsub_msgs_per_s: pubsub(url, messages).await?,
+        pubsub_msgs_per_s,
+        pubsub_lost,
     })
 }
 
@@ -80,38 +84,56 @@ async fn pipelined(client: &Client, payload: bytes::Bytes, total: usize) -> anyh
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Messages per second from one publisher to one subscriber.
-async fn pubsub(url: &str, total: usize) -> anyhow::Result<f64> {
+/// Messages per second from one publisher to one subscriber, from the first publish to the
+/// last message in, and how many of them the subscriber never got: NATS drops messages for a
+/// subscriber that falls behind. The subscription can queue every message, so that the rate is
+/// the broker's, not the subscriber's (with Ember's capacity a tenth of a million messages in
+/// a million went missing). The publisher ends with a marker on a subject of its own; the
+/// server passes one connection's messages on in order, and the client queues them for their
+/// subscriptions in order, so once the marker is in, every message before it is queued or
+/// lost, and the count waits on no timeout.
+async fn pubsub(url: &str, total: usize) -> anyhow::Result<(f64, u64)> {
     let publisher = async_nats::connect(url).await?;
     let subscriber = async_nats::ConnectOptions::new()
-        .subscription_capacity(crate::SUBSCRIPTION_CAPACITY)
+        .subscription_capacity(total.max(crate::SUBSCRIPTION_CAPACITY))
         .connect(url)
         .await?;
-    let mut sub = subscriber.subscribe("bench.pubsub").await?;
-    // A flush only writes the SUB; a message of its own coming back through the server shows
-    // the subscription is in place before the publisher (another connection) starts.
+    let mut messages = subscriber.subscribe("bench.pubsub").await?;
+    let mut end = subscriber.subscribe("bench.pubsub.end").await?;
+    // A flush only writes the SUBs; a message of its own coming back through the server shows
+    // both subscriptions are in place before the publisher (another connection) starts.
     subscriber.publish("bench.pubsub", "probe".into()).await?;
-    tokio::time::timeout(Duration::from_secs(5), sub.next()).await?;
+    tokio::time::timeout(Duration::from_secs(5), messages.next()).await?;
     let counter = tokio::spawn(async move {
-        let mut seen = 0;
-        let mut first = None;
-        while seen < total {
-            match tokio::time::timeout(Duration::from_secs(5), sub.next()).await {
-                Ok(Some(_)) => {
-                    first.get_or_insert_with(Instant::now);
+        let mut seen = 0u64;
+        let mut last = None;
+        loop {
+            tokio::select! {
+                biased;
+                Some(_) = messages.next() => {
                     seen += 1;
+                    last = Some(Instant::now());
                 }
-                _ => break,
+                _ = end.next() => break,
             }
         }
-        (seen, first.map(|f| f.elapsed()))
+        while let Some(Some(_)) = messages.next().now_or_never() {
+            seen += 1;
+            last = Some(Instant::now());
+        }
+        (seen, last)
     });
     let payload = bytes::Bytes::from_static(&[b'x'; 64]);
     let started = Instant::now();
     for _ in 0..total {
         publisher.publish("bench.pubsub", payload.clone()).await?;
     }
+    publisher.publish("bench.pubsub.end", "".into()).await?;
     publisher.flush().await?;
-    let (seen, _) = counter.await?;
-    Ok(seen as f64 / started.elapsed().as_secs_f64())
+    let (seen, last) = tokio::time::timeout(Duration::from_secs(60), counter)
+        .await
+        .context("the pub/sub run's end marker never came back")??;
+    let last = last.context("no pub/sub message came back")?;
+    let lost = total as u64 - seen;
+    Ok((seen as f64 / (last - started).as_secs_f64(), lost))
 }

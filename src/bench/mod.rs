@@ -360,8 +360,15 @@ fn print_table(report: &Report) {
         table.add_row([
             "broker alone".to_string(),
             format!(
-                "request/reply p50 {:.3} ms, p99 {:.3} ms; {:.0} pipelined requests/s; {:.0} pub/sub msgs/s",
-                l.request_p50_ms, l.request_p99_ms, l.pipelined_requests_per_s, l.pubsub_msgs_per_s
+                "request/reply p50 {:.3} ms, p99 {:.3} ms; {:.0} pipelined requests/s; {:.0} pub/sub msgs/s{}",
+                l.request_p50_ms,
+                l.request_p99_ms,
+                l.pipelined_requests_per_s,
+                l.pubsub_msgs_per_s,
+                match l.pubsub_lost {
+                    0 => String::new(),
+                    lost => format!(" ({lost} lost: the subscriber fell behind)"),
+                }
             ),
             String::new(),
         ]);
