@@ -88,10 +88,10 @@ async fn pipelined(client: &Client, payload: bytes::Bytes, total: usize) -> anyh
 /// last message in, and how many of them the subscriber never got: NATS drops messages for a
 /// subscriber that falls behind. The subscription can queue every message, so that the rate is
 /// the broker's, not the subscriber's (with Ember's capacity, 5-13% of a million messages went
-/// missing). The publisher ends with a marker on a subject of its own; the
-/// server passes one connection's messages on in order, and the client queues them for their
-/// subscriptions in order, so once the marker is in, every message before it is queued or
-/// lost, and the count waits on no timeout.
+/// missing). The publisher ends with a marker on a subject of its own. The server passes one
+/// connection's messages on in order, and the client queues them for their subscriptions in
+/// order, so once the marker is in, every message before it is queued or lost, and the count
+/// waits on no timeout.
 async fn pubsub(url: &str, total: usize) -> anyhow::Result<(f64, u64)> {
     let publisher = async_nats::connect(url).await?;
     let subscriber = async_nats::ConnectOptions::new()
@@ -104,7 +104,7 @@ async fn pubsub(url: &str, total: usize) -> anyhow::Result<(f64, u64)> {
     // both subscriptions are in place before the publisher (another connection) starts.
     subscriber.publish("bench.pubsub", "probe".into()).await?;
     tokio::time::timeout(Duration::from_secs(5), messages.next()).await?;
-    let counter = tokio::spawn(async move {
+    let mut counter = tokio::spawn(async move {
         let mut seen = 0u64;
         let mut last = None;
         loop {
@@ -130,9 +130,11 @@ async fn pubsub(url: &str, total: usize) -> anyhow::Result<(f64, u64)> {
     }
     publisher.publish("bench.pubsub.end", "".into()).await?;
     publisher.flush().await?;
-    let (seen, last) = tokio::time::timeout(Duration::from_secs(60), counter)
-        .await
-        .context("the pub/sub run's end marker never came back")??;
+    let counted = tokio::time::timeout(Duration::from_secs(60), &mut counter).await;
+    if counted.is_err() {
+        counter.abort();
+    }
+    let (seen, last) = counted.context("the pub/sub run's end marker never came back")??;
     let last = last.context("no pub/sub message came back")?;
     let lost = (total as u64).saturating_sub(seen);
     Ok((seen as f64 / (last - started).as_secs_f64(), lost))
