@@ -111,6 +111,7 @@ mod tests {
             liveness: Default::default(),
             journal: Default::default(),
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
+            retention: Default::default(),
         };
         let driver = tokio::spawn(ember::driver::run(
             connect(None).await.unwrap(),

@@ -126,19 +126,20 @@ impl EmberClient {
     /// Every job, in submission order, fetched page by page.
     pub async fn jobs(&self) -> Result<Vec<JobSummary>, ClientError> {
         let mut all = Vec::new();
-        let mut offset = 0;
+        let mut from_job = 0;
         loop {
             match self
                 .call(&ApiRequest::ListJobs {
-                    offset,
+                    offset: 0,
                     limit: None,
+                    from_job,
                 })
                 .await?
             {
-                ApiReply::Jobs { jobs, next_offset } => {
+                ApiReply::Jobs { jobs, next_job, .. } => {
                     all.extend(jobs);
-                    match next_offset {
-                        Some(next) if next > offset => offset = next,
+                    match next_job {
+                        Some(next) if next > from_job => from_job = next,
                         _ => return Ok(all),
                     }
                 }

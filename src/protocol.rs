@@ -158,12 +158,15 @@ pub enum ApiRequest {
     KillJob {
         job_id: JobId,
     },
-    /// Jobs in submission order, a page at a time.
+    /// Jobs in submission order, a page at a time: from job id `from_job` on (all, if 0),
+    /// skipping `offset` of them.
     ListJobs {
         #[serde(default, skip_serializing_if = "is_zero")]
         offset: u32,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<u32>,
+        #[serde(default, skip_serializing_if = "is_zero_id")]
+        from_job: JobId,
     },
     GetJob {
         job_id: JobId,
@@ -192,6 +195,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_zero_id(n: &JobId) -> bool {
+    *n == 0
+}
+
 impl ApiRequest {
     /// `ListExecutors` for everything that fits in one reply.
     pub fn list_executors() -> Self {
@@ -206,6 +213,7 @@ impl ApiRequest {
         ApiRequest::ListJobs {
             offset: 0,
             limit: None,
+            from_job: 0,
         }
     }
 }
@@ -226,6 +234,10 @@ pub enum ApiReply {
         /// The offset of the next page, if there is one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         next_offset: Option<u32>,
+        /// The id of the first job of the next page, if there is one: ask for it as
+        /// `from_job` (an offset shifts when older jobs are forgotten; an id does not).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_job: Option<JobId>,
     },
     Job {
         job: JobSummary,

@@ -520,6 +520,7 @@ async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
         liveness: fast_liveness(),
         journal: Default::default(),
         journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
+        retention: Default::default(),
     };
     let driver = tokio::spawn(ember::driver::run(
         driver_client,

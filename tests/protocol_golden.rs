@@ -937,8 +937,17 @@ fn api_list_jobs() {
         &ApiRequest::ListJobs {
             offset: 5,
             limit: Some(10),
+            from_job: 0,
         },
         json!({"type": "ListJobs", "offset": 5, "limit": 10}),
+    );
+    golden(
+        &ApiRequest::ListJobs {
+            offset: 0,
+            limit: Some(50),
+            from_job: 1200,
+        },
+        json!({"type": "ListJobs", "limit": 50, "from_job": 1200}),
     );
 }
 
@@ -1095,6 +1104,7 @@ fn api_reply_jobs() {
         &ApiReply::Jobs {
             jobs: vec![running_summary(), failed],
             next_offset: Some(2),
+            next_job: Some(9),
         },
         json!({
             "type": "Jobs",
@@ -1114,13 +1124,15 @@ fn api_reply_jobs() {
                     "reason": "task 0 failed 4 times; last error: boom"
                 }
             ],
-            "next_offset": 2
+            "next_offset": 2,
+            "next_job": 9
         }),
     );
     golden(
         &ApiReply::Jobs {
             jobs: vec![],
             next_offset: None,
+            next_job: None,
         },
         json!({"type": "Jobs", "jobs": []}),
     );

@@ -156,6 +156,7 @@ impl Secure {
             liveness: Default::default(),
             journal,
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
+            retention: Default::default(),
         };
         let driver = Stoppable::spawn(|stop| async move {
             driver::run(client, config, stop)

@@ -3,7 +3,7 @@
 use clap::Parser;
 use ember::cli::{init_tracing, parse_duration, runtime, shutdown_signal};
 use ember::connect::NatsArgs;
-use ember::driver::core::Liveness;
+use ember::driver::core::{Liveness, Retention, DEFAULT_RETAIN_JOBS};
 use ember::driver::{run, DriverConfig, JournalMode};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -38,6 +38,12 @@ struct Args {
     /// its submission ages out is not restored.
     #[arg(long, env = "EMBER_JOURNAL_MAX_AGE", default_value = "7days", value_parser = parse_duration)]
     journal_max_age: Duration,
+    /// Keep this many finished jobs, with their results, in memory and in what a restarted
+    /// driver restores; older ones are forgotten (asking for one says so). Running and queued
+    /// jobs are never forgotten.
+    #[arg(long, env = "EMBER_RETAIN_JOBS", default_value_t = DEFAULT_RETAIN_JOBS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    retain_jobs: u32,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -61,6 +67,9 @@ fn main() -> ExitCode {
                 },
                 journal: args.journal,
                 journal_max_age: args.journal_max_age,
+                retention: Retention {
+                    jobs: args.retain_jobs as usize,
+                },
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

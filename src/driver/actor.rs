@@ -4,7 +4,7 @@
 //! costs no channel hop per message.
 
 use super::coalesce::TaskEvents;
-use super::core::{Core, CoreConfig, Effect, Liveness};
+use super::core::{Core, CoreConfig, Effect, Liveness, Retention};
 use super::journal::{Journal, JournalError, JournalMode};
 use super::outbox::{Outbox, Output};
 use crate::connect::{flush, Unsent};
@@ -37,6 +37,8 @@ pub struct DriverConfig {
     pub journal: JournalMode,
     /// How long journal records are kept (the stream's max age).
     pub journal_max_age: Duration,
+    /// How many finished jobs are kept.
+    pub retention: Retention,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +140,7 @@ async fn start(
         expect_executors: config.expect_executors,
         max_reply_bytes: limit - PAYLOAD_HEADROOM,
         journal: journal.is_some(),
+        retention: config.retention,
     });
     core.set_liveness(config.liveness.clone());
     if let Some(journal) = &journal {

@@ -41,6 +41,9 @@ fn new_core(driver_instance: InstanceId) -> Core {
         // The simulated driver keeps no journal: a restarted one starts empty and the
         // simulated client submits the unfinished jobs again.
         journal: false,
+        // One finished job kept: every job is forgotten as the next one ends, while late
+        // statuses of its attempts may still arrive.
+        retention: crate::driver::core::Retention { jobs: 1 },
     })
 }
 

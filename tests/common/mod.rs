@@ -116,6 +116,7 @@ impl TestCluster {
             liveness,
             journal: Default::default(),
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
+            retention: Default::default(),
         };
         let running = Running::spawn(|stop| driver::run(client, config, stop));
         // The driver subscribes first thing; give it that moment.

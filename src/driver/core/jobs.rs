@@ -208,7 +208,7 @@ impl Core {
 
     pub(super) fn on_kill_job(&mut self, job_id: JobId, now: u64) -> ApiReply {
         match self.jobs.get(&job_id) {
-            None => super::no_such_job(job_id),
+            None => self.no_such_job(job_id),
             Some(job) if !job.is_active() => ApiReply::Error {
                 message: format!("job {job_id} has already ended ({})", job.state),
             },
@@ -282,6 +282,7 @@ impl Core {
             self.send_kill(executor, task_id, attempt, reason);
         }
         self.publish(end);
+        self.retire(job_id);
     }
 }
 

@@ -10,6 +10,7 @@ mod liveness;
 mod offers;
 mod registry;
 mod restore;
+mod retention;
 mod status;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
@@ -20,6 +21,7 @@ pub use jobs::Job;
 pub use liveness::Liveness;
 pub use registry::{ExecutorData, MAX_CORES};
 pub use restore::{ReplayError, Restored};
+pub use retention::{Retention, DEFAULT_RETAIN_JOBS};
 pub use status::MAX_UPDATES_PER_BATCH;
 
 /// Something the core wants sent.
@@ -48,6 +50,8 @@ pub struct CoreConfig {
     pub max_reply_bytes: usize,
     /// Whether to emit [`Effect::Journal`] records (only when something stores them).
     pub journal: bool,
+    /// How many finished jobs are kept, and how many bytes of results.
+    pub retention: Retention,
 }
 
 /// The driver's whole state: the executor registry, the jobs and the offer queue.
@@ -62,6 +66,11 @@ pub struct Core {
     queue: VecDeque<JobId>,
     /// First task id of each job, to find a task's job by range.
     first_tasks: BTreeMap<TaskId, JobId>,
+    /// Finished jobs still kept, oldest end first; the oldest are forgotten past
+    /// [`Retention::jobs`].
+    ended: VecDeque<JobId>,
+    /// Finished jobs past the limit that wait for their killed attempts to report.
+    forgetting: Vec<JobId>,
     next_job: JobId,
     next_task: TaskId,
     liveness: Liveness,
@@ -80,6 +89,8 @@ impl Core {
             jobs: BTreeMap::new(),
             queue: VecDeque::new(),
             first_tasks: BTreeMap::new(),
+            ended: VecDeque::new(),
+            forgetting: Vec::new(),
             next_job: 1,
             next_task: 1,
             liveness: Liveness::default(),
@@ -101,17 +112,14 @@ impl Core {
             }
             ApiRequest::SubmitJob(job) => self.on_submit_job(job, now),
             ApiRequest::KillJob { job_id } => self.on_kill_job(job_id, now),
-            ApiRequest::ListJobs { offset, limit } => {
-                let jobs = self.jobs.values().skip(offset as usize).map(Job::summary);
-                let (jobs, next) = page(jobs, offset, limit, self.config.max_reply_bytes);
-                ApiReply::Jobs {
-                    jobs,
-                    next_offset: next.filter(|n| (*n as usize) < self.jobs.len()),
-                }
-            }
+            ApiRequest::ListJobs {
+                offset,
+                limit,
+                from_job,
+            } => self.jobs_page(from_job, offset, limit),
             ApiRequest::GetJob { job_id } => match self.jobs.get(&job_id) {
                 Some(job) => ApiReply::Job { job: job.summary() },
-                None => no_such_job(job_id),
+                None => self.no_such_job(job_id),
             },
             ApiRequest::GetResults {
                 job_id,
@@ -121,7 +129,7 @@ impl Core {
                 Some(job) => {
                     ApiReply::Results(job.results_page(offset, limit, self.config.max_reply_bytes))
                 }
-                None => no_such_job(job_id),
+                None => self.no_such_job(job_id),
             },
             ApiRequest::StopExecutor { executor_id } => self.on_stop_executors(Some(executor_id)),
             ApiRequest::StopAllExecutors => self.on_stop_executors(None),
@@ -172,12 +180,6 @@ fn page<T: serde::Serialize>(
     }
     let next = more.then(|| offset + taken.len() as u32);
     (taken, next)
-}
-
-fn no_such_job(job_id: JobId) -> ApiReply {
-    ApiReply::Error {
-        message: format!("no job with id {job_id}"),
-    }
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ impl Core {
                     job.state = state;
                     job.ended_at_ms = Some(time_ms);
                     job.reason = reason;
+                    self.retire(job_id);
                 }
                 Ok(())
             }
@@ -126,7 +127,10 @@ impl Core {
         let mut unknown = Vec::new();
         for task in tasks {
             let Some((job_id, index)) = self.locate(task.task_id) else {
-                unknown.push(task.task_id);
+                // A task of a job forgotten already: one that ended after its job did.
+                if task.task_id >= self.next_task {
+                    unknown.push(task.task_id);
+                }
                 continue;
             };
             let job = self.jobs.get_mut(&job_id).expect("located");

@@ -152,9 +152,17 @@ impl Core {
         update: &StatusUpdate,
         now: u64,
     ) -> Result<Applied, String> {
-        let (job_id, index) = self
-            .locate(update.task_id)
-            .ok_or_else(|| format!("task {} is not known to this driver", update.task_id))?;
+        let Some((job_id, index)) = self.locate(update.task_id) else {
+            // Task ids are handed out in one run, so one below the next that no job holds
+            // belongs to a forgotten job, which has no attempt left running: a late repeat.
+            if update.task_id < self.next_task && update.task_id >= 1 {
+                return Ok(Applied::Noted);
+            }
+            return Err(format!(
+                "task {} is not known to this driver",
+                update.task_id
+            ));
+        };
         let job = &self.jobs[&job_id];
         let record = &job.tasks[index as usize];
         let current = record.attempts.checked_sub(1);
@@ -233,10 +241,14 @@ impl Core {
                 job.pending.push_front(index);
             }
         }
+        let last_of_ended = !active && job.running == 0;
         if active && !job.pending.is_empty() && !self.queue.contains(&job_id) {
             // Keep the queue in submission order: a retry does not jump ahead of older jobs.
             let position = self.queue.partition_point(|id| *id < job_id);
             self.queue.insert(position, job_id);
+        }
+        if last_of_ended {
+            self.last_attempt_ended(job_id);
         }
         (
             TaskEnded {

@@ -8,6 +8,7 @@ mod offers;
 mod props;
 mod registration;
 mod restore;
+mod retention;
 mod retries;
 mod status;
 
@@ -36,7 +37,15 @@ fn core_with(expect_executors: u64, max_reply_bytes: usize) -> Core {
         expect_executors,
         max_reply_bytes,
         journal: false,
+        retention: Default::default(),
     })
+}
+
+/// A core that keeps `jobs` finished jobs.
+fn core_retaining(jobs: usize) -> Core {
+    let mut core = journaled_core(0);
+    core.config.retention.jobs = jobs;
+    core
 }
 
 /// A core that emits journal records.
@@ -243,7 +252,16 @@ fn take_journal(core: &mut Core, journal: &mut Vec<JournalRecord>) -> Vec<Effect
 
 /// A fresh core restored from `journal`, each record replayed `times` over.
 fn restored(journal: &[JournalRecord], times: usize) -> Core {
-    let mut core = journaled_core(0);
+    restored_keeping(
+        journal,
+        times,
+        crate::driver::core::DEFAULT_RETAIN_JOBS as usize,
+    )
+}
+
+/// A fresh core keeping `jobs` finished jobs, restored from `journal` as [`restored`] does.
+fn restored_keeping(journal: &[JournalRecord], times: usize, jobs: usize) -> Core {
+    let mut core = core_retaining(jobs);
     for record in journal {
         for _ in 0..times {
             core.replay(record.clone())
@@ -494,6 +512,7 @@ fn running_attempts(core: &Core) -> Vec<(ExecutorId, TaskId, u32)> {
 /// The invariants that hold after every request.
 fn check_invariants(core: &Core) {
     check_executors(core);
+    check_retention(core);
     let queue: Vec<JobId> = core.queue.iter().copied().collect();
     assert!(
         queue.windows(2).all(|w| w[0] < w[1]),
@@ -540,6 +559,30 @@ fn check_invariants(core: &Core) {
             );
             assert!(!queue.contains(&job_id), "job {job_id} ended but is queued");
         }
+    }
+}
+
+/// The finished jobs held are those kept (at most the limit, oldest end first) and those past
+/// it that wait for their last attempts; none runs; the next job id is past every job's.
+fn check_retention(core: &Core) {
+    let finished: BTreeSet<JobId> = core
+        .jobs
+        .values()
+        .filter(|job| !job.is_active())
+        .map(|job| job.id)
+        .collect();
+    let held: BTreeSet<JobId> = core.ended.iter().chain(&core.forgetting).copied().collect();
+    assert_eq!(finished, held, "finished jobs and the retention's lists");
+    assert_eq!(held.len(), core.ended.len() + core.forgetting.len());
+    assert!(core.ended.len() <= core.config.retention.jobs.max(1));
+    for id in &core.forgetting {
+        assert!(
+            core.jobs[id].running > 0,
+            "job {id} waits to be forgotten for nothing"
+        );
+    }
+    if let Some(last) = core.jobs.keys().next_back() {
+        assert!(*last < core.next_job);
     }
 }
 

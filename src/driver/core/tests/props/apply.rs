@@ -160,7 +160,12 @@ impl Sim {
             ),
             (task_id, index, attempt, state)
         );
-        let job = &self.core.jobs[&job_id];
+        self.accepted.push((executor, update));
+        let Some(job) = self.core.jobs.get(&job_id) else {
+            // The last attempt of an ended job past the limit: it is forgotten now.
+            assert!(!was_active, "a running job {job_id} was forgotten");
+            return;
+        };
         let record = &job.tasks[index as usize];
         assert!(
             record.status != TaskStatus::Running || record.attempts > attempt + 1,
@@ -175,7 +180,6 @@ impl Sim {
             };
             assert_eq!(record.status, expected);
         }
-        self.accepted.push((executor, update));
     }
 
     /// One batch of terminal statuses from one busy executor, some for the same attempt.

@@ -149,7 +149,8 @@ impl Sim {
     /// job's summary, the outcome of every task that ended for good, and the next ids.
     pub(super) fn check_replay(&mut self) {
         for times in [1, 2] {
-            let mut restored = restored(&self.journal, times);
+            let keep = self.core.config.retention.jobs;
+            let mut restored = restored_keeping(&self.journal, times, keep);
             assert_eq!(
                 (restored.next_job, restored.next_task),
                 (self.core.next_job, self.core.next_task)

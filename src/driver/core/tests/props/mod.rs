@@ -121,8 +121,15 @@ struct Sim {
 
 impl Sim {
     fn new() -> Self {
+        Self::retaining(crate::driver::core::DEFAULT_RETAIN_JOBS as usize)
+    }
+
+    /// A cluster whose driver keeps `jobs` finished jobs.
+    fn retaining(jobs: usize) -> Self {
+        let mut core = journaled_core(3);
+        core.config.retention.jobs = jobs;
         Self {
-            core: journaled_core(3),
+            core,
             now: 1_000,
             executors: Vec::new(),
             accepted: Vec::new(),
@@ -188,6 +195,22 @@ proptest! {
     #[test]
     fn random_operations_keep_the_invariants(ops in prop::collection::vec(op(), 1..80)) {
         let mut sim = Sim::new();
+        for op in &ops {
+            sim.apply(op);
+        }
+        sim.drain();
+        sim.check_final();
+        sim.check_replay();
+    }
+
+    #[test]
+    fn forgetting_finished_jobs_keeps_the_invariants(
+        keep in 1usize..=3,
+        ops in prop::collection::vec(op(), 20..120),
+    ) {
+        let mut sim = Sim::retaining(keep);
+        sim.register("e0".into(), 2);
+        sim.register("e1".into(), 3);
         for op in &ops {
             sim.apply(op);
         }

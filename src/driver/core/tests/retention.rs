@@ -1,0 +1,148 @@
+//! Retention: the last N finished jobs are kept, older ones forgotten with a clear answer;
+//! running jobs never are; paging by id stays exact across the gaps; a replay keeps the same.
+
+use super::*;
+
+/// Runs a one-task job on executor "e1" to its end; returns its id.
+fn run_one(core: &mut Core, now: u64) -> JobId {
+    run_one_journaled(core, now, &mut Vec::new())
+}
+
+/// Runs a one-task job on executor "e1" to its end, its journal records going to `journal`.
+fn run_one_journaled(core: &mut Core, now: u64, journal: &mut Vec<JournalRecord>) -> JobId {
+    let job_id = submit(core, job(1, 1, 4), now);
+    let launched = launches(&take_journal(core, journal));
+    let (task_id, _, attempt) = launched[0].1[0];
+    let (accepted, refused) = status(core, "e1", vec![finished(task_id, attempt)], now + 1);
+    assert_eq!((accepted, refused), (1, vec![]));
+    take_journal(core, journal);
+    assert_eq!(summary(core, job_id).state, JobState::Succeeded);
+    job_id
+}
+
+fn ids(jobs: &[JobSummary]) -> Vec<JobId> {
+    jobs.iter().map(|j| j.job_id).collect()
+}
+
+#[test]
+fn the_oldest_finished_jobs_are_forgotten_and_the_api_says_so() {
+    let mut core = core_retaining(2);
+    add(&mut core, "e1", 1, 0);
+    for n in 0..4 {
+        run_one(&mut core, 10 * n);
+    }
+    check_invariants(&core);
+    assert_eq!(ids(&list_jobs(&mut core)), [3, 4]);
+    let forgotten = "job 1 was forgotten: only the last 2 finished jobs are kept (--retain-jobs)";
+    for request in [
+        ApiRequest::GetJob { job_id: 1 },
+        ApiRequest::KillJob { job_id: 1 },
+        ApiRequest::GetResults {
+            job_id: 1,
+            offset: 0,
+            limit: 10,
+        },
+    ] {
+        assert_eq!(
+            api_error(unchanged(&mut core, |c| c.api(request, 50))),
+            forgotten
+        );
+    }
+    assert_eq!(
+        api_error(core.api(ApiRequest::GetJob { job_id: 5 }, 50)),
+        "no job with id 5",
+        "an id not yet given is not forgotten"
+    );
+    assert_eq!(run_one(&mut core, 100), 5, "ids keep counting up");
+    // A late repeat of a forgotten job's status is acknowledged and changes nothing.
+    let repeat = unchanged(&mut core, |c| status(c, "e1", vec![finished(1, 0)], 200));
+    assert_eq!(repeat, (1, vec![]));
+    let (_, refused) = status(&mut core, "e1", vec![finished(6, 0)], 200);
+    assert_eq!(refused.len(), 1, "a task id not yet given is refused");
+}
+
+#[test]
+fn running_jobs_are_never_forgotten() {
+    let mut core = core_retaining(1);
+    add(&mut core, "e1", 2, 0);
+    let (long, _) = start(&mut core, job(1, 1, 4), 1);
+    for n in 0..3 {
+        run_one(&mut core, 10 + 10 * n);
+    }
+    assert_eq!(ids(&list_jobs(&mut core)), [long, 4]);
+    assert_eq!(summary(&mut core, long).state, JobState::Running);
+    check_invariants(&core);
+}
+
+#[test]
+fn a_job_past_the_limit_waits_for_its_killed_attempts_and_their_cores_come_back() {
+    let mut core = core_retaining(1);
+    add(&mut core, "e1", 2, 0);
+    let (victim, launched) = start(&mut core, job(1, 1, 4), 1);
+    let (task_id, _, attempt) = launched[0].1[0];
+    core.api(ApiRequest::KillJob { job_id: victim }, 2);
+    core.take_effects();
+    run_one(&mut core, 10);
+    check_invariants(&core);
+    assert_eq!(core.forgetting, [victim], "past the limit, still running");
+    assert_eq!(free(&core, "e1"), 1);
+    report(&mut core, "e1", vec![killed(task_id, attempt)], 20);
+    assert_eq!(free(&core, "e1"), 2, "the killed attempt's core came back");
+    assert!(!core.jobs.contains_key(&victim));
+    check_invariants(&core);
+}
+
+#[test]
+fn paging_by_id_neither_misses_nor_repeats_a_job_across_forgetting() {
+    let mut core = core_retaining(3);
+    add(&mut core, "e1", 2, 0);
+    let (long, _) = start(&mut core, job(1, 1, 4), 0);
+    for n in 0..5 {
+        run_one(&mut core, 10 + 10 * n);
+    }
+    // Kept: the running job 1 and the last 3 finished, 4 to 6: a gap at 2 and 3.
+    let mut seen = Vec::new();
+    let mut from_job = 0;
+    loop {
+        let request = ApiRequest::ListJobs {
+            offset: 0,
+            limit: Some(1),
+            from_job,
+        };
+        let ApiReply::Jobs { jobs, next_job, .. } = core.api(request, 100) else {
+            panic!("not a page of jobs");
+        };
+        seen.extend(ids(&jobs));
+        // Between the pages, another job ends and an older one is forgotten.
+        if seen.len() == 2 {
+            run_one(&mut core, 200);
+        }
+        match next_job {
+            Some(next) => {
+                assert!(next > from_job);
+                from_job = next;
+            }
+            None => break,
+        }
+    }
+    // Job 4 was forgotten after its page: by position, the next page would have skipped 5.
+    assert_eq!(seen, [long, 4, 5, 6, 7]);
+}
+
+#[test]
+fn a_replay_forgets_what_the_driver_forgot() {
+    let mut core = core_retaining(2);
+    let mut journal = Vec::new();
+    add(&mut core, "e1", 1, 0);
+    for n in 0..5 {
+        run_one_journaled(&mut core, 10 * n, &mut journal);
+    }
+    let mut restored = core_retaining(2);
+    for record in journal {
+        restored.replay(record).expect("replays");
+    }
+    restored.resume();
+    assert_eq!(ids(&list_jobs(&mut restored)), [4, 5]);
+    assert_eq!(restored.next_job, 6);
+    check_invariants(&restored);
+}
