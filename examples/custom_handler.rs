@@ -112,6 +112,7 @@ mod tests {
             journal: Default::default(),
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
             retention: Default::default(),
+            snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
         };
         let driver = tokio::spawn(ember::driver::run(
             connect(None).await.unwrap(),

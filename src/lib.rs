@@ -48,6 +48,8 @@ pub const DEFAULT_NO_EXECUTORS_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_DECOMMISSION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the driver's journal keeps a record (the JetStream stream's max age).
 pub const DEFAULT_JOURNAL_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How much the driver's journal grows between two snapshots, at least.
+pub const DEFAULT_SNAPSHOT_AFTER: u64 = 8 << 20;
 /// Exit code of an executor that lost its driver with --exit-on-driver-loss (as Spark's 56).
 pub const EXIT_DRIVER_LOST: i32 = 56;
 /// How long one request waits for its answer before it is retried.

@@ -521,6 +521,7 @@ async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
         journal: Default::default(),
         journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
         retention: Default::default(),
+        snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
     };
     let driver = tokio::spawn(ember::driver::run(
         driver_client,
@@ -726,4 +727,85 @@ async fn a_job_with_no_executors_fails_after_the_timeout() {
         waited >= Duration::from_secs(3) && waited < Duration::from_secs(10),
         "{waited:?}"
     );
+}
+
+/// A driver that keeps 2 finished jobs and snapshots its journal every few KiB: the journal is
+/// purged behind each snapshot, and the next driver, started after a SIGKILL mid-job, restores
+/// from the snapshot and its tail: the running job completes with nothing lost or doubled,
+/// the retained jobs are listed, the forgotten ones say so, and ids go on.
+#[tokio::test]
+async fn a_driver_restored_from_a_snapshot_resumes_the_running_job_and_keeps_what_it_retained() {
+    let cluster = TestCluster::start_with_jetstream("fault-snapshot");
+    let (ledger, stop) = follow(&cluster).await;
+    let driver_flags = [
+        "--executor-timeout",
+        "2s",
+        "--journal",
+        "on",
+        "--retain-jobs",
+        "2",
+        "--snapshot-after",
+        "2KiB",
+    ];
+    let mut driver = cluster.driver_process(&driver_flags).spawn().unwrap();
+    let executors = spawn_executors(&cluster, 3).await;
+    let api = cluster.api(cluster.client().await);
+    wait_registered(&api, 3).await;
+    for expected in 1..=4 {
+        let job_id = api.submit(sleepers(6, 5)).await.unwrap();
+        assert_eq!(job_id, expected);
+        assert_eq!(wait_end(&api, job_id).await.state, JobState::Succeeded);
+    }
+    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
+    })
+    .await;
+    let jetstream = async_nats::jetstream::new(cluster.client().await);
+    let journal = cluster.subjects.journal_stream();
+    let state = eventually(LIMIT, "a purge behind a snapshot", || async {
+        let mut stream = jetstream.get_stream(&journal).await.ok()?;
+        let state = stream.info().await.ok()?.state.clone();
+        (state.first_sequence > 1).then_some(state)
+    })
+    .await;
+    signal(&driver, Signal::SIGKILL);
+    let _ = driver.wait().await;
+    let killed_at = Instant::now();
+    let _next = cluster.driver_process(&driver_flags).spawn().unwrap();
+    let restored = eventually(LIMIT, "the next driver's answer", || async {
+        api.job(job_id).await.ok()
+    })
+    .await;
+    let up = killed_at.elapsed();
+    assert!(restored.succeeded >= 10, "restored: {restored:?}");
+    let listed: Vec<u64> = api.jobs().await.unwrap().iter().map(|j| j.job_id).collect();
+    assert_eq!(
+        listed,
+        [3, 4, job_id],
+        "the 2 last finished jobs and the running one"
+    );
+    let forgotten = api.job(1).await.unwrap_err().to_string();
+    assert!(
+        forgotten.contains("job 1 was forgotten") && forgotten.contains("--retain-jobs"),
+        "{forgotten}"
+    );
+    let summary = wait_end(&api, job_id).await;
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let results = api.results(job_id).await.unwrap();
+    assert_eq!(results.len(), 40);
+    assert_eq!(api.submit(sleepers(1, 1)).await.unwrap(), job_id + 1);
+    stop.send(()).unwrap();
+    let ledger = ledger.await.unwrap();
+    assert_eq!(
+        ledger.verdict(&results),
+        (0, 0, 0),
+        "lost, duplicated, unexpected"
+    );
+    eprintln!(
+        "snapshot restore: journal held sequences {}..={} ({} records) at the kill; next \
+         driver up {up:?}; ledger lost=0 duplicated=0 unexpected=0",
+        state.first_sequence, state.last_sequence, state.messages
+    );
+    drop(executors);
 }

@@ -157,6 +157,7 @@ impl Secure {
             journal,
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
             retention: Default::default(),
+            snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
         };
         let driver = Stoppable::spawn(|stop| async move {
             driver::run(client, config, stop)

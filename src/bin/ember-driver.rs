@@ -1,7 +1,7 @@
 //! `ember-driver`: keeps the executor registry and schedules tasks on executors' free cores.
 
 use clap::Parser;
-use ember::cli::{init_tracing, parse_duration, runtime, shutdown_signal};
+use ember::cli::{init_tracing, parse_bytes, parse_duration, runtime, shutdown_signal};
 use ember::connect::NatsArgs;
 use ember::driver::core::{Liveness, Retention, DEFAULT_RETAIN_JOBS};
 use ember::driver::{run, DriverConfig, JournalMode};
@@ -44,6 +44,11 @@ struct Args {
     #[arg(long, env = "EMBER_RETAIN_JOBS", default_value_t = DEFAULT_RETAIN_JOBS,
           value_parser = clap::value_parser!(u32).range(1..))]
     retain_jobs: u32,
+    /// Snapshot the journal's live state each time the journal has grown by this much (or by
+    /// twice the last snapshot, if that is more), and purge what the snapshot replaces: a
+    /// restart reads one snapshot and a short tail, whatever the history.
+    #[arg(long, env = "EMBER_SNAPSHOT_AFTER", default_value = "8MiB", value_parser = parse_bytes)]
+    snapshot_after: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -70,6 +75,7 @@ fn main() -> ExitCode {
                 retention: Retention {
                     jobs: args.retain_jobs as usize,
                 },
+                snapshot_after: args.snapshot_after,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

@@ -144,8 +144,8 @@ impl Role {
 }
 
 /// What the driver publishes to keep its journal: the journal subject, and the JetStream API
-/// calls on its own stream alone (set it up, read it back with an ordered consumer). No other
-/// role may write the journal or touch the stream.
+/// calls on its own stream alone (set it up, read it back with an ordered consumer, purge what
+/// a snapshot replaces). No other role may write the journal or touch the stream.
 fn journal_rights(subjects: &Subjects) -> Vec<String> {
     let stream = subjects.journal_stream();
     let mut rights = vec![subjects.journal(), "$JS.API.INFO".into()];
@@ -153,6 +153,7 @@ fn journal_rights(subjects: &Subjects) -> Vec<String> {
         "STREAM.CREATE",
         "STREAM.UPDATE",
         "STREAM.INFO",
+        "STREAM.PURGE",
         "CONSUMER.CREATE",
     ] {
         rights.push(format!("$JS.API.{call}.{stream}"));

@@ -84,6 +84,59 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 500ms, 10s, 2m)"))
 }
 
+/// Parses a size in bytes for a flag: `1048576`, `64KiB`, `8MiB`, `1GiB` (or KB, MB, GB as
+/// powers of 1000). Zero is refused: a size of nothing holds nothing.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let hint = "write e.g. 65536, 64KiB, 256MiB, 1GiB";
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size ({hint})"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => return Err(format!("unknown unit {other:?} in {text:?} ({hint})")),
+    };
+    match number.checked_mul(scale) {
+        Some(0) => Err(format!("{text:?} is zero; a size must be at least 1 byte")),
+        Some(bytes) => Ok(bytes),
+        None => Err(format!("{text:?} is too large")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_their_units_and_nonsense_is_refused() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("64KiB"), Ok(65536));
+        assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        for bad in [
+            "",
+            "MiB",
+            "12 parsecs",
+            "0",
+            "0MiB",
+            "99999999999999999999GiB",
+            "-1",
+        ] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+}
+
 /// A current-thread runtime: Ember's messaging is faster on one thread, and task work that
 /// needs threads goes to tokio's blocking pool.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -7,6 +7,7 @@ use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness, Retention};
 use super::journal::{Journal, JournalError, JournalMode};
 use super::outbox::{Outbox, Output};
+use super::snapshots::{pack, Schedule, Stored};
 use crate::connect::{flush, Unsent};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Batch, Event, HeartbeatReply, HeartbeatRequest,
@@ -15,6 +16,8 @@ use crate::protocol::{
 use crate::subjects::Subjects;
 use crate::{now_ms, PAYLOAD_HEADROOM};
 use async_nats::{Client, Message, Subject, Subscriber};
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use serde::Serialize;
 use std::future::Future;
@@ -39,6 +42,9 @@ pub struct DriverConfig {
     pub journal_max_age: Duration,
     /// How many finished jobs are kept.
     pub retention: Retention,
+    /// Snapshot the journal each time it has grown by this many bytes, or twice the last
+    /// snapshot's size if that is more.
+    pub snapshot_after: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +84,8 @@ pub async fn run(
     info!(cluster = shell.subjects.prefix(), "driver ready");
     // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
     let mut outbox = Outbox::default();
+    // The snapshot being stored, if one is: at most one at a time.
+    let mut snapshots = FuturesUnordered::new();
     let mut revive = tokio::time::interval(config.revive_interval);
     revive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // One timer for the task events, moved only when what waits changes, rather than a new
@@ -108,9 +116,16 @@ pub async fn run(
                 shell.send_all(released).await;
                 None
             }
+            Some(stored) = snapshots.next() => {
+                shell.snapshot_stored(stored);
+                None
+            }
             else => break,
         };
         shell.emit(&mut outbox, reply, core.take_effects()).await;
+        if let Some(write) = shell.snapshot_if_due(&core).await {
+            snapshots.push(write);
+        }
     }
     shell.drain(&mut outbox).await;
     shell.refusals.report();
@@ -143,14 +158,24 @@ async fn start(
         retention: config.retention,
     });
     core.set_liveness(config.liveness.clone());
+    let mut schedule = None;
     if let Some(journal) = &journal {
-        let restored = journal.replay(&mut core, limit).await?;
+        let (restored, bytes) = journal.replay(&mut core, limit).await?;
         info!(
             jobs = restored.jobs,
             running_jobs = restored.running_jobs,
             pending_tasks = restored.pending_tasks,
+            bytes,
             "journal replayed"
         );
+        if restored.incomplete_snapshot {
+            warn!("the journal ends in a snapshot that was not finished; the records before it were used");
+        }
+        schedule = Some(Schedule::new(
+            bytes,
+            config.snapshot_after,
+            config.journal_max_age,
+        ));
     }
     let inputs = Inputs {
         register: subscribe(client, subjects.register_all()).await?,
@@ -166,6 +191,7 @@ async fn start(
         task_events: TaskEvents::default(),
         refusals: Refusals::default(),
         journal,
+        schedule,
     };
     Ok((core, inputs, shell))
 }
@@ -196,6 +222,33 @@ async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, Drive
         .map_err(|source| DriverError::Subscribe { subject, source })
 }
 
+/// What storing a snapshot came to.
+type Snapshotted = Result<Stored, String>;
+
+/// `message` encoded, cut in halves until each part is at most `max_bytes`, in order; a part
+/// that cannot be cut and does not fit is dropped with a warning naming `subject`.
+pub(super) fn fit<T: Batch + Serialize>(
+    message: T,
+    max_bytes: usize,
+    subject: &str,
+) -> Vec<bytes::Bytes> {
+    let mut parts = vec![message];
+    let mut fitted = Vec::new();
+    while let Some(part) = parts.pop() {
+        let payload = encode(&part);
+        if payload.len() <= max_bytes {
+            fitted.push(payload);
+            continue;
+        }
+        match part.split() {
+            // Second half pushed first: parts go out in order.
+            Ok((first, second)) => parts.extend([second, first]),
+            Err(_) => warn!(%subject, size = payload.len(), "message over max_payload dropped"),
+        }
+    }
+    fitted
+}
+
 /// The thin NATS layer around the core: decoding, reply checks, sending.
 struct Shell {
     client: Client,
@@ -206,6 +259,8 @@ struct Shell {
     refusals: Refusals,
     /// Where the core's journal records are stored, if anywhere.
     journal: Option<Journal>,
+    /// When the journal is next snapshotted, with a journal.
+    schedule: Option<Schedule>,
 }
 
 /// Requests the driver refused or dropped before the core saw them, counted; the counts go to
@@ -387,11 +442,14 @@ impl Shell {
     }
 
     /// Starts storing `record`, in parts that each fit in one message.
-    fn write(&self, outbox: &mut Outbox, record: JournalRecord) {
+    fn write(&mut self, outbox: &mut Outbox, record: JournalRecord) {
         let Some(journal) = &self.journal else {
             return;
         };
         for part in self.fit(record, "journal") {
+            if let Some(schedule) = self.schedule.as_mut() {
+                schedule.wrote(part.len());
+            }
             outbox.write(journal.store(part));
         }
     }
@@ -457,24 +515,39 @@ impl Shell {
         }
     }
 
-    /// `message` encoded, cut in halves until each part fits in one message, in order; a part
-    /// that cannot be cut and does not fit is dropped with a warning naming `subject`.
     fn fit<T: Batch + Serialize>(&self, message: T, subject: &str) -> Vec<bytes::Bytes> {
-        let mut parts = vec![message];
-        let mut fitted = Vec::new();
-        while let Some(part) = parts.pop() {
-            let payload = encode(&part);
-            if payload.len() <= self.limit - PAYLOAD_HEADROOM {
-                fitted.push(payload);
-                continue;
-            }
-            match part.split() {
-                // Second half pushed first: parts go out in order.
-                Ok((first, second)) => parts.extend([second, first]),
-                Err(_) => warn!(%subject, size = payload.len(), "message over max_payload dropped"),
-            }
+        fit(message, self.limit - PAYLOAD_HEADROOM, subject)
+    }
+
+    /// Takes a snapshot if one is due, and returns the write that stores it.
+    async fn snapshot_if_due(&mut self, core: &Core) -> Option<BoxFuture<'static, Snapshotted>> {
+        let (journal, schedule) = (self.journal.as_ref()?, self.schedule.as_mut()?);
+        let now = tokio::time::Instant::now();
+        if !schedule.due(now) {
+            return None;
         }
-        fitted
+        schedule.started(now);
+        let (ids, records) = core.snapshot();
+        let id = uuid::Uuid::new_v4();
+        let parts = pack(id, now_ms(), ids, records, self.limit - PAYLOAD_HEADROOM);
+        debug!(snapshot = %id, parts = parts.len(), "snapshot taken");
+        Some(journal.start_snapshot(parts).await)
+    }
+
+    fn snapshot_stored(&mut self, stored: Snapshotted) {
+        let now = tokio::time::Instant::now();
+        match &stored {
+            Ok(s) => info!(
+                parts = s.parts,
+                bytes = s.bytes,
+                purged = s.purged,
+                "snapshot stored; the journal before it purged"
+            ),
+            Err(error) => warn!(%error, "snapshot not stored; the journal keeps what it had"),
+        }
+        if let Some(schedule) = self.schedule.as_mut() {
+            schedule.finished(stored.as_ref().ok(), now);
+        }
     }
 
     async fn publish(&self, subject: Subject, payload: bytes::Bytes) {

@@ -4,6 +4,7 @@
 //! and clients were told survives the driver.
 
 use super::core::{Core, Restored};
+use super::snapshots::Stored;
 use crate::protocol::{decode, JournalRecord};
 use crate::subjects::Subjects;
 use async_nats::jetstream::context::{AccountError, AccountErrorKind};
@@ -129,15 +130,20 @@ impl Journal {
     }
 
     /// Replays every stored record into `core` and resumes it. A record that cannot be decoded
-    /// or does not fit is skipped with a warning.
-    pub async fn replay(&self, core: &mut Core, limit: usize) -> Result<Restored, JournalError> {
-        tokio::time::timeout(REPLAY_TIMEOUT, self.replay_all(core, limit))
+    /// or does not fit is skipped with a warning. Returns the bytes read beside what was
+    /// restored.
+    pub async fn replay(
+        &self,
+        core: &mut Core,
+        limit: usize,
+    ) -> Result<(Restored, u64), JournalError> {
+        let bytes = tokio::time::timeout(REPLAY_TIMEOUT, self.replay_all(core, limit))
             .await
             .map_err(|_| JournalError::ReplayTimeout(REPLAY_TIMEOUT))??;
-        Ok(core.resume())
+        Ok((core.resume(), bytes))
     }
 
-    async fn replay_all(&self, core: &mut Core, limit: usize) -> Result<(), JournalError> {
+    async fn replay_all(&self, core: &mut Core, limit: usize) -> Result<u64, JournalError> {
         let read_error = |e: &dyn std::fmt::Display| JournalError::Read {
             stream: self.stream.clone(),
             message: e.to_string(),
@@ -155,7 +161,7 @@ impl Journal {
             .clone();
         // Every record may have aged out, leaving a last sequence but nothing to read up to it.
         if state.messages == 0 {
-            return Ok(());
+            return Ok(0);
         }
         let last = state.last_sequence;
         let consumer = stream
@@ -163,13 +169,14 @@ impl Journal {
             .await
             .map_err(|e| read_error(&e))?;
         let mut messages = consumer.messages().await.map_err(|e| read_error(&e))?;
-        let mut sequence = 0;
+        let (mut sequence, mut bytes) = (0, 0);
         while sequence < last {
             let Some(message) = messages.next().await else {
                 break;
             };
             let message = message.map_err(|e| read_error(&e))?;
             sequence = message.info().map_err(|e| read_error(&e))?.stream_sequence;
+            bytes += message.payload.len() as u64;
             let outcome = decode::<JournalRecord>(&message.payload, limit)
                 .map_err(|e| e.to_string())
                 .and_then(|record| core.replay(record).map_err(|e| e.to_string()));
@@ -177,7 +184,56 @@ impl Journal {
                 warn!(sequence, %error, "journal record skipped");
             }
         }
-        Ok(())
+        Ok(bytes)
+    }
+
+    /// Starts storing a snapshot's `parts`: each is queued on the connection before this
+    /// returns, ahead of any record stored after it. The future stores them (without retrying:
+    /// a snapshot that fails is taken again later) and then purges the journal before the
+    /// first part.
+    pub async fn start_snapshot(
+        &self,
+        parts: Vec<bytes::Bytes>,
+    ) -> BoxFuture<'static, Result<Stored, String>> {
+        let count = parts.len();
+        let bytes = parts.iter().map(|p| p.len() as u64).sum();
+        let mut acks = Vec::with_capacity(count);
+        for part in parts {
+            match self.context.publish(self.subject.clone(), part).await {
+                Ok(ack) => acks.push(ack),
+                Err(error) => {
+                    let error = format!("could not send a snapshot part: {error}");
+                    return Box::pin(std::future::ready(Err(error)));
+                }
+            }
+        }
+        let (context, stream) = (self.context.clone(), self.stream.clone());
+        Box::pin(async move {
+            let mut first = None;
+            for ack in acks {
+                let ack = ack
+                    .await
+                    .map_err(|e| format!("a snapshot part was not stored: {e}"))?;
+                first.get_or_insert(ack.sequence);
+            }
+            let first_sequence = first.ok_or("a snapshot of no parts")?;
+            let stream = context
+                .get_stream(&stream)
+                .await
+                .map_err(|e| format!("could not find the journal to purge it: {e}"))?;
+            let purged = stream
+                .purge()
+                .sequence(first_sequence)
+                .await
+                .map_err(|e| format!("could not purge the journal before the snapshot: {e}"))?
+                .purged;
+            Ok(Stored {
+                parts: count,
+                bytes,
+                first_sequence,
+                purged,
+            })
+        })
     }
 
     /// Stores `payload` (one encoded record), trying again until the server acknowledges it:

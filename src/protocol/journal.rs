@@ -6,6 +6,7 @@ use super::{Batch, JobState, SubmitJob, TaskState};
 use crate::ids::{ExecutorId, JobId, TaskId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use uuid::Uuid;
 
 /// One record of the journal. A restored driver replays them in order; replaying one twice
 /// changes nothing (a publish retried after a lost ack may store it twice).
@@ -31,6 +32,18 @@ pub enum JournalRecord {
         time_ms: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+    },
+    /// Part `part` (from 0) of `parts` of a snapshot: together, the records that rebuild every
+    /// job the driver held when it took the snapshot, and the ids it would give next. Once
+    /// every part is stored, the records before the first part are purged.
+    SnapshotPart {
+        snapshot: Uuid,
+        part: u32,
+        parts: u32,
+        time_ms: u64,
+        next_job: JobId,
+        next_task: TaskId,
+        records: Vec<JournalRecord>,
     },
 }
 

@@ -117,6 +117,7 @@ impl TestCluster {
             journal: Default::default(),
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
             retention: Default::default(),
+            snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
         };
         let running = Running::spawn(|stop| driver::run(client, config, stop));
         // The driver subscribes first thing; give it that moment.

@@ -114,6 +114,21 @@ impl Job {
         self.state == JobState::Running
     }
 
+    /// The submission this job was made from, as the journal records it.
+    pub fn submission(&self) -> SubmitJob {
+        SubmitJob {
+            name: self.name.clone(),
+            tasks: self
+                .specs
+                .iter()
+                .map(|spec| TaskSpec::clone(spec))
+                .collect(),
+            repeat: self.len() / self.specs.len() as u32,
+            max_failures: self.max_failures,
+            cpus_per_task: self.cpus_per_task,
+        }
+    }
+
     /// The spec of task `index`.
     pub fn spec(&self, index: u32) -> &Arc<TaskSpec> {
         &self.specs[index as usize % self.specs.len()]

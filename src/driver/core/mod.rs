@@ -11,6 +11,7 @@ mod offers;
 mod registry;
 mod restore;
 mod retention;
+mod snapshot;
 mod status;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
@@ -22,6 +23,7 @@ pub use liveness::Liveness;
 pub use registry::{ExecutorData, MAX_CORES};
 pub use restore::{ReplayError, Restored};
 pub use retention::{Retention, DEFAULT_RETAIN_JOBS};
+pub use snapshot::{SnapshotError, SnapshotIds, SNAPSHOT_TASKS_PER_RECORD};
 pub use status::MAX_UPDATES_PER_BATCH;
 
 /// Something the core wants sent.
@@ -74,6 +76,8 @@ pub struct Core {
     next_job: JobId,
     next_task: TaskId,
     liveness: Liveness,
+    /// A snapshot being replayed, until its last part.
+    staging: Option<Box<snapshot::Staging>>,
     /// Since when no executor has been registered while jobs wait.
     no_executors_since: Option<u64>,
     effects: Vec<Effect>,
@@ -94,6 +98,7 @@ impl Core {
             next_job: 1,
             next_task: 1,
             liveness: Liveness::default(),
+            staging: None,
             no_executors_since: None,
             effects: Vec::new(),
         }

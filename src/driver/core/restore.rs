@@ -7,6 +7,7 @@
 //! retried, are not journaled: those tasks run again, with a fresh failure budget.
 
 use super::jobs::{validate_job, Job, TaskStatus};
+use super::snapshot::SnapshotIds;
 use super::Core;
 use crate::ids::{JobId, TaskId};
 use crate::protocol::{JournalRecord, JournaledTask, SubmitJob, TaskState};
@@ -24,6 +25,8 @@ pub enum ReplayError {
     UnknownTasks(Vec<TaskId>),
     #[error("task {task_id} journaled as {state:?}, which does not end a task for good")]
     NotSettled { task_id: TaskId, state: TaskState },
+    #[error(transparent)]
+    Snapshot(#[from] super::snapshot::SnapshotError),
 }
 
 /// What a replay restored, for the log line.
@@ -34,13 +37,33 @@ pub struct Restored {
     pub running_jobs: usize,
     /// Tasks of those jobs that will run (again).
     pub pending_tasks: u64,
+    /// Whether the journal ended inside a snapshot (a driver stopped while it wrote one).
+    pub incomplete_snapshot: bool,
 }
 
 impl Core {
     /// Applies one journal record. A record that does not fit what came before it is refused
     /// and changes nothing; the caller logs it and goes on.
     pub fn replay(&mut self, record: JournalRecord) -> Result<(), ReplayError> {
+        if !matches!(record, JournalRecord::SnapshotPart { .. }) {
+            self.note_between_parts(&record);
+        }
         match record {
+            JournalRecord::SnapshotPart {
+                snapshot,
+                part,
+                parts,
+                next_job,
+                next_task,
+                records,
+                ..
+            } => {
+                let ids = SnapshotIds {
+                    next_job,
+                    next_task,
+                };
+                self.replay_snapshot_part(snapshot, part, parts, ids, records)
+            }
             JournalRecord::JobSubmitted {
                 job_id,
                 first_task,
@@ -74,6 +97,8 @@ impl Core {
     pub fn resume(&mut self) -> Restored {
         let mut restored = Restored {
             jobs: self.jobs.len(),
+            // A snapshot whose last part never came: the records before it stand.
+            incomplete_snapshot: self.staging.take().is_some(),
             ..Restored::default()
         };
         self.queue.clear();
@@ -106,12 +131,13 @@ impl Core {
         time_ms: u64,
         submit: SubmitJob,
     ) -> Result<(), ReplayError> {
-        if self.jobs.contains_key(&job_id) {
+        // A repeat, or a job forgotten already (a retried write stored after a snapshot).
+        if self.jobs.contains_key(&job_id) || job_id < self.next_job {
             return Ok(());
         }
         validate_job(&submit, self.config.max_reply_bytes)
             .map_err(|reason| ReplayError::InvalidJob { job_id, reason })?;
-        if job_id < self.next_job || first_task < self.next_task {
+        if first_task < self.next_task {
             return Err(ReplayError::IdsOverlap { job_id, first_task });
         }
         let job = Job::new(job_id, first_task, submit, time_ms);

@@ -250,6 +250,20 @@ fn take_journal(core: &mut Core, journal: &mut Vec<JournalRecord>) -> Vec<Effect
     effects
 }
 
+/// `core`'s snapshot as one record of one part.
+fn snapshot_record(core: &Core, n: u128, time_ms: u64) -> JournalRecord {
+    let (ids, records) = core.snapshot();
+    JournalRecord::SnapshotPart {
+        snapshot: uuid::Uuid::from_u128(n),
+        part: 0,
+        parts: 1,
+        time_ms,
+        next_job: ids.next_job,
+        next_task: ids.next_task,
+        records,
+    }
+}
+
 /// A fresh core restored from `journal`, each record replayed `times` over.
 fn restored(journal: &[JournalRecord], times: usize) -> Core {
     restored_keeping(

@@ -36,6 +36,13 @@ impl Sim {
             _ => self.tick(),
         }
         check_invariants(&self.core);
+        // A snapshot now and then, as the shell takes them between steps.
+        let since = self.snapshots.last().map_or(0, |(at, _)| *at);
+        if self.journal.len() >= since + 4 {
+            let n = self.snapshots.len() as u128;
+            let snapshot = snapshot_record(&self.core, n, self.now);
+            self.snapshots.push((self.journal.len(), snapshot));
+        }
     }
 
     /// A registered executor's process registers again (`retry`), or another process claims

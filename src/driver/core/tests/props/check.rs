@@ -148,9 +148,28 @@ impl Sim {
     /// Replaying the journal (once, or each record twice) restores the same job table: every
     /// job's summary, the outcome of every task that ended for good, and the next ids.
     pub(super) fn check_replay(&mut self) {
-        for times in [1, 2] {
+        // The journal as written; with every snapshot where it was taken; and as the shell
+        // leaves it, purged before the last snapshot.
+        let mut journals = vec![(self.journal.clone(), 2)];
+        let mut with_snapshots = self.journal.clone();
+        for (at, snapshot) in self.snapshots.iter().rev() {
+            with_snapshots.insert(*at, snapshot.clone());
+        }
+        journals.push((with_snapshots, 2));
+        if let Some((at, snapshot)) = self.snapshots.last() {
+            let mut purged = vec![snapshot.clone()];
+            purged.extend_from_slice(&self.journal[*at..]);
+            journals.push((purged, 1));
+        }
+        for (journal, max_times) in journals {
+            self.check_replay_of(&journal, max_times);
+        }
+    }
+
+    fn check_replay_of(&mut self, journal: &[JournalRecord], max_times: usize) {
+        for times in 1..=max_times {
             let keep = self.core.config.retention.jobs;
-            let mut restored = restored_keeping(&self.journal, times, keep);
+            let mut restored = restored_keeping(journal, times, keep);
             assert_eq!(
                 (restored.next_job, restored.next_task),
                 (self.core.next_job, self.core.next_task)

@@ -117,6 +117,8 @@ struct Sim {
     log: Vec<Effect>,
     /// The journal records emitted, apart from the other effects.
     journal: Vec<JournalRecord>,
+    /// Snapshots taken along the way: where in the journal, and the snapshot.
+    snapshots: Vec<(usize, JournalRecord)>,
 }
 
 impl Sim {
@@ -135,6 +137,7 @@ impl Sim {
             accepted: Vec::new(),
             log: Vec::new(),
             journal: Vec::new(),
+            snapshots: Vec::new(),
         }
     }
 
