@@ -1929,7 +1929,7 @@ fn decode_refuses_an_unknown_type() {
     );
 }
 
-/// The three records of docs/protocol.md's journal section, exactly as written there.
+/// The records of docs/protocol.md's journal section, exactly as written there.
 #[test]
 fn journal_records() {
     let job = SubmitJob {
@@ -1973,6 +1973,27 @@ fn journal_records() {
             reason: None,
         },
         json!({"type":"JobEnded","job_id":3,"state":"SUCCEEDED","time_ms":1700000000950u64}),
+    );
+    golden(
+        &JournalRecord::ResultsDropped { job_id: 3 },
+        json!({"type":"ResultsDropped","job_id":3}),
+    );
+    golden(
+        &JournalRecord::SnapshotPart {
+            snapshot: uuid::Uuid::from_u128(0x5a),
+            part: 0,
+            parts: 1,
+            time_ms: 1_700_000_001_000,
+            next_job: 4,
+            next_task: 151,
+            records: vec![JournalRecord::JobEnded {
+                job_id: 3,
+                state: JobState::Succeeded,
+                time_ms: 1_700_000_000_950,
+                reason: None,
+            }],
+        },
+        json!({"type":"SnapshotPart","snapshot":"00000000-0000-0000-0000-00000000005a","part":0,"parts":1,"time_ms":1700000001000u64,"next_job":4,"next_task":151,"records":[{"type":"JobEnded","job_id":3,"state":"SUCCEEDED","time_ms":1700000000950u64}]}),
     );
 }
 

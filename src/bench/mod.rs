@@ -12,6 +12,7 @@
 mod bare;
 mod broker;
 mod procs;
+mod soak;
 mod workloads;
 
 use crate::driver::core::MAX_CORES;
@@ -43,6 +44,19 @@ pub struct BenchArgs {
     /// Executors registered (through one connection) for the driver-memory figure.
     #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
     pub memory_executors: usize,
+    /// Jobs of each kind in the soak workload (no-op jobs alternate with command jobs, on
+    /// one journaled driver that keeps --soak-retain of them); 0 skips it.
+    #[arg(long, default_value_t = 20)]
+    pub soak_jobs: u32,
+    /// Finished jobs the soak's driver keeps (its --retain-jobs).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub soak_retain: u32,
+    /// No-op tasks in each of the soak's no-op jobs.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub soak_noop_tasks: u32,
+    /// Tasks in each of the soak's command jobs (each prints 32 KiB).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    pub soak_command_tasks: u32,
     /// Run the throughput and latency workloads with the driver's JetStream journal on (the
     /// server gets a temporary store), to measure what the journal costs.
     #[arg(long)]
@@ -94,6 +108,10 @@ impl BenchArgs {
             tasks_one_core: 500,
             latency_jobs: 20,
             memory_executors: 100,
+            soak_jobs: self.soak_jobs.min(3),
+            soak_retain: 2,
+            soak_noop_tasks: 2_000,
+            soak_command_tasks: 20,
             ..self.clone()
         }
     }
@@ -109,6 +127,8 @@ pub struct Report {
     pub limit: Option<broker::Limit>,
     pub bare: Option<bare::Bare>,
     pub memory: Option<Memory>,
+    #[serde(default)]
+    pub soak: Option<soak::Soak>,
     /// Slow-consumer events, all processes and workloads together: messages NATS dropped
     /// because a subscriber fell behind. Anything but 0 is a fault.
     pub slow_consumers: u64,
@@ -398,6 +418,27 @@ fn print_table(report: &Report) {
                 m.driver_idle_mb, m.driver_peak_mb, m.driver_with_many_executors_mb, m.many_executors, m.executor_idle_mb, m.executor_peak_mb
             ),
             String::new(),
+        ]);
+    }
+    if let Some(s) = &report.soak {
+        table.add_row([
+            format!(
+                "soak: {} jobs ({} no-op / {} printing 32 KiB tasks), --retain-jobs {}",
+                s.jobs, s.noop_tasks, s.command_tasks, s.retain_jobs
+            ),
+            format!(
+                "driver RSS {:.1} MB after job {}, {:.1} MB after job {} ({:.2}x); journal {:.1} MB, {:.1} MB (most {:.1} MB); restart to first answer {:.0} ms",
+                s.rss_after_retained_mb,
+                s.retain_jobs,
+                s.rss_after_last_mb,
+                s.jobs,
+                s.rss_ratio,
+                s.journal_bytes_after_retained as f64 / 1e6,
+                s.journal_bytes_after_last as f64 / 1e6,
+                s.journal_bytes_max as f64 / 1e6,
+                s.restart_ms
+            ),
+            format!("{:.0} s in all", s.seconds),
         ]);
     }
     table.add_row([

@@ -12,6 +12,8 @@ pub struct Cluster {
     pub server: NatsServer,
     pub cluster: String,
     pub driver: Child,
+    driver_args: Vec<String>,
+    journal: bool,
     pub executors: Vec<Child>,
 }
 
@@ -42,6 +44,11 @@ impl Cluster {
     /// With `journal`, the server has JetStream (in a temporary store) and the driver journals
     /// its jobs there; otherwise the driver keeps them in memory.
     pub fn start(name: &str, journal: bool) -> anyhow::Result<Self> {
+        Self::start_with(name, journal, &[])
+    }
+
+    /// As [`Cluster::start`], the driver started with `driver_args` too.
+    pub fn start_with(name: &str, journal: bool, driver_args: &[&str]) -> anyhow::Result<Self> {
         let server = match journal {
             true => NatsServer::start_with_jetstream(&[])?,
             false => NatsServer::start(&[])?,
@@ -53,14 +60,31 @@ impl Cluster {
         let mut driver = Command::new(sibling("ember-driver")?);
         driver
             .args(["--nats-url", &server.url(), "--cluster", &cluster])
-            .args(["--journal", if journal { "on" } else { "off" }]);
+            .args(["--journal", if journal { "on" } else { "off" }])
+            .args(driver_args);
         let driver = watched(driver)?;
         Ok(Self {
             server,
             cluster,
             driver,
+            driver_args: driver_args.iter().map(|a| a.to_string()).collect(),
+            journal,
             executors: Vec::new(),
         })
+    }
+
+    /// SIGKILLs the driver and starts another with the same arguments; returns when it has
+    /// been started (not when it answers).
+    pub fn replace_driver(&mut self) -> anyhow::Result<()> {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+        let mut driver = Command::new(sibling("ember-driver")?);
+        driver
+            .args(["--nats-url", &self.server.url(), "--cluster", &self.cluster])
+            .args(["--journal", if self.journal { "on" } else { "off" }])
+            .args(&self.driver_args);
+        self.driver = watched(driver)?;
+        Ok(())
     }
 
     pub fn add_executors(&mut self, n: u32, cores: u32) -> anyhow::Result<()> {

@@ -87,6 +87,14 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
     memory.many_executors = args.memory_executors;
     memory.driver_with_many_executors_mb = many_executors_rss(args.memory_executors).await?;
     report.memory = Some(memory);
+    if args.soak_jobs > 0 {
+        eprintln!(
+            "bench: soak, {} jobs on a driver that keeps {}",
+            2 * args.soak_jobs,
+            args.soak_retain
+        );
+        report.soak = Some(super::soak::run(args).await?);
+    }
     report.slow_consumers = super::procs::slow_consumers();
     Ok(report)
 }
@@ -104,7 +112,7 @@ impl Memory {
     }
 }
 
-async fn connect(cluster: &Cluster) -> anyhow::Result<EmberClient> {
+pub(super) async fn connect(cluster: &Cluster) -> anyhow::Result<EmberClient> {
     let client = async_nats::ConnectOptions::new()
         .subscription_capacity(crate::SUBSCRIPTION_CAPACITY)
         .event_callback(|event| async move {
@@ -120,7 +128,7 @@ async fn connect(cluster: &Cluster) -> anyhow::Result<EmberClient> {
     ))
 }
 
-async fn wait_for_executors(api: &EmberClient, n: u64) -> anyhow::Result<()> {
+pub(super) async fn wait_for_executors(api: &EmberClient, n: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if api

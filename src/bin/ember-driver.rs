@@ -44,6 +44,15 @@ struct Args {
     #[arg(long, env = "EMBER_RETAIN_JOBS", default_value_t = DEFAULT_RETAIN_JOBS,
           value_parser = clap::value_parser!(u32).range(1..))]
     retain_jobs: u32,
+    /// Hold at most this many bytes of task results in all; past it, the results of the
+    /// oldest finished jobs are dropped (reading them says so).
+    #[arg(long, env = "EMBER_MAX_RESULT_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    max_result_bytes: u64,
+    /// Hold at most this many bytes of one job's task results (Spark's
+    /// spark.driver.maxResultSize): results past it are refused, with a note in the task's
+    /// error, and the job runs on.
+    #[arg(long, env = "EMBER_MAX_JOB_RESULT_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    max_job_result_bytes: u64,
     /// Snapshot the journal's live state each time the journal has grown by this much (or by
     /// twice the last snapshot, if that is more), and purge what the snapshot replaces: a
     /// restart reads one snapshot and a short tail, whatever the history.
@@ -74,6 +83,8 @@ fn main() -> ExitCode {
                 journal_max_age: args.journal_max_age,
                 retention: Retention {
                     jobs: args.retain_jobs as usize,
+                    result_bytes: args.max_result_bytes,
+                    job_result_bytes: args.max_job_result_bytes,
                 },
                 snapshot_after: args.snapshot_after,
             };

@@ -33,6 +33,8 @@ pub enum JournalRecord {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// A finished job's results were dropped, to keep all results under the driver's cap.
+    ResultsDropped { job_id: JobId },
     /// Part `part` (from 0) of `parts` of a snapshot: together, the records that rebuild every
     /// job the driver held when it took the snapshot, and the ids it would give next. Once
     /// every part is stored, the records before the first part are purged.

@@ -43,7 +43,10 @@ fn new_core(driver_instance: InstanceId) -> Core {
         journal: false,
         // One finished job kept: every job is forgotten as the next one ends, while late
         // statuses of its attempts may still arrive.
-        retention: crate::driver::core::Retention { jobs: 1 },
+        retention: crate::driver::core::Retention {
+            jobs: 1,
+            ..Default::default()
+        },
     })
 }
 

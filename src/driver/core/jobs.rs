@@ -56,6 +56,10 @@ pub struct Job {
     /// from a status that was never ours.
     pub past_attempts: HashMap<(u32, u32), ExecutorId, IdHasher>,
     pub results: HashMap<u32, Value, IdHasher>,
+    /// What `results` holds, as JSON bytes.
+    pub result_bytes: u64,
+    /// Whether the results were dropped to keep all results under the driver's cap.
+    pub results_dropped: bool,
     pub errors: HashMap<u32, String, IdHasher>,
     pub state: JobState,
     pub succeeded: u32,
@@ -90,6 +94,8 @@ impl Job {
             pending: (0..count).collect(),
             past_attempts: HashMap::default(),
             results: HashMap::default(),
+            result_bytes: 0,
+            results_dropped: false,
             errors: HashMap::default(),
             state: JobState::Running,
             succeeded: 0,
@@ -127,6 +133,13 @@ impl Job {
             max_failures: self.max_failures,
             cpus_per_task: self.cpus_per_task,
         }
+    }
+
+    /// Drops every result, to make room for newer ones.
+    pub fn drop_results(&mut self) {
+        self.results = HashMap::default();
+        self.result_bytes = 0;
+        self.results_dropped = true;
     }
 
     /// The spec of task `index`.

@@ -22,7 +22,9 @@ pub use jobs::Job;
 pub use liveness::Liveness;
 pub use registry::{ExecutorData, MAX_CORES};
 pub use restore::{ReplayError, Restored};
-pub use retention::{Retention, DEFAULT_RETAIN_JOBS};
+pub use retention::{
+    Retention, DEFAULT_MAX_JOB_RESULT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETAIN_JOBS,
+};
 pub use snapshot::{SnapshotError, SnapshotIds, SNAPSHOT_TASKS_PER_RECORD};
 pub use status::MAX_UPDATES_PER_BATCH;
 
@@ -73,6 +75,8 @@ pub struct Core {
     ended: VecDeque<JobId>,
     /// Finished jobs past the limit that wait for their killed attempts to report.
     forgetting: Vec<JobId>,
+    /// Bytes of results held, all jobs together.
+    result_bytes: u64,
     next_job: JobId,
     next_task: TaskId,
     liveness: Liveness,
@@ -95,6 +99,7 @@ impl Core {
             first_tasks: BTreeMap::new(),
             ended: VecDeque::new(),
             forgetting: Vec::new(),
+            result_bytes: 0,
             next_job: 1,
             next_task: 1,
             liveness: Liveness::default(),
@@ -131,6 +136,7 @@ impl Core {
                 offset,
                 limit,
             } => match self.jobs.get(&job_id) {
+                Some(job) if job.results_dropped => self.results_dropped(job_id),
                 Some(job) => {
                     ApiReply::Results(job.results_page(offset, limit, self.config.max_reply_bytes))
                 }

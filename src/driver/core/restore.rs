@@ -11,6 +11,7 @@ use super::snapshot::SnapshotIds;
 use super::Core;
 use crate::ids::{JobId, TaskId};
 use crate::protocol::{JournalRecord, JournaledTask, SubmitJob, TaskState};
+use serde_json::Value;
 
 /// Why a journal record was skipped.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -71,6 +72,7 @@ impl Core {
                 job,
             } => self.replay_submitted(job_id, first_task, time_ms, job),
             JournalRecord::TasksEnded { tasks, .. } => self.replay_tasks(tasks),
+            JournalRecord::ResultsDropped { job_id } => self.replay_results_dropped(job_id),
             JournalRecord::JobEnded {
                 job_id,
                 state,
@@ -160,7 +162,9 @@ impl Core {
                 continue;
             };
             let job = self.jobs.get_mut(&job_id).expect("located");
-            settle(job, index, task)?;
+            if let Some(result) = settle(job, index, task)? {
+                self.keep_result(job_id, index, Some(result), true);
+            }
         }
         match unknown.is_empty() {
             true => Ok(()),
@@ -169,8 +173,9 @@ impl Core {
     }
 }
 
-/// Records task `index`'s final outcome, unless it has one already.
-fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<(), ReplayError> {
+/// Records task `index`'s final outcome, unless it has one already; returns its result, for
+/// the caller to keep.
+fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<Option<Value>, ReplayError> {
     let status = match task.state {
         TaskState::Finished => TaskStatus::Finished,
         TaskState::Failed => TaskStatus::Failed,
@@ -183,7 +188,7 @@ fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<(), ReplayEr
     };
     let record = &mut job.tasks[index as usize];
     if record.status != TaskStatus::Pending {
-        return Ok(());
+        return Ok(None);
     }
     record.status = status;
     record.attempts = task.attempt.saturating_add(1);
@@ -192,11 +197,8 @@ fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<(), ReplayEr
         TaskStatus::Finished => job.succeeded += 1,
         _ => job.failed += 1,
     }
-    if let Some(result) = task.result {
-        job.results.insert(index, result);
-    }
     if let Some(error) = task.error {
         job.errors.insert(index, error);
     }
-    Ok(())
+    Ok(task.result)
 }

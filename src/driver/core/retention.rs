@@ -4,11 +4,18 @@
 //! id below the next one that names no job was forgotten, and the api says so.
 
 use super::Core;
+use super::ReplayError;
 use crate::ids::JobId;
-use crate::protocol::{ApiReply, JobSummary};
+use crate::protocol::{ApiReply, JobSummary, JournalRecord};
+use serde_json::Value;
 
 /// Finished jobs a driver keeps unless told otherwise (Spark's `spark.ui.retainedJobs`).
 pub const DEFAULT_RETAIN_JOBS: u32 = 1000;
+
+/// Bytes of task results the driver holds in all, unless told otherwise.
+pub const DEFAULT_MAX_RESULT_BYTES: u64 = 256 << 20;
+/// Bytes of task results one job may hold (Spark's `spark.driver.maxResultSize`).
+pub const DEFAULT_MAX_JOB_RESULT_BYTES: u64 = 64 << 20;
 
 /// How much of its past the driver keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,13 +23,43 @@ pub struct Retention {
     /// Finished jobs kept, with their results (at least 1: a client waiting on a job reads
     /// its end).
     pub jobs: usize,
+    /// Bytes of results held in all: past it, the oldest finished jobs' results are dropped.
+    pub result_bytes: u64,
+    /// Bytes of results one job may hold: results past it are refused, the tasks still count.
+    pub job_result_bytes: u64,
 }
 
 impl Default for Retention {
     fn default() -> Self {
         Self {
             jobs: DEFAULT_RETAIN_JOBS as usize,
+            result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            job_result_bytes: DEFAULT_MAX_JOB_RESULT_BYTES,
         }
+    }
+}
+
+/// The size of `value` as JSON, counted without building it.
+fn json_size(value: &Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(0, |()| count.0)
+}
+
+/// "64 MiB", for messages about the caps.
+fn mib(bytes: u64) -> String {
+    match bytes % (1 << 20) {
+        0 => format!("{} MiB", bytes >> 20),
+        _ => format!("{bytes} bytes"),
     }
 }
 
@@ -62,6 +99,88 @@ impl Core {
     fn forget(&mut self, job_id: JobId) {
         if let Some(job) = self.jobs.remove(&job_id) {
             self.first_tasks.remove(&job.first_task);
+            self.result_bytes -= job.result_bytes;
+        }
+    }
+
+    /// Keeps `result` as task `index`'s (none clears it): within the job's cap, or refused
+    /// with a note in the task's error; then, past the cap of all results, drops the results
+    /// of the oldest finished jobs, and journals that it did unless `replaying`.
+    pub(super) fn keep_result(
+        &mut self,
+        job_id: JobId,
+        index: u32,
+        result: Option<Value>,
+        replaying: bool,
+    ) {
+        let cap = self.config.retention.job_result_bytes;
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        if let Some(old) = job.results.remove(&index) {
+            let size = json_size(&old);
+            job.result_bytes -= size;
+            self.result_bytes -= size;
+        }
+        let Some(result) = result else {
+            return;
+        };
+        let size = json_size(&result);
+        if job.result_bytes + size > cap {
+            let note = format!(
+                "result of {size} bytes refused: job {job_id}'s results may take {} \
+                 (--max-job-result-bytes)",
+                mib(cap)
+            );
+            job.errors.insert(index, note);
+            return;
+        }
+        job.results.insert(index, result);
+        job.result_bytes += size;
+        self.result_bytes += size;
+        self.trim_results(replaying);
+    }
+
+    /// Drops the results of the oldest finished jobs while all results pass the cap.
+    fn trim_results(&mut self, replaying: bool) {
+        let cap = self.config.retention.result_bytes;
+        let mut at = 0;
+        while self.result_bytes > cap && at < self.ended.len() {
+            let id = self.ended[at];
+            at += 1;
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            if job.result_bytes > 0 {
+                self.result_bytes -= job.result_bytes;
+                job.drop_results();
+                if !replaying {
+                    self.journal(|| JournalRecord::ResultsDropped { job_id: id });
+                }
+            }
+        }
+    }
+
+    /// Replays the drop of job `job_id`'s results.
+    pub(super) fn replay_results_dropped(&mut self, job_id: JobId) -> Result<(), ReplayError> {
+        let job = match self.jobs.get_mut(&job_id) {
+            Some(job) => job,
+            None if job_id < self.next_job => return Ok(()),
+            None => return Err(ReplayError::UnknownJob(job_id)),
+        };
+        self.result_bytes -= job.result_bytes;
+        job.drop_results();
+        Ok(())
+    }
+
+    /// The answer for the results of a job whose results were dropped.
+    pub(super) fn results_dropped(&self, job_id: JobId) -> ApiReply {
+        ApiReply::Error {
+            message: format!(
+                "the results of job {job_id} were dropped: finished jobs' results are kept up \
+                 to {} in all, oldest dropped first (--max-result-bytes)",
+                mib(self.config.retention.result_bytes)
+            ),
         }
     }
 

@@ -87,6 +87,9 @@ impl Core {
                 time_ms: job.ended_at_ms.unwrap_or(job.submitted_at_ms),
                 reason: job.reason.clone(),
             });
+            if job.results_dropped {
+                records.push(JournalRecord::ResultsDropped { job_id: job.id });
+            }
         }
         let ids = SnapshotIds {
             next_job: self.next_job,
@@ -154,6 +157,7 @@ impl Core {
         self.first_tasks = restored.first_tasks;
         self.ended = restored.ended;
         self.forgetting = restored.forgetting;
+        self.result_bytes = restored.result_bytes;
         self.next_job = restored.next_job.max(ids.next_job);
         self.next_task = restored.next_task.max(ids.next_task);
     }

@@ -205,10 +205,7 @@ impl Core {
         let mut abort = None;
         // The last attempt's result is kept whatever its end (a failed command's output
         // explains the failure), and only the last one's.
-        match update.result.clone().filter(|r| !r.is_null()) {
-            Some(result) => job.results.insert(index, result),
-            None => job.results.remove(&index),
-        };
+        let result = update.result.clone().filter(|r| !r.is_null());
         match update.state {
             TaskState::Finished => {
                 record.status = TaskStatus::Finished;
@@ -242,6 +239,8 @@ impl Core {
             }
         }
         let last_of_ended = !active && job.running == 0;
+        self.keep_result(job_id, index, result, false);
+        let job = self.jobs.get_mut(&job_id).expect("located above");
         if active && !job.pending.is_empty() && !self.queue.contains(&job_id) {
             // Keep the queue in submission order: a retry does not jump ahead of older jobs.
             let position = self.queue.partition_point(|id| *id < job_id);

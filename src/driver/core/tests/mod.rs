@@ -598,6 +598,21 @@ fn check_retention(core: &Core) {
     if let Some(last) = core.jobs.keys().next_back() {
         assert!(*last < core.next_job);
     }
+    let mut all = 0;
+    for job in core.jobs.values() {
+        let held: u64 = job
+            .results
+            .values()
+            .map(|v| serde_json::to_vec(v).unwrap().len() as u64)
+            .sum();
+        assert_eq!(job.result_bytes, held, "job {}'s result bytes", job.id);
+        assert!(!job.results_dropped || job.results.is_empty());
+        all += held;
+    }
+    assert_eq!(
+        core.result_bytes, all,
+        "the results' bytes, all jobs together"
+    );
 }
 
 /// Each executor's free cores and running attempts agree with the tasks, and the totals with

@@ -146,3 +146,77 @@ fn a_replay_forgets_what_the_driver_forgot() {
     assert_eq!(restored.next_job, 6);
     check_invariants(&restored);
 }
+
+/// Runs a job of `tasks` tasks on "e1" to its end, each finishing with a result of `size`
+/// bytes of JSON; the journal records go to `journal`.
+fn finish_all(core: &mut Core, tasks: u32, size: usize, journal: &mut Vec<JournalRecord>) -> JobId {
+    let job_id = submit(core, job(tasks, 1, 4), 0);
+    let mut launched = launches(&take_journal(core, journal));
+    while let Some((_, tasks)) = launched.pop() {
+        for (task_id, _, attempt) in tasks {
+            // A JSON string of `size` bytes: the quotes and `size - 2` letters.
+            let result = Value::String("r".repeat(size - 2));
+            let update = finished_with(task_id, attempt, result);
+            let (accepted, refused) = status(core, "e1", vec![update], 1);
+            assert_eq!((accepted, refused), (1, vec![]));
+            let effects = take_journal(core, journal);
+            launched.extend(launches(&effects));
+        }
+    }
+    assert_eq!(summary(core, job_id).state, JobState::Succeeded);
+    job_id
+}
+
+#[test]
+fn results_past_a_jobs_cap_are_refused_with_a_note_and_the_job_succeeds() {
+    let mut core = core_retaining(10);
+    core.config.retention.job_result_bytes = 100;
+    add(&mut core, "e1", 1, 0);
+    let job_id = finish_all(&mut core, 3, 40, &mut Vec::new());
+    let kept: Vec<bool> = (0..3)
+        .map(|i| outcome(&mut core, job_id, i).result.is_some())
+        .collect();
+    assert_eq!(kept, [true, true, false]);
+    let note = outcome(&mut core, job_id, 2).error.unwrap();
+    assert!(
+        note.contains("refused") && note.contains("--max-job-result-bytes"),
+        "{note}"
+    );
+    check_invariants(&core);
+}
+
+#[test]
+fn past_the_cap_of_all_results_the_oldest_finished_jobs_lose_theirs_and_say_so() {
+    let mut core = core_retaining(10);
+    core.config.retention.result_bytes = 150;
+    let mut journal = Vec::new();
+    add(&mut core, "e1", 1, 0);
+    let first = finish_all(&mut core, 1, 60, &mut journal);
+    let second = finish_all(&mut core, 1, 60, &mut journal);
+    finish_all(&mut core, 1, 60, &mut journal);
+    let request = ApiRequest::GetResults {
+        job_id: first,
+        offset: 0,
+        limit: 10,
+    };
+    let dropped = api_error(core.api(request.clone(), 0));
+    assert!(
+        dropped.contains("results of job 1 were dropped") && dropped.contains("--max-result-bytes"),
+        "{dropped}"
+    );
+    assert_eq!(
+        summary(&mut core, first).succeeded,
+        1,
+        "the job itself stays"
+    );
+    assert!(outcome(&mut core, second, 0).result.is_some());
+    check_invariants(&core);
+    assert!(journal.contains(&JournalRecord::ResultsDropped { job_id: first }));
+    for journal in [journal.clone(), vec![snapshot_record(&core, 1, 5)]] {
+        let mut restored = restored_keeping(&journal, 1, 10);
+        restored.config.retention.result_bytes = 150;
+        assert_eq!(api_error(restored.api(request.clone(), 0)), dropped);
+        assert!(outcome(&mut restored, second, 0).result.is_some());
+        check_invariants(&restored);
+    }
+}
