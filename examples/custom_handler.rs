@@ -113,6 +113,8 @@ mod tests {
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
             retention: Default::default(),
             snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
+            results_max_age: ember::driver::results::DEFAULT_RESULTS_MAX_AGE,
+            results_max_bytes: ember::driver::results::DEFAULT_RESULTS_MAX_BYTES,
         };
         let driver = tokio::spawn(ember::driver::run(
             connect(None).await.unwrap(),

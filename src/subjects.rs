@@ -81,6 +81,13 @@ impl Subjects {
         format!("{}.journal", self.prefix)
     }
 
+    /// The name of the JetStream key-value bucket that holds task results:
+    /// `EMBER_<cluster>_RESULTS`, its keys `<job_id>.<index>`.
+    pub fn results_bucket(&self) -> String {
+        let cluster = self.prefix.trim_start_matches("ember.");
+        format!("EMBER_{cluster}_RESULTS")
+    }
+
     /// The name of the JetStream stream that holds the journal: `EMBER_<cluster>_JOURNAL`
     /// (stream names may not contain dots).
     pub fn journal_stream(&self) -> String {

@@ -522,6 +522,8 @@ async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
         journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
         retention: Default::default(),
         snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
+        results_max_age: ember::driver::results::DEFAULT_RESULTS_MAX_AGE,
+        results_max_bytes: ember::driver::results::DEFAULT_RESULTS_MAX_BYTES,
     };
     let driver = tokio::spawn(ember::driver::run(
         driver_client,

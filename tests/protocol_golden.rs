@@ -1961,6 +1961,7 @@ fn journal_records() {
                 state: TaskState::Finished,
                 result: Some(json!("ok")),
                 error: None,
+                in_bucket: false,
             }],
         },
         json!({"type":"TasksEnded","time_ms":1700000000120u64,"tasks":[{"task_id":101,"attempt":0,"executor_id":"exec-1","state":"FINISHED","result":"ok"}]}),

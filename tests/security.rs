@@ -158,6 +158,8 @@ impl Secure {
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
             retention: Default::default(),
             snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
+            results_max_age: ember::driver::results::DEFAULT_RESULTS_MAX_AGE,
+            results_max_bytes: ember::driver::results::DEFAULT_RESULTS_MAX_BYTES,
         };
         let driver = Stoppable::spawn(|stop| async move {
             driver::run(client, config, stop)

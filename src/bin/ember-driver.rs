@@ -53,6 +53,13 @@ struct Args {
     /// error, and the job runs on.
     #[arg(long, env = "EMBER_MAX_JOB_RESULT_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
     max_job_result_bytes: u64,
+    /// With a journal, task results go to the cluster's results bucket in JetStream
+    /// (EMBER_<cluster>_RESULTS), not the driver's memory; it keeps each this long.
+    #[arg(long, env = "EMBER_RESULTS_MAX_AGE", default_value = "24h", value_parser = parse_duration)]
+    results_max_age: Duration,
+    /// The most bytes the results bucket keeps; past it, the oldest results go first.
+    #[arg(long, env = "EMBER_RESULTS_MAX_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    results_max_bytes: u64,
     /// Snapshot the journal's live state each time the journal has grown by this much (or by
     /// twice the last snapshot, if that is more), and purge what the snapshot replaces: a
     /// restart reads one snapshot and a short tail, whatever the history.
@@ -87,6 +94,8 @@ fn main() -> ExitCode {
                     job_result_bytes: args.max_job_result_bytes,
                 },
                 snapshot_after: args.snapshot_after,
+                results_max_age: args.results_max_age,
+                results_max_bytes: args.results_max_bytes,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

@@ -143,9 +143,10 @@ impl Role {
     }
 }
 
-/// What the driver publishes to keep its journal: the journal subject, and the JetStream API
-/// calls on its own stream alone (set it up, read it back with an ordered consumer, purge what
-/// a snapshot replaces). No other role may write the journal or touch the stream.
+/// What the driver publishes to keep its journal and results: the journal subject, the
+/// JetStream API calls on its own stream alone (set it up, read it back with an ordered
+/// consumer, purge what a snapshot replaces), and its results bucket's keys and stream. No
+/// other role may write the journal or the results, or touch their streams.
 fn journal_rights(subjects: &Subjects) -> Vec<String> {
     let stream = subjects.journal_stream();
     let mut rights = vec![subjects.journal(), "$JS.API.INFO".into()];
@@ -166,6 +167,18 @@ fn journal_rights(subjects: &Subjects) -> Vec<String> {
     ] {
         rights.push(format!("$JS.API.{call}.{stream}.>"));
     }
+    // The results bucket: a key-value bucket, its stream KV_<bucket>.
+    let bucket = subjects.results_bucket();
+    rights.push(format!("$KV.{bucket}.>"));
+    for call in [
+        "STREAM.CREATE",
+        "STREAM.UPDATE",
+        "STREAM.INFO",
+        "STREAM.MSG.GET",
+    ] {
+        rights.push(format!("$JS.API.{call}.KV_{bucket}"));
+    }
+    rights.push(format!("$JS.API.DIRECT.GET.KV_{bucket}.>"));
     rights
 }
 
@@ -398,7 +411,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_driver_may_write_the_journal() {
+    fn only_the_driver_may_write_the_journal_and_the_results() {
         let s = Subjects::new("prod").unwrap();
         let driver = Role::Driver.permissions(&s, &[]);
         assert!(driver
@@ -406,9 +419,12 @@ mod tests {
             .contains(&"ember.prod.journal".to_string()));
         assert!(driver
             .publish_allow
+            .contains(&"$KV.EMBER_prod_RESULTS.>".to_string()));
+        assert!(driver
+            .publish_allow
             .iter()
             .filter(|r| r.starts_with("$JS.API.") && *r != "$JS.API.INFO")
-            .all(|r| r.contains(".EMBER_prod_JOURNAL")));
+            .all(|r| r.contains(".EMBER_prod_JOURNAL") || r.contains(".KV_EMBER_prod_RESULTS")));
         for role in [Role::Executor(id("e1")), Role::Client, Role::Listener] {
             let p = role.permissions(&s, &[]);
             assert!(

@@ -7,11 +7,12 @@ use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness, Retention};
 use super::journal::{Journal, JournalError, JournalMode};
 use super::outbox::{Outbox, Output};
+use super::results::ResultsBucket;
 use super::snapshots::{pack, Schedule, Stored};
 use crate::connect::{flush, Unsent};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Batch, Event, HeartbeatReply, HeartbeatRequest,
-    JournalRecord, RegisterReply, RegisterRequest, StatusReply, StatusRequest,
+    JournalRecord, RegisterReply, RegisterRequest, ResultsPage, StatusReply, StatusRequest,
 };
 use crate::subjects::Subjects;
 use crate::{now_ms, PAYLOAD_HEADROOM};
@@ -45,6 +46,9 @@ pub struct DriverConfig {
     /// Snapshot the journal each time it has grown by this many bytes, or twice the last
     /// snapshot's size if that is more.
     pub snapshot_after: u64,
+    /// How long, and up to how many bytes, the results bucket keeps results (with a journal).
+    pub results_max_age: Duration,
+    pub results_max_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -150,12 +154,25 @@ async fn start(
     let limit = client.server_info().max_payload.max(PAYLOAD_HEADROOM * 2);
     let subjects = config.subjects.clone();
     let journal = Journal::open(client, &subjects, config.journal, config.journal_max_age).await?;
+    let results = match &journal {
+        Some(journal) => Some(
+            ResultsBucket::open(
+                journal.context(),
+                &subjects,
+                config.results_max_age,
+                config.results_max_bytes,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let mut core = Core::new(CoreConfig {
         driver_instance: uuid::Uuid::new_v4(),
         expect_executors: config.expect_executors,
         max_reply_bytes: limit - PAYLOAD_HEADROOM,
         journal: journal.is_some(),
         retention: config.retention,
+        results_bucket: results.is_some(),
     });
     core.set_liveness(config.liveness.clone());
     let mut schedule = None;
@@ -192,6 +209,7 @@ async fn start(
         refusals: Refusals::default(),
         journal,
         schedule,
+        results,
     };
     Ok((core, inputs, shell))
 }
@@ -261,6 +279,8 @@ struct Shell {
     journal: Option<Journal>,
     /// When the journal is next snapshotted, with a journal.
     schedule: Option<Schedule>,
+    /// Where results are stored, with a journal.
+    results: Option<ResultsBucket>,
 }
 
 /// Requests the driver refused or dropped before the core saw them, counted; the counts go to
@@ -392,6 +412,19 @@ impl Shell {
                 }
             }
         };
+        if let (ApiReply::Results(page), Some(_)) = (&answer, &self.results) {
+            let indices = core.results_in_bucket(page);
+            if !indices.is_empty() {
+                let ApiReply::Results(page) = answer else {
+                    unreachable!("matched above")
+                };
+                return Some(Output::Results {
+                    reply,
+                    page,
+                    indices,
+                });
+            }
+        }
         Some(Output::Reply(reply, encode(&answer)))
     }
 
@@ -412,6 +445,21 @@ impl Shell {
         Some(reply.clone())
     }
 
+    /// Reads `indices` of `page` from the results bucket and answers with the page, off the
+    /// actor's loop: the reads take round trips, and need nothing of the core.
+    fn answer_with_results(&self, reply: Subject, page: ResultsPage, indices: Vec<u32>) {
+        let Some(results) = self.results.clone() else {
+            return;
+        };
+        let (client, max_bytes) = (self.client.clone(), self.limit - PAYLOAD_HEADROOM);
+        tokio::spawn(async move {
+            let answer = results.fill(page, indices, max_bytes).await;
+            if let Err(error) = client.publish(reply, encode(&answer)).await {
+                warn!(%error, "could not send a reply");
+            }
+        });
+    }
+
     async fn answer(&self, reply: Subject, payload: bytes::Bytes) {
         if let Err(error) = self.client.publish(reply, payload).await {
             warn!(%error, "could not send a reply");
@@ -421,12 +469,20 @@ impl Shell {
     /// Sends what one step produced: its journal records go to the journal first, then its
     /// answer and effects leave in order, or wait behind the journal writes in flight.
     async fn emit(&mut self, outbox: &mut Outbox, reply: Option<Output>, effects: Vec<Effect>) {
-        let (records, effects): (Vec<_>, Vec<_>) = effects
-            .into_iter()
-            .partition(|effect| matches!(effect, Effect::Journal(_)));
-        for effect in records {
-            if let Effect::Journal(record) = effect {
-                self.write(outbox, record);
+        let (writes, effects): (Vec<_>, Vec<_>) = effects.into_iter().partition(Effect::is_write);
+        for effect in writes {
+            match effect {
+                Effect::Journal(record) => self.write(outbox, record),
+                Effect::StoreResult {
+                    job_id,
+                    index,
+                    result,
+                } => {
+                    if let Some(results) = &self.results {
+                        outbox.write(results.put(job_id, index, encode(&result)));
+                    }
+                }
+                _ => {}
             }
         }
         for output in reply
@@ -476,8 +532,13 @@ impl Shell {
                 let subject = self.subjects.executor_inbox(&to).into();
                 self.publish_batch(subject, message).await;
             }
-            // `emit` hands records to the journal; none reaches here.
-            Output::Effect(Effect::Journal(_)) => {}
+            Output::Results {
+                reply,
+                page,
+                indices,
+            } => self.answer_with_results(reply, page, indices),
+            // `emit` hands writes to the journal and the bucket; none reaches here.
+            Output::Effect(Effect::Journal(_) | Effect::StoreResult { .. }) => {}
         }
     }
 

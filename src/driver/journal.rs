@@ -239,36 +239,49 @@ impl Journal {
     /// Stores `payload` (one encoded record), trying again until the server acknowledges it:
     /// what waits behind it must not leave before it is stored.
     pub fn store(&self, payload: bytes::Bytes) -> BoxFuture<'static, ()> {
-        let context = self.context.clone();
-        let subject = self.subject.clone();
-        Box::pin(async move {
-            let mut delay = Duration::from_millis(50);
-            let (first, mut attempts) = (std::time::Instant::now(), 0u32);
-            loop {
-                let stored = match context.publish(subject.clone(), payload.clone()).await {
-                    Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
-                attempts += 1;
-                match stored {
-                    Ok(()) => {
-                        if attempts > 1 {
-                            info!(attempts, after = ?first.elapsed(), "journal write stored");
-                        }
-                        return;
-                    }
-                    Err(error) => warn!(
-                        %error,
-                        attempts,
-                        failing_for = ?first.elapsed(),
-                        retry_in = ?delay,
-                        "journal write failed; the answers and events that follow it wait until \
-                         it is stored (is JetStream up?)"
-                    ),
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_RETRY_DELAY);
-            }
-        })
+        store(self.context.clone(), self.subject.clone(), payload)
     }
+
+    /// The JetStream context the journal uses, for the results bucket beside it.
+    pub fn context(&self) -> &jetstream::Context {
+        &self.context
+    }
+}
+
+/// Publishes `payload` on `subject` into JetStream, trying again until the server
+/// acknowledges it: what waits behind it must not leave before it is stored.
+pub fn store(
+    context: jetstream::Context,
+    subject: String,
+    payload: bytes::Bytes,
+) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let mut delay = Duration::from_millis(50);
+        let (first, mut attempts) = (std::time::Instant::now(), 0u32);
+        loop {
+            let stored = match context.publish(subject.clone(), payload.clone()).await {
+                Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            attempts += 1;
+            match stored {
+                Ok(()) => {
+                    if attempts > 1 {
+                        info!(attempts, after = ?first.elapsed(), "JetStream write stored");
+                    }
+                    return;
+                }
+                Err(error) => warn!(
+                    %error,
+                    attempts,
+                    failing_for = ?first.elapsed(),
+                    retry_in = ?delay,
+                    "JetStream write failed; the answers and events that follow it wait until \
+                     it is stored (is JetStream up?)"
+                ),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(MAX_RETRY_DELAY);
+        }
+    })
 }

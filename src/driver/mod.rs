@@ -6,6 +6,7 @@ mod coalesce;
 pub mod core;
 pub mod journal;
 mod outbox;
+pub mod results;
 mod snapshots;
 
 pub use actor::{run, DriverConfig, DriverError};

@@ -16,6 +16,12 @@ pub enum Output {
     Reply(async_nats::Subject, bytes::Bytes),
     /// An event or an executor's message.
     Effect(Effect),
+    /// A page of results to read from the results bucket (`indices`) before it is sent.
+    Results {
+        reply: async_nats::Subject,
+        page: crate::protocol::ResultsPage,
+        indices: Vec<u32>,
+    },
 }
 
 enum Held {
@@ -83,6 +89,7 @@ mod tests {
             .map(|o| match o {
                 Output::Reply(subject, _) => subject.to_string(),
                 Output::Effect(_) => "effect".into(),
+                Output::Results { .. } => "results".into(),
             })
             .collect()
     }

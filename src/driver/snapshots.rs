@@ -186,6 +186,7 @@ mod tests {
             state: TaskState::Finished,
             result: Some(serde_json::json!(format!("result {i}"))),
             error: None,
+            in_bucket: false,
         });
         vec![
             submitted,

@@ -60,6 +60,9 @@ pub struct JournaledTask {
     pub result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whether the result is in the cluster's results bucket rather than here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_bucket: bool,
 }
 
 impl Batch for JournalRecord {

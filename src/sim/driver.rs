@@ -41,6 +41,7 @@ fn new_core(driver_instance: InstanceId) -> Core {
         // The simulated driver keeps no journal: a restarted one starts empty and the
         // simulated client submits the unfinished jobs again.
         journal: false,
+        results_bucket: false,
         // One finished job kept: every job is forgotten as the next one ends, while late
         // statuses of its attempts may still arrive.
         retention: crate::driver::core::Retention {
@@ -155,6 +156,11 @@ impl World {
                 }
                 Effect::Journal(record) => {
                     return Err(format!("a core without a journal wrote {record:?}"));
+                }
+                Effect::StoreResult { job_id, index, .. } => {
+                    return Err(format!(
+                        "a core without a results bucket stored job {job_id}'s result {index}"
+                    ));
                 }
             }
         }

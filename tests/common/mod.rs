@@ -108,8 +108,21 @@ impl TestCluster {
         subjects: Subjects,
         liveness: ember::driver::core::Liveness,
     ) -> Running<Result<(), driver::DriverError>> {
+        self.driver_configured(|config| {
+            config.subjects = subjects;
+            config.liveness = liveness;
+        })
+        .await
+    }
+
+    /// Starts a driver in this process with the test defaults as `configure` changes them.
+    pub async fn driver_configured(
+        &self,
+        configure: impl FnOnce(&mut DriverConfig),
+    ) -> Running<Result<(), driver::DriverError>> {
+        let (subjects, liveness) = (self.subjects.clone(), Default::default());
         let client = self.client().await;
-        let config = DriverConfig {
+        let mut config = DriverConfig {
             subjects,
             expect_executors: 0,
             revive_interval: Duration::from_millis(200),
@@ -118,7 +131,10 @@ impl TestCluster {
             journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
             retention: Default::default(),
             snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
+            results_max_age: ember::driver::results::DEFAULT_RESULTS_MAX_AGE,
+            results_max_bytes: ember::driver::results::DEFAULT_RESULTS_MAX_BYTES,
         };
+        configure(&mut config);
         let running = Running::spawn(|stop| driver::run(client, config, stop));
         // The driver subscribes first thing; give it that moment.
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -60,6 +60,8 @@ pub struct Job {
     pub result_bytes: u64,
     /// Whether the results were dropped to keep all results under the driver's cap.
     pub results_dropped: bool,
+    /// Which tasks have their result in the results bucket, a bit each (empty until one has).
+    in_bucket: Vec<u64>,
     pub errors: HashMap<u32, String, IdHasher>,
     pub state: JobState,
     pub succeeded: u32,
@@ -96,6 +98,7 @@ impl Job {
             results: HashMap::default(),
             result_bytes: 0,
             results_dropped: false,
+            in_bucket: Vec::new(),
             errors: HashMap::default(),
             state: JobState::Running,
             succeeded: 0,
@@ -133,6 +136,22 @@ impl Job {
             max_failures: self.max_failures,
             cpus_per_task: self.cpus_per_task,
         }
+    }
+
+    /// Whether task `index`'s result is in the results bucket.
+    pub fn in_bucket(&self, index: u32) -> bool {
+        let (word, bit) = (index as usize / 64, index % 64);
+        self.in_bucket
+            .get(word)
+            .is_some_and(|w| w & (1 << bit) != 0)
+    }
+
+    /// Notes that task `index`'s result is in the results bucket.
+    pub fn put_in_bucket(&mut self, index: u32) {
+        if self.in_bucket.is_empty() {
+            self.in_bucket = vec![0; (self.len() as usize).div_ceil(64)];
+        }
+        self.in_bucket[index as usize / 64] |= 1 << (index % 64);
     }
 
     /// Drops every result, to make room for newer ones.
@@ -206,6 +225,19 @@ impl Job {
 }
 
 impl Core {
+    /// The tasks of `page` whose results are in the results bucket, for the shell to read
+    /// into the page before it answers.
+    pub fn results_in_bucket(&self, page: &ResultsPage) -> Vec<u32> {
+        let Some(job) = self.jobs.get(&page.job_id) else {
+            return Vec::new();
+        };
+        page.results
+            .iter()
+            .map(|outcome| outcome.index)
+            .filter(|index| job.in_bucket(*index))
+            .collect()
+    }
+
     pub(super) fn on_submit_job(&mut self, submit: SubmitJob, now: u64) -> ApiReply {
         if let Err(message) = validate_job(&submit, self.config.max_reply_bytes) {
             return ApiReply::Error { message };

@@ -41,6 +41,20 @@ pub enum Effect {
     /// Store in the journal. Nothing the same step answers or publishes may leave before it
     /// is stored: an acknowledged status or an accepted job must survive the driver.
     Journal(JournalRecord),
+    /// Store task `index`'s result in the results bucket, before anything the same step
+    /// answers or publishes leaves, as a journal record.
+    StoreResult {
+        job_id: JobId,
+        index: u32,
+        result: serde_json::Value,
+    },
+}
+
+impl Effect {
+    /// Whether this effect is a write that what follows it must wait for.
+    pub fn is_write(&self) -> bool {
+        matches!(self, Effect::Journal(_) | Effect::StoreResult { .. })
+    }
 }
 
 /// Settings of the core.
@@ -56,6 +70,9 @@ pub struct CoreConfig {
     pub journal: bool,
     /// How many finished jobs are kept, and how many bytes of results.
     pub retention: Retention,
+    /// Whether results go to the results bucket ([`Effect::StoreResult`]) rather than stay
+    /// in memory.
+    pub results_bucket: bool,
 }
 
 /// The driver's whole state: the executor registry, the jobs and the offer queue.

@@ -200,5 +200,8 @@ fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<Option<Value
     if let Some(error) = task.error {
         job.errors.insert(index, error);
     }
+    if task.in_bucket {
+        job.put_in_bucket(index);
+    }
     Ok(task.result)
 }

@@ -3,8 +3,9 @@
 //! carries to the next driver; running and queued jobs never are. Ids keep counting up, so an
 //! id below the next one that names no job was forgotten, and the api says so.
 
-use super::Core;
+use super::jobs::TaskStatus;
 use super::ReplayError;
+use super::{Core, Effect};
 use crate::ids::JobId;
 use crate::protocol::{ApiReply, JobSummary, JournalRecord};
 use serde_json::Value;
@@ -126,6 +127,15 @@ impl Core {
             return;
         };
         let size = json_size(&result);
+        let to_bucket = self.config.results_bucket && !replaying;
+        let settled = matches!(
+            job.tasks[index as usize].status,
+            TaskStatus::Finished | TaskStatus::Failed
+        );
+        if to_bucket && !settled {
+            // The bucket takes a task's result once, when the task has ended for good.
+            return;
+        }
         if job.result_bytes + size > cap {
             let note = format!(
                 "result of {size} bytes refused: job {job_id}'s results may take {} \
@@ -135,8 +145,17 @@ impl Core {
             job.errors.insert(index, note);
             return;
         }
-        job.results.insert(index, result);
         job.result_bytes += size;
+        if to_bucket {
+            job.put_in_bucket(index);
+            self.effects.push(Effect::StoreResult {
+                job_id,
+                index,
+                result,
+            });
+            return;
+        }
+        job.results.insert(index, result);
         self.result_bytes += size;
         self.trim_results(replaying);
     }

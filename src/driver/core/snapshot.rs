@@ -70,6 +70,7 @@ impl Core {
                     state,
                     result: job.results.get(&index).cloned(),
                     error: job.errors.get(&index).cloned(),
+                    in_bucket: job.in_bucket(index),
                 })
             });
             let mut settled = settled.peekable();

@@ -275,6 +275,7 @@ impl Core {
             state: end.state,
             result: job.results.get(&end.index).cloned(),
             error: job.errors.get(&end.index).cloned(),
+            in_bucket: job.in_bucket(end.index),
         })
     }
 

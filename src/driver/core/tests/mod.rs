@@ -37,6 +37,7 @@ fn core_with(expect_executors: u64, max_reply_bytes: usize) -> Core {
         expect_executors,
         max_reply_bytes,
         journal: false,
+        results_bucket: false,
         retention: Default::default(),
     })
 }
@@ -197,7 +198,7 @@ fn send_status(
                 .position(|effect| match effect {
                     Effect::Send { to: other, .. } => *other > to,
                     Effect::Publish(event) => matches!(event, Event::TaskStart { .. }),
-                    Effect::Journal(_) => false,
+                    Effect::Journal(_) | Effect::StoreResult { .. } => false,
                 })
                 .unwrap_or(core.effects.len());
             let tasks = std::mem::take(launch);

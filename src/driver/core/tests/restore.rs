@@ -76,6 +76,7 @@ fn outcome_of(task_id: TaskId, state: TaskState) -> JournaledTask {
         state,
         result: None,
         error: None,
+        in_bucket: false,
     }
 }
 

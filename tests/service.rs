@@ -1,0 +1,115 @@
+//! A driver as a long-lived service, on a real nats-server: results live in the cluster's
+//! results bucket and come back byte for byte from the next driver; without JetStream, results
+//! are bounded and the oldest finished jobs lose theirs first, saying so; retention forgets
+//! old jobs and says so.
+
+mod common;
+
+use common::{within, TestCluster};
+use ember::driver::core::Retention;
+use ember::executor::Handlers;
+use ember::protocol::{JobState, SubmitJob, TaskSpec};
+use serde_json::json;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A job of `repeat` echo tasks that each return `value`.
+fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
+    SubmitJob {
+        name: "echo".into(),
+        tasks: vec![TaskSpec::Handler {
+            name: "echo".into(),
+            arg: json!({ "value": value }),
+        }],
+        repeat,
+        max_failures: 4,
+        cpus_per_task: 1,
+    }
+}
+
+#[tokio::test]
+async fn results_live_in_the_bucket_and_come_back_byte_for_byte_from_the_next_driver() {
+    let cluster = TestCluster::start_with_jetstream("results-bucket");
+    let first = cluster.driver().await;
+    let _executor = cluster.executor("e1", 2, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    // 600 KiB of text with escapes and characters past ASCII: two such results are more
+    // than one reply can carry (max_payload 1 MiB), so the pages are cut to fit.
+    let big = format!("{}\"\\\n ü €", "x".repeat(600 * 1024));
+    let job = within(LIMIT, api.run_job(echoes(json!(big), 3), |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(job.state, JobState::Succeeded);
+    let check = |results: Vec<ember::protocol::TaskOutcome>| {
+        assert_eq!(results.len(), 3);
+        for outcome in results {
+            assert_eq!(
+                outcome.result.as_ref().and_then(|v| v.as_str()),
+                Some(big.as_str())
+            );
+        }
+    };
+    check(api.results(job.job_id).await.unwrap());
+    // In the bucket, as the result's JSON.
+    let jetstream = async_nats::jetstream::new(cluster.client().await);
+    let bucket = jetstream
+        .get_key_value(cluster.subjects.results_bucket())
+        .await
+        .unwrap();
+    let stored = bucket
+        .get(format!("{}.1", job.job_id))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored, serde_json::to_vec(&json!(big)).unwrap());
+    first.stop().await.unwrap();
+
+    let _next = cluster.driver().await;
+    let results = common::eventually(LIMIT, "the next driver's results", || async {
+        api.results(job.job_id).await.ok()
+    })
+    .await;
+    check(results);
+}
+
+#[tokio::test]
+async fn without_jetstream_the_oldest_finished_jobs_lose_their_results_first_and_say_so() {
+    let cluster = TestCluster::start("results-memory");
+    let _driver = cluster
+        .driver_configured(|config| {
+            config.retention = Retention {
+                result_bytes: 64 * 1024,
+                ..Retention::default()
+            }
+        })
+        .await;
+    let _executor = cluster.executor("e1", 2, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let value = json!("y".repeat(10 * 1024));
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        // 30 KiB of results each: the third passes 64 KiB, the fourth again.
+        let job = within(LIMIT, api.run_job(echoes(value.clone(), 3), |_| {}))
+            .await
+            .unwrap();
+        jobs.push(job.job_id);
+    }
+    for dropped in &jobs[..2] {
+        let error = api.results(*dropped).await.unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("the results of job {dropped} were dropped"))
+                && error.contains("--max-result-bytes"),
+            "{error}"
+        );
+        assert_eq!(
+            api.job(*dropped).await.unwrap().succeeded,
+            3,
+            "the job itself stays"
+        );
+    }
+    for kept in &jobs[2..] {
+        let results = api.results(*kept).await.unwrap();
+        assert!(results.iter().all(|r| r.result.as_ref() == Some(&value)));
+    }
+}
