@@ -113,3 +113,34 @@ async fn without_jetstream_the_oldest_finished_jobs_lose_their_results_first_and
         assert!(results.iter().all(|r| r.result.as_ref() == Some(&value)));
     }
 }
+
+#[tokio::test]
+async fn a_full_results_bucket_drops_its_oldest_results_and_a_reader_is_told() {
+    let cluster = TestCluster::start_with_jetstream("results-full");
+    let _driver = cluster
+        .driver_configured(|config| config.results_max_bytes = 256 * 1024)
+        .await;
+    let _executor = cluster.executor("e1", 2, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let value = json!("z".repeat(60 * 1024));
+    let first = within(LIMIT, api.run_job(echoes(value.clone(), 3), |_| {}))
+        .await
+        .unwrap();
+    let second = within(LIMIT, api.run_job(echoes(value.clone(), 3), |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(
+        second.state,
+        JobState::Succeeded,
+        "a full bucket refuses nothing"
+    );
+    let old = api.results(first.job_id).await.unwrap();
+    let gone: Vec<_> = old.iter().filter(|r| r.result.is_none()).collect();
+    assert!(!gone.is_empty(), "the oldest results went");
+    for outcome in gone {
+        let error = outcome.error.as_deref().unwrap_or_default();
+        assert!(error.contains("no longer in the results bucket"), "{error}");
+    }
+    let new = api.results(second.job_id).await.unwrap();
+    assert!(new.iter().all(|r| r.result.as_ref() == Some(&value)));
+}

@@ -8,7 +8,8 @@ use super::journal::{store, JournalError};
 use crate::ids::JobId;
 use crate::protocol::{encode, ApiReply, ResultsPage};
 use crate::subjects::Subjects;
-use async_nats::jetstream::{self, kv, stream::StorageType};
+use async_nats::jetstream::stream::{self, DiscardPolicy, StorageType};
+use async_nats::jetstream::{self, kv};
 use futures::future::BoxFuture;
 use std::time::Duration;
 
@@ -38,27 +39,33 @@ impl ResultsBucket {
         max_bytes: u64,
     ) -> Result<Self, JournalError> {
         let bucket = subjects.results_bucket();
-        let config = kv::Config {
-            bucket: bucket.clone(),
-            description: "Ember task results".into(),
-            history: 1,
+        // The bucket's stream made here rather than by `create_key_value`, whose buckets
+        // refuse writes once full: this one drops its oldest results instead.
+        let config = stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
             max_age,
             max_bytes: i64::try_from(max_bytes).unwrap_or(i64::MAX),
+            discard: DiscardPolicy::Old,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
             storage: StorageType::File,
             ..Default::default()
         };
-        let created = match context.create_key_value(config.clone()).await {
-            Ok(store) => Ok(store),
-            // It exists: take it with the limits asked for now.
-            Err(_) => context
-                .update_key_value(config)
-                .await
-                .map_err(|e| e.to_string()),
-        };
-        let store = created.map_err(|message| JournalError::Stream {
+        let failed = |message: String| JournalError::Stream {
             stream: bucket.clone(),
             message,
-        })?;
+        };
+        context
+            .create_or_update_stream(config)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let store = context
+            .get_key_value(&bucket)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
         Ok(Self {
             context: context.clone(),
             store,
