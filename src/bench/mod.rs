@@ -57,10 +57,11 @@ pub struct BenchArgs {
     /// Tasks in each of the soak's command jobs (each prints 32 KiB).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     pub soak_command_tasks: u32,
-    /// Run the throughput and latency workloads with the driver's JetStream journal on (the
-    /// server gets a temporary store), to measure what the journal costs.
-    #[arg(long)]
-    pub journal: bool,
+    /// How the throughput and latency workloads' driver keeps its jobs: `on` is the
+    /// product's default (a JetStream journal, the server with a temporary store) and runs
+    /// the workloads again with `--journal off` beside it; `off` runs them without only.
+    #[arg(long, value_enum, default_value_t = Journal::On)]
+    pub journal: Journal,
     /// Small sizes everywhere: a smoke test of the benchmark itself, not a measurement.
     #[arg(long)]
     pub quick: bool,
@@ -71,6 +72,13 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Whether the bench's driver journals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Journal {
+    On,
+    Off,
 }
 
 /// A count for a workload: a workload of nothing measures nothing.
@@ -121,17 +129,31 @@ impl BenchArgs {
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Report {
     pub machine: String,
+    /// Whether `throughput` and `latency` ran with the driver's journal on.
+    #[serde(default)]
+    pub journal: bool,
     pub register: Option<Register>,
     pub throughput: Vec<Throughput>,
     pub latency: Option<Percentiles>,
     pub limit: Option<broker::Limit>,
     pub bare: Option<bare::Bare>,
     pub memory: Option<Memory>,
+    /// The same throughput and latency workloads with `--journal off`, beside a journaled
+    /// run.
+    #[serde(default)]
+    pub journal_off: Option<Unjournaled>,
     #[serde(default)]
     pub soak: Option<soak::Soak>,
     /// Slow-consumer events, all processes and workloads together: messages NATS dropped
     /// because a subscriber fell behind. Anything but 0 is a fault.
     pub slow_consumers: u64,
+}
+
+/// The throughput and latency workloads of a driver without a journal.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Unjournaled {
+    pub throughput: Vec<Throughput>,
+    pub latency: Option<Percentiles>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -347,10 +369,11 @@ fn print_table(report: &Report) {
     for t in &report.throughput {
         table.add_row([
             format!(
-                "{} no-op tasks, {} x {}",
+                "{} no-op tasks, {} x {}{}",
                 t.tasks,
                 t.executors,
-                cores(t.cores)
+                cores(t.cores),
+                if report.journal { ", journal on" } else { "" }
             ),
             format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
             // An executor waits for one answer at a time: the bare loop at as many cores.
@@ -375,6 +398,33 @@ fn print_table(report: &Report) {
                 )
             }),
         ]);
+    }
+    if let Some(off) = &report.journal_off {
+        for t in &off.throughput {
+            table.add_row([
+                format!("  --journal off: {} x {}", t.executors, cores(t.cores)),
+                format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
+                match report.bare.as_ref().and_then(|b| b.at(t.cores)) {
+                    Some(b) => format!(
+                        "{:.0}% of the bare loop",
+                        100.0 * t.tasks_per_s / b.tasks_per_s
+                    ),
+                    None => String::new(),
+                },
+            ]);
+        }
+        if let Some(l) = &off.latency {
+            table.add_row([
+                "  --journal off: latency".to_string(),
+                format!("p50 {:.3} ms, p99 {:.3} ms", l.p50_ms, l.p99_ms),
+                report.bare.as_ref().map_or(String::new(), |b| {
+                    format!(
+                        "p50 = {:.2} x the bare round trip",
+                        l.p50_ms / b.chain_p50_ms
+                    )
+                }),
+            ]);
+        }
     }
     if let Some(l) = limit {
         table.add_row([

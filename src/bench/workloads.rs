@@ -45,40 +45,17 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
     report.register = Some(register(args.register).await?);
 
     let mut memory = Memory::default_zero();
-    for &cores in &args.cores {
-        let tasks = args.tasks_at(cores);
-        eprintln!(
-            "bench: {tasks} no-op tasks on {} x {cores} cores",
-            args.executors
-        );
-        let mut cluster = Cluster::start("throughput", args.journal)?;
-        cluster.add_executors(args.executors, cores)?;
-        let api = connect(&cluster).await?;
-        wait_for_executors(&api, args.executors as u64).await?;
-        memory.driver_idle_mb = rss_mb(cluster.driver.id()).0;
-        memory.executor_idle_mb = rss_mb(cluster.executors[0].id()).0;
-        let started = Instant::now();
-        let summary = tokio::time::timeout(LIMIT, api.run_job(noops(tasks), |_| {})).await??;
-        let seconds = started.elapsed().as_secs_f64();
-        anyhow::ensure!(
-            summary.succeeded == tasks,
-            "the job did not succeed: {summary:?}"
-        );
-        report.throughput.push(Throughput {
-            executors: args.executors,
-            cores,
-            tasks,
-            seconds,
-            tasks_per_s: f64::from(tasks) / seconds,
+    report.journal = args.journal == super::Journal::On;
+    let (throughput, latency) = loop_and_latency(args, report.journal, &mut memory).await?;
+    (report.throughput, report.latency) = (throughput, latency);
+    if report.journal {
+        eprintln!("bench: the same with --journal off");
+        let (throughput, latency) =
+            loop_and_latency(args, false, &mut Memory::default_zero()).await?;
+        report.journal_off = Some(super::Unjournaled {
+            throughput,
+            latency,
         });
-        memory.driver_peak_mb = memory.driver_peak_mb.max(rss_mb(cluster.driver.id()).1);
-        memory.executor_peak_mb = memory
-            .executor_peak_mb
-            .max(rss_mb(cluster.executors[0].id()).1);
-        if cores == 1 {
-            eprintln!("bench: latency, {} single-task jobs", args.latency_jobs);
-            report.latency = Some(latency(&cluster, &api, args.latency_jobs).await?);
-        }
     }
     eprintln!(
         "bench: driver memory with {} executors",
@@ -97,6 +74,53 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
     }
     report.slow_consumers = super::procs::slow_consumers();
     Ok(report)
+}
+
+/// The throughput runs at each core count and the latency run, with or without a journal;
+/// the driver's and an executor's memory go into `memory`.
+async fn loop_and_latency(
+    args: &BenchArgs,
+    journal: bool,
+    memory: &mut Memory,
+) -> anyhow::Result<(Vec<Throughput>, Option<super::Percentiles>)> {
+    let (mut throughput, mut latency_report) = (Vec::new(), None);
+    for &cores in &args.cores {
+        let tasks = args.tasks_at(cores);
+        eprintln!(
+            "bench: {tasks} no-op tasks on {} x {cores} cores (journal {})",
+            args.executors,
+            if journal { "on" } else { "off" }
+        );
+        let mut cluster = Cluster::start("throughput", journal)?;
+        cluster.add_executors(args.executors, cores)?;
+        let api = connect(&cluster).await?;
+        wait_for_executors(&api, args.executors as u64).await?;
+        memory.driver_idle_mb = rss_mb(cluster.driver.id()).0;
+        memory.executor_idle_mb = rss_mb(cluster.executors[0].id()).0;
+        let started = Instant::now();
+        let summary = tokio::time::timeout(LIMIT, api.run_job(noops(tasks), |_| {})).await??;
+        let seconds = started.elapsed().as_secs_f64();
+        anyhow::ensure!(
+            summary.succeeded == tasks,
+            "the job did not succeed: {summary:?}"
+        );
+        throughput.push(Throughput {
+            executors: args.executors,
+            cores,
+            tasks,
+            seconds,
+            tasks_per_s: f64::from(tasks) / seconds,
+        });
+        memory.driver_peak_mb = memory.driver_peak_mb.max(rss_mb(cluster.driver.id()).1);
+        memory.executor_peak_mb = memory
+            .executor_peak_mb
+            .max(rss_mb(cluster.executors[0].id()).1);
+        if cores == 1 {
+            eprintln!("bench: latency, {} single-task jobs", args.latency_jobs);
+            latency_report = Some(latency(&cluster, &api, args.latency_jobs).await?);
+        }
+    }
+    Ok((throughput, latency_report))
 }
 
 impl Memory {
