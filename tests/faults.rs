@@ -640,12 +640,32 @@ async fn executors_register_with_the_next_driver_or_exit_56() {
     assert_eq!(within(LIMIT, stays.wait()).await.unwrap().code(), Some(0));
 }
 
+/// SIGKILLs `driver`, starts the next with `flags`, and waits for its answer about `job_id`:
+/// the next driver, when the first was killed, and the answer.
+async fn replace_driver(
+    cluster: &TestCluster,
+    mut driver: Child,
+    flags: &[&str],
+    api: &ember::client::EmberClient,
+    job_id: u64,
+) -> (Child, Instant, ember::protocol::JobSummary) {
+    signal(&driver, Signal::SIGKILL);
+    let _ = driver.wait().await;
+    let killed_at = Instant::now();
+    let next = cluster.driver_process(flags).spawn().unwrap();
+    let restored = eventually(LIMIT, "the next driver's answer", || async {
+        api.job(job_id).await.ok()
+    })
+    .await;
+    (next, killed_at, restored)
+}
+
 #[tokio::test]
 async fn a_job_survives_a_driver_sigkill_and_completes_on_the_next_driver() {
     let cluster = TestCluster::start_with_jetstream("fault-journal");
     let (ledger, stop) = follow(&cluster).await;
     let driver_flags = ["--executor-timeout", "2s", "--journal", "on"];
-    let mut driver = cluster.driver_process(&driver_flags).spawn().unwrap();
+    let driver = cluster.driver_process(&driver_flags).spawn().unwrap();
     let executors = spawn_executors(&cluster, 3).await;
     let api = cluster.api(cluster.client().await);
     wait_registered(&api, 3).await;
@@ -655,14 +675,8 @@ async fn a_job_survives_a_driver_sigkill_and_completes_on_the_next_driver() {
         (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
     })
     .await;
-    signal(&driver, Signal::SIGKILL);
-    let _ = driver.wait().await;
-    let killed_at = Instant::now();
-    let _next = cluster.driver_process(&driver_flags).spawn().unwrap();
-    let restored = eventually(LIMIT, "the next driver's answer", || async {
-        api.job(job_id).await.ok()
-    })
-    .await;
+    let (_next, killed_at, restored) =
+        replace_driver(&cluster, driver, &driver_flags, &api, job_id).await;
     let up = killed_at.elapsed();
     assert!(restored.succeeded >= 10, "restored: {restored:?}");
     let summary = wait_end(&api, job_id).await;
@@ -749,7 +763,7 @@ async fn a_driver_restored_from_a_snapshot_resumes_the_running_job_and_keeps_wha
         "--snapshot-after",
         "2KiB",
     ];
-    let mut driver = cluster.driver_process(&driver_flags).spawn().unwrap();
+    let driver = cluster.driver_process(&driver_flags).spawn().unwrap();
     let executors = spawn_executors(&cluster, 3).await;
     let api = cluster.api(cluster.client().await);
     wait_registered(&api, 3).await;
@@ -771,14 +785,8 @@ async fn a_driver_restored_from_a_snapshot_resumes_the_running_job_and_keeps_wha
         (state.first_sequence > 1).then_some(state)
     })
     .await;
-    signal(&driver, Signal::SIGKILL);
-    let _ = driver.wait().await;
-    let killed_at = Instant::now();
-    let _next = cluster.driver_process(&driver_flags).spawn().unwrap();
-    let restored = eventually(LIMIT, "the next driver's answer", || async {
-        api.job(job_id).await.ok()
-    })
-    .await;
+    let (_next, killed_at, restored) =
+        replace_driver(&cluster, driver, &driver_flags, &api, job_id).await;
     let up = killed_at.elapsed();
     assert!(restored.succeeded >= 10, "restored: {restored:?}");
     let listed: Vec<u64> = api.jobs().await.unwrap().iter().map(|j| j.job_id).collect();
