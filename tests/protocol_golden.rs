@@ -1966,6 +1966,41 @@ fn journal_records() {
         },
         json!({"type":"TasksEnded","time_ms":1700000000120u64,"tasks":[{"task_id":101,"attempt":0,"executor_id":"exec-1","state":"FINISHED","result":"ok"}]}),
     );
+    // A plain finish is an array; with its result in the bucket, an object that says so.
+    let plain = JournaledTask {
+        task_id: 102,
+        attempt: 1,
+        executor_id: exec("exec-2"),
+        state: TaskState::Finished,
+        result: None,
+        error: None,
+        in_bucket: false,
+    };
+    let in_bucket = JournaledTask {
+        task_id: 103,
+        in_bucket: true,
+        ..plain.clone()
+    };
+    golden(
+        &JournalRecord::TasksEnded {
+            time_ms: 1_700_000_000_130,
+            tasks: vec![plain.clone(), in_bucket],
+        },
+        json!({"type":"TasksEnded","time_ms":1700000000130u64,"tasks":[[102,1,"exec-2"],{"task_id":103,"attempt":1,"executor_id":"exec-2","state":"FINISHED","in_bucket":true}]}),
+    );
+    // The object form of a plain finish reads the same.
+    let object = br#"{"type":"TasksEnded","time_ms":1,"tasks":[{"task_id":102,"attempt":1,"executor_id":"exec-2","state":"FINISHED"}]}"#;
+    assert_eq!(
+        decode::<JournalRecord>(object, usize::MAX).unwrap(),
+        JournalRecord::TasksEnded {
+            time_ms: 1,
+            tasks: vec![plain],
+        }
+    );
+    json_error::<JournalRecord>(
+        br#"{"type":"TasksEnded","time_ms":1,"tasks":[[102,1,"bad id!"]]}"#,
+        &["contains"],
+    );
     golden(
         &JournalRecord::JobEnded {
             job_id: 3,

@@ -1,7 +1,8 @@
-//! Compact wire forms of the entries that come once per task: a status update, and an attempt in
-//! a `TaskStart` or `TaskEnd` event. The common case travels as an array of numbers: a plain
-//! finish (no result, no error) as `[task_id, attempt]` in a status batch and as
-//! `[task_id, index, attempt, duration_ms]` in a `TaskEnd`, and every started attempt as
+//! Compact wire forms of the entries that come once per task: a status update, an attempt in
+//! a `TaskStart` or `TaskEnd` event, and a task's outcome in the journal. The common case
+//! travels as an array: a plain finish (no result, no error) as `[task_id, attempt]` in a
+//! status batch, as `[task_id, index, attempt, duration_ms]` in a `TaskEnd` and as
+//! `[task_id, attempt, executor_id]` in the journal, and every started attempt as
 //! `[task_id, index, attempt]`, as in a launch. Anything else is an object.
 //!
 //! Written as objects, these entries cost 45 to 75 bytes a task, mostly field names; writing and
@@ -9,8 +10,9 @@
 //! wherever an entry is, so a sender may always write objects.
 
 use super::event::{TaskEnded, TaskStarted};
+use super::journal::JournaledTask;
 use super::{StatusUpdate, TaskState};
-use crate::ids::TaskId;
+use crate::ids::{ExecutorId, TaskId};
 use serde::de::{
     self, value::MapAccessDeserializer, DeserializeOwned, Deserializer, Expected, IgnoredAny,
     MapAccess, SeqAccess, Visitor,
@@ -312,6 +314,97 @@ impl Compact for TaskEnded {
             state: TaskState::Finished,
             duration_ms,
             error: None,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outcomes in the journal
+
+impl JournaledTask {
+    /// Whether it goes in the journal as `[task_id, attempt, executor_id]`.
+    fn is_plain_finish(&self) -> bool {
+        self.state == TaskState::Finished
+            && self.result.is_none()
+            && self.error.is_none()
+            && !self.in_bucket
+    }
+}
+
+/// A journaled outcome's object form.
+#[derive(Serialize, Deserialize)]
+struct JournaledObject<I, R, E> {
+    task_id: TaskId,
+    attempt: u32,
+    executor_id: I,
+    state: TaskState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<R>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<E>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    in_bucket: bool,
+}
+
+impl Serialize for JournaledTask {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.is_plain_finish() {
+            return (self.task_id, self.attempt, &self.executor_id).serialize(serializer);
+        }
+        JournaledObject {
+            task_id: self.task_id,
+            attempt: self.attempt,
+            executor_id: &self.executor_id,
+            state: self.state,
+            result: self.result.as_ref(),
+            error: self.error.as_ref(),
+            in_bucket: self.in_bucket,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for JournaledTask {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize(deserializer)
+    }
+}
+
+impl From<JournaledObject<ExecutorId, Value, String>> for JournaledTask {
+    fn from(o: JournaledObject<ExecutorId, Value, String>) -> Self {
+        Self {
+            task_id: o.task_id,
+            attempt: o.attempt,
+            executor_id: o.executor_id,
+            state: o.state,
+            result: o.result,
+            error: o.error,
+            in_bucket: o.in_bucket,
+        }
+    }
+}
+
+impl Compact for JournaledTask {
+    const EXPECTING: &'static str = "a journaled outcome: an object, or \
+                                     [task_id, attempt, executor_id] for a plain finish";
+    type Object = JournaledObject<ExecutorId, Value, String>;
+
+    fn from_array<'de, A: SeqAccess<'de>>(
+        mut seq: A,
+        expected: &dyn Expected,
+    ) -> Result<Self, A::Error> {
+        let task_id = element(&mut seq, 0, expected)?;
+        let attempt = element(&mut seq, 1, expected)?;
+        let executor_id = element(&mut seq, 2, expected)?;
+        end_of_tuple(seq, 3, expected)?;
+        Ok(Self {
+            task_id,
+            attempt,
+            executor_id,
+            state: TaskState::Finished,
+            result: None,
+            error: None,
+            in_bucket: false,
         })
     }
 }

@@ -49,19 +49,18 @@ pub enum JournalRecord {
     },
 }
 
-/// A task's final outcome, as `GetResults` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A task's final outcome, as `GetResults` shows it. A plain finish (`FINISHED`, no result,
+/// no error, nothing in the results bucket) is written `[task_id, attempt, executor_id]`,
+/// anything else as an object (see `compact.rs`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct JournaledTask {
     pub task_id: TaskId,
     pub attempt: u32,
     pub executor_id: ExecutorId,
     pub state: TaskState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Whether the result is in the cluster's results bucket rather than here.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_bucket: bool,
 }
 
