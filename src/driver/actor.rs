@@ -8,7 +8,7 @@ use super::core::{Core, CoreConfig, Effect, Liveness, Retention};
 use super::journal::{Journal, JournalError, JournalMode};
 use super::outbox::{Outbox, Output};
 use super::results::ResultsBucket;
-use super::snapshots::{pack, Schedule, Stored};
+use super::snapshots::{Encoded, Schedule, Stored};
 use crate::connect::{flush, Unsent};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Batch, Event, HeartbeatReply, HeartbeatRequest,
@@ -588,9 +588,11 @@ impl Shell {
             return None;
         }
         schedule.started(now);
-        let (ids, records) = core.snapshot();
+        // Encoded as the core hands the records over, so they are never all held at once.
+        let mut encoded = Encoded::new(self.limit - PAYLOAD_HEADROOM);
+        let ids = core.snapshot_each(|record| encoded.add(record));
         let id = uuid::Uuid::new_v4();
-        let parts = pack(id, now_ms(), ids, records, self.limit - PAYLOAD_HEADROOM);
+        let parts = encoded.pack(id, now_ms(), ids);
         debug!(snapshot = %id, parts = parts.len(), "snapshot taken");
         Some(journal.start_snapshot(parts).await)
     }

@@ -100,18 +100,55 @@ impl Schedule {
 /// `max_bytes`, each the encoding of one [`JournalRecord::SnapshotPart`]. A record too large
 /// for one part is cut in halves first (task outcomes); one that cannot be cut is dropped
 /// with a warning, as any message over `max_payload` is.
-pub fn pack(
+#[cfg(test)]
+fn pack(
     id: Uuid,
     time_ms: u64,
     ids: SnapshotIds,
     records: Vec<JournalRecord>,
     max_bytes: usize,
 ) -> Vec<Bytes> {
-    let room = max_bytes.saturating_sub(PART_HEADER).max(1);
-    let encoded: Vec<Bytes> = records
-        .into_iter()
-        .flat_map(|record| fit(record, room, "a snapshot"))
-        .collect();
+    let mut encoded = Encoded::new(max_bytes);
+    records.into_iter().for_each(|record| encoded.add(record));
+    encoded.pack(id, time_ms, ids)
+}
+
+/// A snapshot's records, encoded as they come, each cut to fit in a part.
+pub struct Encoded {
+    records: Vec<Bytes>,
+    max_bytes: usize,
+}
+
+impl Encoded {
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            records: Vec::new(),
+            max_bytes,
+        }
+    }
+
+    fn room(&self) -> usize {
+        self.max_bytes.saturating_sub(PART_HEADER).max(1)
+    }
+
+    pub fn add(&mut self, record: JournalRecord) {
+        let room = self.room();
+        self.records.extend(fit(record, room, "a snapshot"));
+    }
+
+    /// The parts of snapshot `id`, in order.
+    pub fn pack(self, id: Uuid, time_ms: u64, ids: SnapshotIds) -> Vec<Bytes> {
+        pack_encoded(id, time_ms, ids, &self.records, self.room())
+    }
+}
+
+fn pack_encoded(
+    id: Uuid,
+    time_ms: u64,
+    ids: SnapshotIds,
+    encoded: &[Bytes],
+    room: usize,
+) -> Vec<Bytes> {
     let mut groups: Vec<&[Bytes]> = Vec::new();
     let (mut start, mut size) = (0, 0);
     for (at, record) in encoded.iter().enumerate() {

@@ -46,11 +46,18 @@ impl Core {
     /// the retention limit that wait for their last attempts are left out.
     pub fn snapshot(&self) -> (SnapshotIds, Vec<JournalRecord>) {
         let mut records = Vec::new();
+        let ids = self.snapshot_each(|record| records.push(record));
+        (ids, records)
+    }
+
+    /// The records of [`Core::snapshot`], handed to `emit` one at a time, so a caller that
+    /// encodes them as they come never holds them all.
+    pub fn snapshot_each(&self, mut emit: impl FnMut(JournalRecord)) -> SnapshotIds {
         for job in self.jobs.values() {
             if self.forgetting.contains(&job.id) {
                 continue;
             }
-            records.push(JournalRecord::JobSubmitted {
+            emit(JournalRecord::JobSubmitted {
                 job_id: job.id,
                 first_task: job.first_task,
                 time_ms: job.submitted_at_ms,
@@ -77,26 +84,25 @@ impl Core {
             while settled.peek().is_some() {
                 let tasks: Vec<_> = settled.by_ref().take(SNAPSHOT_TASKS_PER_RECORD).collect();
                 let time_ms = job.ended_at_ms.unwrap_or(job.submitted_at_ms);
-                records.push(JournalRecord::TasksEnded { time_ms, tasks });
+                emit(JournalRecord::TasksEnded { time_ms, tasks });
             }
         }
         for id in &self.ended {
             let job = &self.jobs[id];
-            records.push(JournalRecord::JobEnded {
+            emit(JournalRecord::JobEnded {
                 job_id: job.id,
                 state: job.state,
                 time_ms: job.ended_at_ms.unwrap_or(job.submitted_at_ms),
                 reason: job.reason.clone(),
             });
             if job.results_dropped {
-                records.push(JournalRecord::ResultsDropped { job_id: job.id });
+                emit(JournalRecord::ResultsDropped { job_id: job.id });
             }
         }
-        let ids = SnapshotIds {
+        SnapshotIds {
             next_job: self.next_job,
             next_task: self.next_task,
-        };
-        (ids, records)
+        }
     }
 
     /// Applies part `part` of `parts` of a snapshot; the last part replaces the jobs with the
