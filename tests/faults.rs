@@ -102,6 +102,16 @@ impl Ledger {
         }
     }
 
+    /// That no task was lost, none finished twice and no end came for an attempt never
+    /// started.
+    fn assert_nothing_lost(&self, results: &[ember::protocol::TaskOutcome]) {
+        assert_eq!(
+            self.verdict(results),
+            (0, 0, 0),
+            "lost, duplicated, unexpected"
+        );
+    }
+
     /// (lost, duplicated, unexpected) for a job of `tasks` tasks, from the events and the
     /// driver's results.
     fn verdict(&self, results: &[ember::protocol::TaskOutcome]) -> (usize, usize, u32) {
@@ -199,11 +209,7 @@ async fn sigkill_one_then_three_of_eight_executors_mid_job() {
     assert_eq!(registry.total_cores, 8);
     stop.send(()).unwrap();
     let ledger = ledger.await.unwrap();
-    assert_eq!(
-        ledger.verdict(&results),
-        (0, 0, 0),
-        "lost, duplicated, unexpected"
-    );
+    ledger.assert_nothing_lost(&results);
     assert_eq!(ledger.removed.len(), 4, "{:?}", ledger.removed);
     let mut removed: Vec<&str> = ledger
         .removed
@@ -260,11 +266,7 @@ async fn sigstop_past_the_timeout_then_sigcont() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.send(()).unwrap();
     let ledger = ledger.await.unwrap();
-    assert_eq!(
-        ledger.verdict(&results),
-        (0, 0, 0),
-        "lost, duplicated, unexpected"
-    );
+    ledger.assert_nothing_lost(&results);
     assert_eq!(ledger.removed.len(), 1);
     assert_eq!(
         ledger.added.iter().filter(|id| *id == "x0").count(),
@@ -293,7 +295,7 @@ async fn sigterm_decommissions_an_executor_mid_job() {
     let results = api.results(job_id).await.unwrap();
     stop.send(()).unwrap();
     let ledger = ledger.await.unwrap();
-    assert_eq!(ledger.verdict(&results), (0, 0, 0));
+    ledger.assert_nothing_lost(&results);
     assert_eq!(ledger.removed.len(), 1);
     assert_eq!(
         (ledger.removed[0].0.as_str(), ledger.removed[0].1.as_str()),
@@ -686,12 +688,7 @@ async fn a_job_survives_a_driver_sigkill_and_completes_on_the_next_driver() {
     assert_eq!(results.len(), 40);
     stop.send(()).unwrap();
     let ledger = ledger.await.unwrap();
-    let (lost, duplicated, unexpected) = ledger.verdict(&results);
-    assert_eq!(
-        (lost, duplicated, unexpected),
-        (0, 0, 0),
-        "lost, duplicated, unexpected"
-    );
+    ledger.assert_nothing_lost(&results);
     let resumed = ledger
         .start_times
         .iter()
@@ -807,11 +804,7 @@ async fn a_driver_restored_from_a_snapshot_resumes_the_running_job_and_keeps_wha
     assert_eq!(api.submit(sleepers(1, 1)).await.unwrap(), job_id + 1);
     stop.send(()).unwrap();
     let ledger = ledger.await.unwrap();
-    assert_eq!(
-        ledger.verdict(&results),
-        (0, 0, 0),
-        "lost, duplicated, unexpected"
-    );
+    ledger.assert_nothing_lost(&results);
     eprintln!(
         "snapshot restore: journal held sequences {}..={} ({} records) at the kill; next \
          driver up {up:?}; ledger lost=0 duplicated=0 unexpected=0",

@@ -67,12 +67,17 @@ impl Schedule {
         self.grown += bytes as u64;
     }
 
+    /// Whether the journal has grown enough for a snapshot: a check without the clock, for
+    /// every step of the actor.
+    pub fn grown_enough(&self) -> bool {
+        self.grown >= self.min_growth.max(2 * self.last_size)
+    }
+
     pub fn due(&self, now: Instant) -> bool {
         if self.writing || now < self.not_before {
             return false;
         }
-        let threshold = self.min_growth.max(2 * self.last_size);
-        self.grown >= threshold || now.duration_since(self.last_at) >= self.max_age / 2
+        self.grown_enough() || now.duration_since(self.last_at) >= self.max_age / 2
     }
 
     /// A snapshot is being written from now.

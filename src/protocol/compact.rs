@@ -69,6 +69,14 @@ fn element<'de, A: SeqAccess<'de>, T: Deserialize<'de>>(
         .ok_or_else(|| de::Error::invalid_length(at, expected))
 }
 
+/// The `task_id, attempt` that the plain finishes of a status batch and the journal start with.
+fn finish_head<'de, A: SeqAccess<'de>>(
+    seq: &mut A,
+    expected: &dyn Expected,
+) -> Result<(TaskId, u32), A::Error> {
+    Ok((element(seq, 0, expected)?, element(seq, 1, expected)?))
+}
+
 /// Checks that a tuple of `len` elements, read that far, has no more.
 fn end_of_tuple<'de, A: SeqAccess<'de>>(
     mut seq: A,
@@ -161,8 +169,7 @@ impl Compact for StatusUpdate {
         mut seq: A,
         expected: &dyn Expected,
     ) -> Result<Self, A::Error> {
-        let task_id = element(&mut seq, 0, expected)?;
-        let attempt = element(&mut seq, 1, expected)?;
+        let (task_id, attempt) = finish_head(&mut seq, expected)?;
         end_of_tuple(seq, 2, expected)?;
         Ok(Self::finished(task_id, attempt))
     }
@@ -393,8 +400,7 @@ impl Compact for JournaledTask {
         mut seq: A,
         expected: &dyn Expected,
     ) -> Result<Self, A::Error> {
-        let task_id = element(&mut seq, 0, expected)?;
-        let attempt = element(&mut seq, 1, expected)?;
+        let (task_id, attempt) = finish_head(&mut seq, expected)?;
         let executor_id = element(&mut seq, 2, expected)?;
         end_of_tuple(seq, 3, expected)?;
         Ok(Self {
