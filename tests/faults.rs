@@ -787,10 +787,11 @@ async fn a_driver_restored_from_a_snapshot_resumes_the_running_job_and_keeps_wha
     let up = killed_at.elapsed();
     assert!(restored.succeeded >= 10, "restored: {restored:?}");
     let listed: Vec<u64> = api.jobs().await.unwrap().iter().map(|j| j.job_id).collect();
-    assert_eq!(
-        listed,
-        [3, 4, job_id],
-        "the 2 last finished jobs and the running one"
+    // The 2 last finished jobs and the running one; or, if the running one has finished by
+    // now, it and the one before it.
+    assert!(
+        listed == [3, 4, job_id] || listed == [4, job_id],
+        "listed: {listed:?}"
     );
     let forgotten = api.job(1).await.unwrap_err().to_string();
     assert!(
