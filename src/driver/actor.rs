@@ -128,6 +128,7 @@ pub async fn run(
             else => break,
         };
         shell.emit(&mut outbox, reply, core.take_effects()).await;
+        shell.commit(&mut outbox, false);
         if let Some(write) = shell.snapshot_if_due(&core).await {
             snapshots.push(write);
         }
@@ -343,7 +344,7 @@ impl Shell {
                 warn!(executor = %claimed, %message, "registration refused")
             }
         }
-        Some(Output::Reply(reply, encode(&answer)))
+        Some(Output::ExecutorReply(reply, encode(&answer)))
     }
 
     fn on_status(&self, core: &mut Core, message: Message) -> Option<Output> {
@@ -378,7 +379,7 @@ impl Shell {
                 payload = encode(&answer);
             }
         }
-        Some(Output::Reply(reply, payload))
+        Some(Output::ExecutorReply(reply, payload))
     }
 
     fn on_heartbeat(&self, core: &mut Core, message: Message) -> Option<Output> {
@@ -393,7 +394,7 @@ impl Shell {
                 }
             }
         };
-        Some(Output::Reply(reply, encode(&answer)))
+        Some(Output::ExecutorReply(reply, encode(&answer)))
     }
 
     fn on_api(&self, core: &mut Core, message: Message) -> Option<Output> {
@@ -470,8 +471,9 @@ impl Shell {
         }
     }
 
-    /// Sends what one step produced: its journal records go to the journal first, then its
-    /// answer and effects leave in order, or wait behind the journal writes in flight.
+    /// Sends what one step produced: its journal records join the group gathering for the
+    /// journal, its results go to the bucket, and its answer and effects leave in order, or
+    /// wait behind the writes before them (see the outbox for what need not wait).
     async fn emit(&mut self, outbox: &mut Outbox, reply: Option<Output>, effects: Vec<Effect>) {
         let (writes, effects): (Vec<_>, Vec<_>) = effects.into_iter().partition(Effect::is_write);
         for effect in writes {
@@ -482,8 +484,9 @@ impl Shell {
                     index,
                     result,
                 } => {
-                    if let Some(results) = &self.results {
-                        outbox.write(results.put(job_id, index, encode(&result)));
+                    if let (Some(results), Some(journal)) = (&self.results, &self.journal) {
+                        let put = results.put(job_id, index, encode(&result));
+                        outbox.write(put, |group| journal.store(group));
                     }
                 }
                 _ => {}
@@ -493,7 +496,7 @@ impl Shell {
             .into_iter()
             .chain(effects.into_iter().map(Output::Effect))
         {
-            if outbox.is_clear() {
+            if outbox.may_send(&output) {
                 self.send(output).await;
             } else {
                 outbox.hold(output);
@@ -501,16 +504,32 @@ impl Shell {
         }
     }
 
-    /// Starts storing `record`, in parts that each fit in one message.
+    /// Adds `record` to the group gathering for the journal, in parts that each fit in one
+    /// message.
     fn write(&mut self, outbox: &mut Outbox, record: JournalRecord) {
         let Some(journal) = &self.journal else {
             return;
         };
-        for part in self.fit(record, "journal") {
+        let max_bytes = self.limit - PAYLOAD_HEADROOM;
+        for part in fit(record, max_bytes, "journal") {
             if let Some(schedule) = self.schedule.as_mut() {
                 schedule.wrote(part.len());
             }
-            outbox.write(journal.store(part));
+            outbox.record(&part, max_bytes, |group| journal.store(group));
+        }
+    }
+
+    /// Writes the group gathering for the journal if no write is in flight before it, or
+    /// at once if `now`.
+    fn commit(&self, outbox: &mut Outbox, now: bool) {
+        let Some(journal) = &self.journal else {
+            return;
+        };
+        let store = |group| journal.store(group);
+        if now {
+            outbox.seal(store);
+        } else {
+            outbox.commit(store);
         }
     }
 
@@ -522,7 +541,9 @@ impl Shell {
 
     async fn send(&mut self, output: Output) {
         match output {
-            Output::Reply(reply, payload) => self.answer(reply, payload).await,
+            Output::Reply(reply, payload) | Output::ExecutorReply(reply, payload) => {
+                self.answer(reply, payload).await
+            }
             Output::Effect(Effect::Publish(event)) => {
                 if let Some(event) = self.task_events.absorb(event) {
                     // Any other event follows the task events before it.
@@ -549,6 +570,7 @@ impl Shell {
     /// Sends what waits for the last journal writes (for up to `DRAIN_TIMEOUT`), and the
     /// task events that wait for company.
     async fn drain(&mut self, outbox: &mut Outbox) {
+        self.commit(outbox, true);
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
             while !outbox.is_clear() {
                 let released = outbox.released().await;

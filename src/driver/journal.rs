@@ -177,11 +177,14 @@ impl Journal {
             let message = message.map_err(|e| read_error(&e))?;
             sequence = message.info().map_err(|e| read_error(&e))?.stream_sequence;
             bytes += message.payload.len() as u64;
-            let outcome = decode::<JournalRecord>(&message.payload, limit)
-                .map_err(|e| e.to_string())
-                .and_then(|record| core.replay(record).map_err(|e| e.to_string()));
-            if let Err(error) = outcome {
-                warn!(sequence, %error, "journal record skipped");
+            // A message holds a group of records, one per line.
+            for line in message.payload.split(|&b| b == b'\n') {
+                let outcome = decode::<JournalRecord>(line, limit)
+                    .map_err(|e| e.to_string())
+                    .and_then(|record| core.replay(record).map_err(|e| e.to_string()));
+                if let Err(error) = outcome {
+                    warn!(sequence, %error, "journal record skipped");
+                }
             }
         }
         Ok(bytes)
@@ -249,39 +252,50 @@ impl Journal {
 }
 
 /// Publishes `payload` on `subject` into JetStream, trying again until the server
-/// acknowledges it: what waits behind it must not leave before it is stored.
+/// acknowledges it: what waits behind it must not leave before it is stored. The write runs
+/// as a task of its own, started at once (writes started in turn are sent in turn), rather
+/// than when the returned future is first polled.
 pub fn store(
     context: jetstream::Context,
     subject: String,
     payload: bytes::Bytes,
 ) -> BoxFuture<'static, ()> {
+    let write = tokio::spawn(store_until_stored(context, subject, payload));
     Box::pin(async move {
-        let mut delay = Duration::from_millis(50);
-        let (first, mut attempts) = (std::time::Instant::now(), 0u32);
-        loop {
-            let stored = match context.publish(subject.clone(), payload.clone()).await {
-                Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            attempts += 1;
-            match stored {
-                Ok(()) => {
-                    if attempts > 1 {
-                        info!(attempts, after = ?first.elapsed(), "JetStream write stored");
-                    }
-                    return;
-                }
-                Err(error) => warn!(
-                    %error,
-                    attempts,
-                    failing_for = ?first.elapsed(),
-                    retry_in = ?delay,
-                    "JetStream write failed; the answers and events that follow it wait until \
-                     it is stored (is JetStream up?)"
-                ),
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(MAX_RETRY_DELAY);
+        if let Err(error) = write.await {
+            // Only a panic gets here (the task is never cancelled): a defect, logged as one;
+            // what waits on the write goes on rather than waiting for ever.
+            tracing::error!(%error, "a JetStream write's task ended without storing it");
         }
     })
+}
+
+async fn store_until_stored(context: jetstream::Context, subject: String, payload: bytes::Bytes) {
+    let mut delay = Duration::from_millis(50);
+    let (first, mut attempts) = (std::time::Instant::now(), 0u32);
+    loop {
+        let stored = match context.publish(subject.clone(), payload.clone()).await {
+            Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        attempts += 1;
+        match stored {
+            Ok(()) => {
+                if attempts > 1 {
+                    info!(attempts, after = ?first.elapsed(), "JetStream write stored");
+                }
+                return;
+            }
+            Err(error) => warn!(
+                %error,
+                attempts,
+                failing_for = ?first.elapsed(),
+                retry_in = ?delay,
+                "JetStream write failed; the answers and events that follow it wait until \
+                 it is stored (is JetStream up?)"
+            ),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(MAX_RETRY_DELAY);
+    }
 }

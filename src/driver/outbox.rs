@@ -1,8 +1,19 @@
-//! What the driver sends, held behind journal writes. A step's journal records are stored
-//! first; everything after a record that is not yet stored (this step's answer, events and
-//! messages, and those of later steps) waits, in order, and leaves when the write is
-//! acknowledged. Writes are pipelined: the actor keeps handling messages while they are in
-//! flight, and a slow write delays only what follows it.
+//! What the driver sends, held behind journal writes. What a record makes true is told to no
+//! one before the record is stored: a step's answers to clients and its events wait, in order,
+//! behind the writes before them, and leave when those are acknowledged.
+//!
+//! What goes to executors (status acknowledgements, launches, kills, heartbeat and
+//! registration answers) need not wait: an executor is told nothing by them that a restarted
+//! driver would have to remember. Should the driver die before a record is stored, the next
+//! driver has another instance id, and an executor that registers with it drops the old
+//! driver's attempts and statuses whether they were acknowledged or not, so the tasks run
+//! again either way. Such messages leave at once, unless one is already waiting (they keep
+//! their order) or too much waits behind the journal: then they wait too, and the executors,
+//! getting no new tasks, slow down to what the journal stores.
+//!
+//! Records are stored in groups (group commit): while a group write is in flight, the records
+//! of the steps that follow gather into the next group, which is written, one message of
+//! records one per line, as soon as the write before it is stored (or once it is full).
 
 use super::core::Effect;
 use futures::future::BoxFuture;
@@ -10,10 +21,20 @@ use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use std::collections::VecDeque;
 
+/// How many group writes may be in flight before the next group waits for one to be stored.
+/// One: the records of the steps that follow gather into the next group meanwhile, so the
+/// journal costs the broker one write per round trip of its own, however fast the loop runs.
+const GROUPS_IN_FLIGHT: usize = 1;
+
+/// How many outputs may wait behind the journal before executors' messages wait too.
+const MAX_HELD: usize = 8192;
+
 /// One thing to send.
 pub enum Output {
-    /// The answer to a request: (reply subject, payload).
+    /// The answer to a client's request: (reply subject, payload).
     Reply(async_nats::Subject, bytes::Bytes),
+    /// The answer to an executor's request: (reply subject, payload).
+    ExecutorReply(async_nats::Subject, bytes::Bytes),
     /// An event or an executor's message.
     Effect(Effect),
     /// A page of results to read from the results bucket (`indices`) before it is sent.
@@ -22,6 +43,16 @@ pub enum Output {
         page: crate::protocol::ResultsPage,
         indices: Vec<u32>,
     },
+}
+
+impl Output {
+    /// Whether it goes to an executor, and so need not wait for the journal.
+    fn is_for_executor(&self) -> bool {
+        matches!(
+            self,
+            Output::ExecutorReply(..) | Output::Effect(Effect::Send { .. })
+        )
+    }
 }
 
 enum Held {
@@ -34,23 +65,88 @@ enum Held {
 #[derive(Default)]
 pub struct Outbox {
     held: VecDeque<Held>,
+    /// Executors' messages among the held outputs.
+    held_for_executors: usize,
+    /// Outputs among `held`.
+    held_outputs: usize,
     writes: FuturesOrdered<BoxFuture<'static, ()>>,
+    /// The records gathering for the next group write, one per line, if any; its place in the
+    /// order is the last `Held::Write`, which has no write in `writes` yet.
+    group: Option<Vec<u8>>,
 }
 
 impl Outbox {
-    /// Whether no write is in flight, so an output may leave at once.
+    /// Whether no write is in flight or gathering, so any output may leave at once.
     pub fn is_clear(&self) -> bool {
-        self.writes.is_empty()
+        self.writes.is_empty() && self.group.is_none()
     }
 
-    /// Queues a journal write; every output queued after it waits for it.
-    pub fn write(&mut self, write: BoxFuture<'static, ()>) {
+    /// Whether `output` may leave now rather than wait its turn.
+    pub fn may_send(&self, output: &Output) -> bool {
+        self.is_clear()
+            || (output.is_for_executor()
+                && self.held_for_executors == 0
+                && self.held_outputs < MAX_HELD)
+    }
+
+    /// Queues a write that is not a journal record (a result for the results bucket): every
+    /// output queued after it waits for it. The group gathering is written first, to keep the
+    /// writes in their order.
+    pub fn write(
+        &mut self,
+        write: BoxFuture<'static, ()>,
+        store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>,
+    ) {
+        self.seal(store);
         self.held.push_back(Held::Write);
         self.writes.push_back(write);
     }
 
+    /// Adds one encoded journal record (at most `max_bytes`) to the group gathering; a group
+    /// it would make larger than `max_bytes` is written first.
+    pub fn record(
+        &mut self,
+        record: &[u8],
+        max_bytes: usize,
+        store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>,
+    ) {
+        if self
+            .group
+            .as_ref()
+            .is_some_and(|group| group.len() + 1 + record.len() > max_bytes)
+        {
+            self.seal(store);
+        }
+        match &mut self.group {
+            Some(group) => {
+                group.push(b'\n');
+                group.extend_from_slice(record);
+            }
+            None => {
+                self.held.push_back(Held::Write);
+                self.group = Some(record.to_vec());
+            }
+        }
+    }
+
+    /// Writes the group gathering, if there is one and the writes in flight leave room for it.
+    pub fn commit(&mut self, store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>) {
+        if self.writes.len() < GROUPS_IN_FLIGHT {
+            self.seal(store);
+        }
+    }
+
+    /// Writes the group gathering now, if there is one.
+    pub fn seal(&mut self, store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>) {
+        if let Some(group) = self.group.take() {
+            self.writes.push_back(store(group.into()));
+        }
+    }
+
     /// Queues an output behind the writes in flight.
     pub fn hold(&mut self, output: Output) {
+        self.held_outputs += 1;
+        self.held_for_executors += usize::from(output.is_for_executor());
         self.held.push_back(Held::Output(output));
     }
 
@@ -65,6 +161,8 @@ impl Outbox {
         let mut released = Vec::new();
         while let Some(Held::Output(_)) = self.held.front() {
             if let Some(Held::Output(output)) = self.held.pop_front() {
+                self.held_outputs -= 1;
+                self.held_for_executors -= usize::from(output.is_for_executor());
                 released.push(output);
             }
         }
@@ -75,7 +173,9 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Event, JobState};
+    use crate::ids::ExecutorId;
+    use crate::protocol::{Event, ExecutorMessage, JobState};
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
     use tokio::sync::oneshot;
 
@@ -83,11 +183,29 @@ mod tests {
         Output::Reply(format!("r{n}").into(), bytes::Bytes::new())
     }
 
+    fn to_executor(n: u8) -> Output {
+        Output::ExecutorReply(format!("x{n}").into(), bytes::Bytes::new())
+    }
+
+    fn job_end() -> Output {
+        Output::Effect(Effect::Publish(Event::JobEnd {
+            time_ms: 0,
+            job_id: 1,
+            state: JobState::Succeeded,
+            succeeded: 1,
+            failed: 0,
+            killed: 0,
+            reason: None,
+        }))
+    }
+
     fn names(outputs: &[Output]) -> Vec<String> {
         outputs
             .iter()
             .map(|o| match o {
-                Output::Reply(subject, _) => subject.to_string(),
+                Output::Reply(subject, _) | Output::ExecutorReply(subject, _) => {
+                    subject.to_string()
+                }
                 Output::Effect(_) => "effect".into(),
                 Output::Results { .. } => "results".into(),
             })
@@ -99,24 +217,44 @@ mod tests {
         (open, Box::pin(async move { opened.await.unwrap() }))
     }
 
+    /// A journal that records each group it is given and stores it when its gate opens.
+    #[derive(Default, Clone)]
+    struct Journal {
+        groups: Arc<Mutex<Vec<(bytes::Bytes, Option<oneshot::Sender<()>>)>>>,
+    }
+
+    impl Journal {
+        fn store(&self) -> impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()> + '_ {
+            |group| {
+                let (open, write) = gate();
+                self.groups.lock().unwrap().push((group, Some(open)));
+                write
+            }
+        }
+
+        fn groups(&self) -> Vec<String> {
+            let groups = self.groups.lock().unwrap();
+            let text = |g: &bytes::Bytes| String::from_utf8(g.to_vec()).unwrap();
+            groups.iter().map(|(g, _)| text(g)).collect()
+        }
+
+        fn open(&self, n: usize) {
+            let open = self.groups.lock().unwrap()[n].1.take();
+            open.unwrap().send(()).unwrap();
+        }
+    }
+
     #[tokio::test]
     async fn outputs_leave_in_order_as_the_writes_before_them_are_stored() {
         let mut outbox = Outbox::default();
+        let journal = Journal::default();
         let (first, write) = gate();
-        outbox.write(write);
+        outbox.write(write, journal.store());
         outbox.hold(reply(1));
         let (second, write) = gate();
-        outbox.write(write);
+        outbox.write(write, journal.store());
         outbox.hold(reply(2));
-        outbox.hold(Output::Effect(Effect::Publish(Event::JobEnd {
-            time_ms: 0,
-            job_id: 1,
-            state: JobState::Succeeded,
-            succeeded: 1,
-            failed: 0,
-            killed: 0,
-            reason: None,
-        })));
+        outbox.hold(job_end());
         // The second write is stored first: nothing may leave before the first is.
         second.send(()).unwrap();
         let early = tokio::time::timeout(Duration::from_millis(50), outbox.released()).await;
@@ -125,6 +263,108 @@ mod tests {
         assert_eq!(names(&outbox.released().await), ["r1"]);
         assert_eq!(names(&outbox.released().await), ["r2", "effect"]);
         assert!(outbox.is_clear());
+        assert!(journal.groups().is_empty(), "no records, no group");
+    }
+
+    #[tokio::test]
+    async fn records_gather_into_one_group_while_a_write_is_in_flight() {
+        let mut outbox = Outbox::default();
+        let journal = Journal::default();
+        outbox.record(b"a", 100, journal.store());
+        outbox.commit(journal.store());
+        outbox.hold(reply(1));
+        // The first group is in flight: these gather into the next.
+        outbox.record(b"b", 100, journal.store());
+        outbox.hold(reply(2));
+        outbox.record(b"c", 100, journal.store());
+        outbox.commit(journal.store());
+        outbox.hold(reply(3));
+        assert_eq!(journal.groups(), ["a"]);
+        journal.open(0);
+        assert_eq!(names(&outbox.released().await), ["r1"]);
+        // Room again: the gathered group goes as one write, and both replies wait for it.
+        outbox.commit(journal.store());
+        assert_eq!(journal.groups(), ["a", "b\nc"]);
+        journal.open(1);
+        assert_eq!(names(&outbox.released().await), ["r2", "r3"]);
+        assert!(outbox.is_clear());
+    }
+
+    #[tokio::test]
+    async fn a_full_group_is_written_at_once_and_the_record_starts_the_next() {
+        let mut outbox = Outbox::default();
+        let journal = Journal::default();
+        outbox.record(b"aaaa", 9, journal.store());
+        outbox.record(b"bbbb", 9, journal.store());
+        assert_eq!(
+            journal.groups(),
+            Vec::<String>::new(),
+            "4 + 1 + 4 fits in 9"
+        );
+        outbox.record(b"cccc", 9, journal.store());
+        assert_eq!(journal.groups(), ["aaaa\nbbbb"]);
+        outbox.seal(journal.store());
+        assert_eq!(journal.groups(), ["aaaa\nbbbb", "cccc"]);
+    }
+
+    #[tokio::test]
+    async fn a_result_write_sends_the_gathering_group_first_to_keep_the_order() {
+        let mut outbox = Outbox::default();
+        let journal = Journal::default();
+        outbox.record(b"a", 100, journal.store());
+        outbox.hold(reply(1));
+        let (result, write) = gate();
+        outbox.write(write, journal.store());
+        outbox.hold(reply(2));
+        assert_eq!(journal.groups(), ["a"]);
+        result.send(()).unwrap();
+        journal.open(0);
+        assert_eq!(names(&outbox.released().await), ["r1"]);
+        assert_eq!(names(&outbox.released().await), ["r2"]);
+    }
+
+    #[tokio::test]
+    async fn executors_messages_pass_the_journal_until_one_has_to_wait() {
+        let mut outbox = Outbox::default();
+        let journal = Journal::default();
+        let launch = || {
+            Output::Effect(Effect::Send {
+                to: ExecutorId::parse("e1").unwrap(),
+                message: ExecutorMessage::StopExecutor { reason: "r".into() },
+            })
+        };
+        assert!(
+            outbox.may_send(&reply(0)),
+            "nothing in flight: anything leaves"
+        );
+        outbox.record(b"a", 100, journal.store());
+        outbox.commit(journal.store());
+        assert!(
+            !outbox.may_send(&reply(1)),
+            "a client's answer waits for the record"
+        );
+        assert!(!outbox.may_send(&job_end()), "so does an event");
+        assert!(outbox.may_send(&to_executor(1)));
+        assert!(outbox.may_send(&launch()));
+        // Once too much waits, an executor's message waits too, and those after it keep its
+        // order even when the queue is short again.
+        for _ in 0..MAX_HELD {
+            outbox.hold(job_end());
+        }
+        assert!(!outbox.may_send(&to_executor(2)));
+        outbox.hold(to_executor(2));
+        journal.open(0);
+        assert_eq!(outbox.released().await.len(), MAX_HELD + 1);
+        outbox.record(b"b", 100, journal.store());
+        outbox.commit(journal.store());
+        outbox.hold(to_executor(3));
+        assert!(
+            !outbox.may_send(&to_executor(4)),
+            "one is waiting: it keeps its place"
+        );
+        journal.open(1);
+        assert_eq!(names(&outbox.released().await), ["x3"]);
+        assert!(outbox.may_send(&to_executor(5)));
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
 //! The results bucket: a JetStream key-value bucket of the cluster (`EMBER_<cluster>_RESULTS`)
 //! that holds task results instead of the driver's memory, each under `<job_id>.<index>`, for
-//! `--results-max-age` and up to `--results-max-bytes` (the oldest go first). The driver writes
-//! a result before it acknowledges the status that brought it, as it does journal records,
-//! and reads a page's results back when `GetResults` asks.
+//! `--results-max-age` and up to `--results-max-bytes` (the oldest go first). The driver
+//! stores a result before it publishes the task's end, as it does journal records, and reads
+//! a page's results back when `GetResults` asks.
 
 use super::journal::{store, JournalError};
 use crate::ids::JobId;
