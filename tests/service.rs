@@ -1,7 +1,8 @@
 //! A driver as a long-lived service, on a real nats-server: results live in the cluster's
 //! results bucket and come back byte for byte from the next driver; without JetStream, results
 //! are bounded and the oldest finished jobs lose theirs first, saying so; retention forgets
-//! old jobs and says so.
+//! old jobs and says so; while the journal cannot store, executors work on but no client or
+//! listener is told anything until it is stored.
 
 mod common;
 
@@ -143,4 +144,110 @@ async fn a_full_results_bucket_drops_its_oldest_results_and_a_reader_is_told() {
     }
     let new = api.results(second.job_id).await.unwrap();
     assert!(new.iter().all(|r| r.result.as_ref() == Some(&value)));
+}
+
+/// The journal's records, in order, read back from its stream (one or more per message).
+async fn journal_records(cluster: &TestCluster) -> Vec<ember::protocol::JournalRecord> {
+    let jetstream = async_nats::jetstream::new(cluster.client().await);
+    let mut stream = jetstream
+        .get_stream(cluster.subjects.journal_stream())
+        .await
+        .unwrap();
+    let state = stream.info().await.unwrap().state.clone();
+    let mut records = Vec::new();
+    for sequence in state.first_sequence..=state.last_sequence {
+        let Ok(message) = stream.get_raw_message(sequence).await else {
+            continue;
+        };
+        for line in message.payload.split(|&b| b == b'\n') {
+            records.push(ember::protocol::decode(line, usize::MAX).unwrap());
+        }
+    }
+    records
+}
+
+#[tokio::test]
+async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_listener_is_told() {
+    use ember::protocol::{decode, encode, ApiReply, ApiRequest, JournalRecord};
+    use futures::StreamExt;
+    let cluster = TestCluster::start_with_jetstream("journal-outage");
+    let _driver = cluster.driver().await;
+    let _executor = cluster.executor("e1", 1, Handlers::builtin()).await;
+    let client = cluster.client().await;
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let journal = cluster.subjects.journal_stream();
+    let config = jetstream
+        .get_stream(&journal)
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    let mut events = cluster.listen(cluster.subjects.events_all()).await;
+    // Writes to the journal now find no stream, and are retried until one is back.
+    jetstream.delete_stream(&journal).await.unwrap();
+
+    let marker = std::env::temp_dir().join(format!("ember-outage-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let job = SubmitJob {
+        name: "outage".into(),
+        tasks: vec![common::sh(&format!("touch {}", marker.display()))],
+        repeat: 1,
+        max_failures: 1,
+        cpus_per_task: 1,
+    };
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply(
+            cluster.subjects.api(),
+            inbox,
+            encode(&ApiRequest::SubmitJob(job)),
+        )
+        .await
+        .unwrap();
+    // The launch does not wait for the job's record: the task runs.
+    common::eventually(LIMIT, "the task to run", || async {
+        marker.exists().then_some(())
+    })
+    .await;
+    // But the client is not told its job was accepted, nor a listener that anything happened,
+    // while nothing of it is stored.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let told = tokio::time::timeout(Duration::from_millis(1), answers.next()).await;
+    assert!(
+        told.is_err(),
+        "JobAccepted came before its record was stored"
+    );
+    let heard = tokio::time::timeout(Duration::from_millis(1), events.next()).await;
+    assert!(
+        heard.is_err(),
+        "an event came before the records before it were stored: {heard:?}"
+    );
+
+    jetstream.create_stream(config).await.unwrap();
+    let answer = within(LIMIT, answers.next()).await.unwrap();
+    let ApiReply::JobAccepted { job_id } = decode(&answer.payload, usize::MAX).unwrap() else {
+        panic!("not JobAccepted: {:?}", answer.payload)
+    };
+    let api = cluster.api(client.clone());
+    let ended = common::eventually(LIMIT, "the job to end", || async {
+        let job = api.job(job_id).await.ok()?;
+        (job.state != JobState::Running).then_some(job)
+    })
+    .await;
+    assert_eq!(ended.state, JobState::Succeeded);
+    let _ = std::fs::remove_file(&marker);
+    // Everything that was told is in the journal.
+    let records = journal_records(&cluster).await;
+    let submitted = records
+        .iter()
+        .any(|r| matches!(r, JournalRecord::JobSubmitted { job_id: id, .. } if *id == job_id));
+    let task_ended = records
+        .iter()
+        .any(|r| matches!(r, JournalRecord::TasksEnded { tasks, .. } if tasks.len() == 1));
+    let job_ended = records.iter().any(
+        |r| matches!(r, JournalRecord::JobEnded { job_id: id, state: JobState::Succeeded, .. } if *id == job_id),
+    );
+    assert!(submitted && task_ended && job_ended, "{records:?}");
 }
