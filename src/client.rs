@@ -4,7 +4,7 @@
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Event, ExecutorsSnapshot, JobState, JobSummary,
-    SubmitJob, TaskOutcome,
+    ResultChunks, SubmitJob, TaskOutcome,
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
@@ -171,7 +171,8 @@ impl EmberClient {
         }
     }
 
-    /// Every task's outcome, in index order, fetched page by page.
+    /// Every task's outcome, in index order, fetched page by page; a result stored in chunks
+    /// is read a chunk at a time and put back together.
     pub async fn results(&self, job_id: JobId) -> Result<Vec<TaskOutcome>, ClientError> {
         let mut all = Vec::new();
         let mut offset = 0;
@@ -184,12 +185,56 @@ impl EmberClient {
             let ApiReply::Results(page) = self.call(&request).await? else {
                 return Err(ClientError::Unexpected("not a page of results".into()));
             };
-            all.extend(page.results);
+            for mut outcome in page.results {
+                if let Some(chunks) = outcome.result_chunks {
+                    match self.chunked_result(job_id, outcome.index, chunks).await {
+                        Ok(result) => outcome.result = Some(result),
+                        // One result out of reach (expired from the bucket, say) says so in
+                        // its outcome rather than failing the whole read.
+                        Err(error) => outcome.error = Some(error.to_string()),
+                    }
+                }
+                all.push(outcome);
+            }
             match page.next_offset {
                 Some(next) if next > offset => offset = next,
                 _ => return Ok(all),
             }
         }
+    }
+
+    /// Task `index`'s result, read a chunk at a time (`GetResultChunk`) and decoded.
+    pub async fn chunked_result(
+        &self,
+        job_id: JobId,
+        index: u32,
+        chunks: ResultChunks,
+    ) -> Result<serde_json::Value, ClientError> {
+        use base64::Engine as _;
+        let mut json = Vec::with_capacity(usize::try_from(chunks.bytes).unwrap_or(0));
+        for chunk in 0..chunks.count {
+            let request = ApiRequest::GetResultChunk {
+                job_id,
+                index,
+                chunk,
+            };
+            let ApiReply::ResultChunk { data, .. } = self.call(&request).await? else {
+                return Err(ClientError::Unexpected("not a chunk of a result".into()));
+            };
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .map_err(|e| ClientError::Unexpected(format!("a chunk not in base64: {e}")))?;
+            json.extend_from_slice(&bytes);
+        }
+        if json.len() as u64 != chunks.bytes {
+            return Err(ClientError::Unexpected(format!(
+                "the result's chunks hold {} bytes, not the {} its outcome gives",
+                json.len(),
+                chunks.bytes
+            )));
+        }
+        serde_json::from_slice(&json)
+            .map_err(|e| ClientError::Unexpected(format!("the result's chunks are not JSON: {e}")))
     }
 
     /// Submits a job and waits for its end, calling `progress` with each summary seen.

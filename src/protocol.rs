@@ -179,6 +179,13 @@ pub enum ApiRequest {
         #[serde(default = "default_page")]
         limit: u32,
     },
+    /// Chunk `chunk` (from 0) of task `index`'s result, one its outcome gave as
+    /// `result_chunks`.
+    GetResultChunk {
+        job_id: JobId,
+        index: u32,
+        chunk: u32,
+    },
     /// Decommission one executor.
     StopExecutor {
         executor_id: ExecutorId,
@@ -243,6 +250,15 @@ pub enum ApiReply {
         job: JobSummary,
     },
     Results(ResultsPage),
+    /// Chunk `chunk` of `chunks` of a task's result: `data` is its bytes in base64 (standard
+    /// alphabet, padded); the chunks joined in order are the result's JSON text.
+    ResultChunk {
+        job_id: JobId,
+        index: u32,
+        chunk: u32,
+        chunks: u32,
+        data: String,
+    },
     /// How many executors were told to stop.
     Stopping {
         executors: u32,
@@ -311,6 +327,10 @@ pub struct TaskOutcome {
     pub result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Instead of `result`: a result too large for one message, to be read a chunk at a time
+    /// with `GetResultChunk`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_chunks: Option<ResultChunks>,
 }
 
 /// What the driver sends to `<p>.executor.<id>`.
@@ -377,6 +397,17 @@ pub struct StatusUpdate {
     pub state: TaskState,
     pub result: Option<Value>,
     pub error: Option<String>,
+    /// Instead of `result`: the result was too large for one message, and the executor
+    /// stored it in the results bucket in chunks.
+    pub result_chunks: Option<ResultChunks>,
+}
+
+/// A result stored in the results bucket in chunks, because it would not fit in one message:
+/// the JSON text of the result, cut into `count` pieces, `bytes` in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultChunks {
+    pub count: u32,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -88,6 +88,17 @@ impl Subjects {
         format!("EMBER_{cluster}_RESULTS")
     }
 
+    /// The subject that stores `key` in the results bucket.
+    pub fn results_key(&self, key: &str) -> String {
+        format!("$KV.{}.{key}", self.results_bucket())
+    }
+
+    /// What an executor may write into the results bucket: the chunks of its own tasks'
+    /// results, under `chunks.<executor_id>.`.
+    pub fn result_chunks_of(&self, id: &ExecutorId) -> String {
+        self.results_key(&format!("chunks.{id}.>"))
+    }
+
     /// The name of the JetStream stream that holds the journal: `EMBER_<cluster>_JOURNAL`
     /// (stream names may not contain dots).
     pub fn journal_stream(&self) -> String {
@@ -169,4 +180,10 @@ mod tests {
             "e1"
         ));
     }
+}
+
+/// The key in the results bucket of chunk `chunk` (from 0) of the result of `attempt` of task
+/// `task_id`, which executor `executor` ran: `chunks.<executor>.<task_id>.<attempt>.<chunk>`.
+pub fn result_chunk_key(executor: &ExecutorId, task_id: u64, attempt: u32, chunk: u32) -> String {
+    format!("chunks.{executor}.{task_id}.{attempt}.{chunk}")
 }

@@ -310,6 +310,7 @@ async fn a_status_from_the_wrong_executor_is_refused() {
             state: TaskState::Finished,
             result: Some(json!("forged")),
             error: None,
+            result_chunks: None,
         }],
         driver_instance: None,
     };

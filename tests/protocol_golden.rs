@@ -982,6 +982,71 @@ fn api_get_results() {
     );
 }
 
+/// A result too large for one message: its outcome says where its chunks are, and each
+/// chunk comes back in base64.
+#[test]
+fn results_in_chunks() {
+    let chunks = ResultChunks {
+        count: 3,
+        bytes: 2_500_000,
+    };
+    golden(
+        &StatusUpdate {
+            task_id: 42,
+            attempt: 0,
+            state: TaskState::Finished,
+            result: None,
+            error: None,
+            result_chunks: Some(chunks),
+        },
+        json!({"task_id": 42, "attempt": 0, "state": "FINISHED", "result_chunks": {"count": 3, "bytes": 2500000}}),
+    );
+    golden(
+        &TaskOutcome {
+            index: 0,
+            task_id: 42,
+            state: TaskState::Finished,
+            attempts: 1,
+            executor_id: Some(exec("exec-1")),
+            result: None,
+            error: None,
+            result_chunks: Some(chunks),
+        },
+        json!({"index": 0, "task_id": 42, "state": "FINISHED", "attempts": 1, "executor_id": "exec-1", "result_chunks": {"count": 3, "bytes": 2500000}}),
+    );
+    golden(
+        &ApiRequest::GetResultChunk {
+            job_id: 7,
+            index: 0,
+            chunk: 2,
+        },
+        json!({"type": "GetResultChunk", "job_id": 7, "index": 0, "chunk": 2}),
+    );
+    golden(
+        &ApiReply::ResultChunk {
+            job_id: 7,
+            index: 0,
+            chunk: 2,
+            chunks: 3,
+            data: "ImhpIg==".into(),
+        },
+        json!({"type": "ResultChunk", "job_id": 7, "index": 0, "chunk": 2, "chunks": 3, "data": "ImhpIg=="}),
+    );
+    golden(
+        &JournaledTask {
+            task_id: 104,
+            attempt: 0,
+            executor_id: exec("exec-1"),
+            state: TaskState::Finished,
+            result: None,
+            error: None,
+            in_bucket: false,
+            result_chunks: Some(chunks),
+        },
+        json!({"task_id": 104, "attempt": 0, "executor_id": "exec-1", "state": "FINISHED", "result_chunks": {"count": 3, "bytes": 2500000}}),
+    );
+}
+
 #[test]
 fn api_reply_executors() {
     golden(
@@ -1161,6 +1226,7 @@ fn api_reply_results() {
                 executor_id: Some(exec("exec-1")),
                 result: Some(json!({"exit_code": 0, "stdout": "0\n", "stderr": ""})),
                 error: None,
+                result_chunks: None,
             },
             TaskOutcome {
                 index: 1,
@@ -1170,6 +1236,7 @@ fn api_reply_results() {
                 executor_id: Some(exec("exec-2")),
                 result: None,
                 error: Some("boom".into()),
+                result_chunks: None,
             },
             TaskOutcome {
                 index: 2,
@@ -1179,6 +1246,7 @@ fn api_reply_results() {
                 executor_id: None,
                 result: None,
                 error: None,
+                result_chunks: None,
             },
         ],
         next_offset: Some(3),
@@ -1673,6 +1741,7 @@ fn status_updates() {
                 state: TaskState::Running,
                 result: None,
                 error: None,
+                result_chunks: None,
             },
             StatusUpdate {
                 task_id: 42,
@@ -1680,6 +1749,7 @@ fn status_updates() {
                 state: TaskState::Finished,
                 result: Some(json!("hi")),
                 error: None,
+                result_chunks: None,
             },
             StatusUpdate {
                 task_id: 43,
@@ -1687,6 +1757,7 @@ fn status_updates() {
                 state: TaskState::Failed,
                 result: Some(json!({"exit_code": 3, "stdout": "", "stderr": "bad\n"})),
                 error: Some("exited with code 3: bad".into()),
+                result_chunks: None,
             },
         ],
         driver_instance: Some(driver_instance()),
@@ -1718,6 +1789,7 @@ fn status_updates() {
         state: TaskState::Finished,
         result: None,
         error: None,
+        result_chunks: None,
     };
     golden(
         &StatusRequest::StatusUpdates {
@@ -1746,6 +1818,7 @@ fn status_updates() {
                 state: TaskState::Killed,
                 result: None,
                 error: None,
+                result_chunks: None,
             }],
             driver_instance: None,
         },
@@ -1962,6 +2035,7 @@ fn journal_records() {
                 result: Some(json!("ok")),
                 error: None,
                 in_bucket: false,
+                result_chunks: None,
             }],
         },
         json!({"type":"TasksEnded","time_ms":1700000000120u64,"tasks":[{"task_id":101,"attempt":0,"executor_id":"exec-1","state":"FINISHED","result":"ok"}]}),
@@ -1975,6 +2049,7 @@ fn journal_records() {
         result: None,
         error: None,
         in_bucket: false,
+        result_chunks: None,
     };
     let in_bucket = JournaledTask {
         task_id: 103,

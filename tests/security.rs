@@ -171,10 +171,14 @@ impl Secure {
     }
 
     async fn start_executor(&self, name: &str) -> Stoppable {
+        self.start_executor_with(name, Handlers::builtin()).await
+    }
+
+    async fn start_executor_with(&self, name: &str, handlers: Handlers) -> Stoppable {
         let client = self.login(name).await;
         let config = self.cluster.executor_config(name, 2);
         Stoppable::spawn(|stop| async move {
-            let _ = executor::run(client, config, Handlers::builtin(), stop).await;
+            let _ = executor::run(client, config, handlers, stop).await;
         })
     }
 
@@ -341,6 +345,7 @@ fn status_as(claimed: &str) -> bytes::Bytes {
             state: TaskState::Finished,
             result: None,
             error: None,
+            result_chunks: None,
         }],
         driver_instance: None,
     })
@@ -731,24 +736,48 @@ async fn the_driver_journals_with_least_privilege_and_no_one_else_can_write_the_
     let driver = secure
         .start_driver_with(ember::driver::JournalMode::On)
         .await;
-    let exec1 = secure.start_executor("exec-1").await;
+    // A result too large for one message: the executor stores it in chunks itself.
+    let big = "r".repeat(3 << 20);
+    let mut handlers = Handlers::builtin();
+    let made = big.clone();
+    handlers.register("big", move |_, _| Ok(serde_json::json!(made)));
+    let exec1 = secure.start_executor_with("exec-1", handlers).await;
     let api =
         ember::client::EmberClient::new(secure.login("client").await, secure.subjects().clone());
     let job = api.run_job(noop_job(20), |_| {}).await.expect("job runs");
     assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
-    assert!(driver.is_running() && exec1.is_running());
-    let journal = secure.subjects().journal();
-    let purge = format!(
-        "$JS.API.STREAM.PURGE.{}",
-        secure.subjects().journal_stream()
+    let large = SubmitJob {
+        tasks: vec![TaskSpec::Handler {
+            name: "big".into(),
+            arg: serde_json::Value::Null,
+        }],
+        ..noop_job(1)
+    };
+    let job = api.run_job(large, |_| {}).await.expect("job runs");
+    let results = api.results(job.job_id).await.expect("results");
+    assert_eq!(
+        results[0].result.as_ref().and_then(|r| r.as_str()),
+        Some(big.as_str()),
+        "{:?}",
+        results[0].error
     );
+    assert!(driver.is_running() && exec1.is_running());
+    let subjects = secure.subjects();
+    let journal = subjects.journal();
+    let purge = format!("$JS.API.STREAM.PURGE.{}", subjects.journal_stream());
+    let a_result = subjects.results_key(&format!("{}.0", job.job_id));
     for user in ["exec-1", "client", "listener"] {
         let mut attacker = secure.watched(user).await;
-        for subject in [&journal, &purge] {
+        for subject in [&journal, &purge, &a_result] {
             attacker.send(subject.clone(), "{}".into()).await;
             attacker.violation("Publish", subject).await;
         }
     }
+    // Nor may an executor write into another's chunks.
+    let others = subjects.results_key("chunks.exec-2.1.0.0");
+    let mut attacker = secure.watched("exec-1").await;
+    attacker.send(others.clone(), "{}".into()).await;
+    attacker.violation("Publish", &others).await;
 }
 
 #[tokio::test]

@@ -251,3 +251,64 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
     );
     assert!(submitted && task_ended && job_ended, "{records:?}");
 }
+
+#[tokio::test]
+async fn a_result_larger_than_max_payload_is_stored_in_chunks_and_comes_back_whole() {
+    let cluster = TestCluster::start_with_jetstream("results-chunks");
+    let first = cluster.driver().await;
+    // 2.5 MiB of text with escapes and characters past ASCII, on a server whose max_payload
+    // is 1 MiB: each result takes several messages, some chunks cut inside a character.
+    let big = format!("{}\"\\\n ü €", "ü€x".repeat(400 * 1024));
+    let mut handlers = Handlers::builtin();
+    let made = big.clone();
+    handlers.register("big", move |_, _| Ok(json!(made)));
+    let _executor = cluster.executor("e1", 2, handlers).await;
+    let api = cluster.api(cluster.client().await);
+    let job = SubmitJob {
+        tasks: vec![TaskSpec::Handler {
+            name: "big".into(),
+            arg: json!(null),
+        }],
+        ..echoes(json!(null), 2)
+    };
+    let job = within(LIMIT, api.run_job(job, |_| {})).await.unwrap();
+    assert_eq!(job.state, JobState::Succeeded, "{:?}", job.reason);
+    let check = |results: Vec<ember::protocol::TaskOutcome>| {
+        assert_eq!(results.len(), 2);
+        for outcome in results {
+            let chunks = outcome.result_chunks.expect("stored in chunks");
+            assert!(chunks.count >= 3, "{chunks:?}");
+            assert_eq!(
+                chunks.bytes,
+                serde_json::to_vec(&json!(big)).unwrap().len() as u64
+            );
+            assert_eq!(
+                outcome.result.as_ref().and_then(|v| v.as_str()),
+                Some(big.as_str()),
+                "{:?}",
+                outcome.error
+            );
+        }
+    };
+    check(api.results(job.job_id).await.unwrap());
+    // A chunk past the last is refused, and says how many there are.
+    let error = api
+        .call(&ember::protocol::ApiRequest::GetResultChunk {
+            job_id: job.job_id,
+            index: 0,
+            chunk: 99,
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("there is no chunk 99"), "{error}");
+    first.stop().await.unwrap();
+
+    // The next driver restores the chunks' place from the journal.
+    let _next = cluster.driver().await;
+    let results = common::eventually(LIMIT, "the next driver's results", || async {
+        api.results(job.job_id).await.ok()
+    })
+    .await;
+    check(results);
+}

@@ -124,7 +124,9 @@ impl Role {
                 ..Permissions::default()
             },
             Role::Executor(id) => Permissions {
-                publish_allow: vec![format!("{p}.driver.*.{id}")],
+                // Its requests to the driver, and the chunks of its own tasks' results too
+                // large for one message.
+                publish_allow: vec![format!("{p}.driver.*.{id}"), subjects.result_chunks_of(id)],
                 subscribe_allow: vec![subjects.executor_inbox(id), executor_replies(id)],
                 ..Permissions::default()
             },
@@ -289,7 +291,7 @@ fn describe(role: &Role) -> String {
                 .into()
         }
         Role::Executor(id) => {
-            format!("executor {id}: writes only subjects ending in its id, reads only its inboxes")
+            format!("executor {id}: writes only subjects ending in its id and its own results' chunks, reads only its inboxes")
         }
         Role::Client => "clients: the driver api, replies (not executors'), events".into(),
         Role::Listener => "listeners: read the events, write nothing".into(),
@@ -405,7 +407,13 @@ mod tests {
     fn an_executor_may_touch_only_subjects_of_its_own_id() {
         let s = Subjects::new("prod").unwrap();
         let p = Role::Executor(id("e1")).permissions(&s, &[]);
-        assert_eq!(p.publish_allow, ["ember.prod.driver.*.e1"]);
+        assert_eq!(
+            p.publish_allow,
+            [
+                "ember.prod.driver.*.e1",
+                "$KV.EMBER_prod_RESULTS.chunks.e1.>"
+            ]
+        );
         assert_eq!(p.subscribe_allow, ["ember.prod.executor.e1", "_INBOX.e1.>"]);
         assert!(!p.allow_responses);
     }
@@ -431,6 +439,14 @@ mod tests {
                 p.publish_allow
                     .iter()
                     .all(|r| !r.contains("journal") && !r.starts_with("$JS")),
+                "{role:?}: {p:?}"
+            );
+            // An executor writes only the chunks of its own results, never a result.
+            assert!(
+                p.publish_allow
+                    .iter()
+                    .filter(|r| r.starts_with("$KV"))
+                    .all(|r| r == "$KV.EMBER_prod_RESULTS.chunks.e1.>"),
                 "{role:?}: {p:?}"
             );
         }

@@ -417,6 +417,20 @@ impl Shell {
                 }
             }
         };
+        if let (
+            ApiReply::ResultChunk {
+                job_id,
+                index,
+                chunk,
+                ..
+            },
+            Some(_),
+        ) = (&answer, &self.results)
+        {
+            if let Some(key) = core.result_chunk_key(*job_id, *index, *chunk) {
+                return Some(Output::Chunk { reply, answer, key });
+            }
+        }
         if let (ApiReply::Results(page), Some(_)) = (&answer, &self.results) {
             let indices = core.results_in_bucket(page);
             if !indices.is_empty() {
@@ -459,6 +473,21 @@ impl Shell {
         let (client, max_bytes) = (self.client.clone(), self.limit - PAYLOAD_HEADROOM);
         tokio::spawn(async move {
             let answer = results.fill(page, indices, max_bytes).await;
+            if let Err(error) = client.publish(reply, encode(&answer)).await {
+                warn!(%error, "could not send a reply");
+            }
+        });
+    }
+
+    /// Reads a result's chunk from the results bucket and answers with it, off the actor's
+    /// loop as [`Shell::answer_with_results`] does.
+    fn answer_with_chunk(&self, reply: Subject, answer: ApiReply, key: String) {
+        let Some(results) = self.results.clone() else {
+            return;
+        };
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            let answer = results.fill_chunk(answer, key).await;
             if let Err(error) = client.publish(reply, encode(&answer)).await {
                 warn!(%error, "could not send a reply");
             }
@@ -562,6 +591,7 @@ impl Shell {
                 page,
                 indices,
             } => self.answer_with_results(reply, page, indices),
+            Output::Chunk { reply, answer, key } => self.answer_with_chunk(reply, answer, key),
             // `emit` hands writes to the journal and the bucket; none reaches here.
             Output::Effect(Effect::Journal(_) | Effect::StoreResult { .. }) => {}
         }

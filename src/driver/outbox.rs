@@ -43,6 +43,13 @@ pub enum Output {
         page: crate::protocol::ResultsPage,
         indices: Vec<u32>,
     },
+    /// A `ResultChunk` answer whose data is read from the results bucket (`key`) before it is
+    /// sent.
+    Chunk {
+        reply: async_nats::Subject,
+        answer: crate::protocol::ApiReply,
+        key: String,
+    },
 }
 
 impl Output {
@@ -208,6 +215,7 @@ mod tests {
                 }
                 Output::Effect(_) => "effect".into(),
                 Output::Results { .. } => "results".into(),
+                Output::Chunk { .. } => "chunk".into(),
             })
             .collect()
     }

@@ -229,6 +229,7 @@ mod tests {
             result: Some(serde_json::json!(format!("result {i}"))),
             error: None,
             in_bucket: false,
+            result_chunks: None,
         });
         vec![
             submitted,

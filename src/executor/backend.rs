@@ -10,7 +10,7 @@ use crate::connect::flush;
 use crate::ids::{ExecutorId, InstanceId};
 use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
-    RegisterReply, RegisterRequest, StatusReply, TaskDescription,
+    RegisterReply, RegisterRequest, StatusReply, StatusUpdate, TaskDescription,
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
@@ -233,6 +233,10 @@ struct Backend {
     machine: Machine<Option<tokio::task::AbortHandle>>,
     runner: Runner,
     ends: tokio::sync::mpsc::UnboundedReceiver<super::runner::Done>,
+    /// Ends whose results were too large for a batch, once stored in chunks (or failed).
+    chunked: tokio::sync::mpsc::UnboundedReceiver<StatusUpdate>,
+    stored_in_chunks: tokio::sync::mpsc::UnboundedSender<StatusUpdate>,
+    status_limit: usize,
     /// The machine's clock: milliseconds since this instant.
     epoch: Instant,
     /// The status batch in flight.
@@ -260,9 +264,10 @@ impl Backend {
         handlers: Handlers,
         status_replies: String,
     ) -> Self {
-        let (runner, ends) = Runner::new(handlers);
         let status_limit =
             client.server_info().max_payload.max(2 * PAYLOAD_HEADROOM) - PAYLOAD_HEADROOM;
+        let (runner, ends) = Runner::new(handlers, status_limit);
+        let (stored_in_chunks, chunked) = tokio::sync::mpsc::unbounded_channel();
         let mut machine = Machine::new(
             MachineConfig {
                 executor_id: config.executor_id.clone(),
@@ -288,6 +293,9 @@ impl Backend {
             machine,
             runner,
             ends,
+            chunked,
+            stored_in_chunks,
+            status_limit,
             epoch: Instant::now(),
             status: None,
             heartbeat: None,
@@ -346,7 +354,8 @@ impl Backend {
                         .beat(self.config.exit_on_driver_loss, now)
                         .map_err(|silent| ExecutorError::DriverLost(Duration::from_millis(silent)))?;
                 }
-                Some(done) = self.ends.recv() => self.machine.finish(done.into_status()),
+                Some(done) = self.ends.recv() => self.on_end(done.into_status()),
+                Some(end) = self.chunked.recv() => self.machine.finish(end),
                 message = inbox.next() => match message {
                     Some(message) => self.on_inbox(message),
                     None => return Err(ExecutorError::Connection("the inbox subscription closed".into())),
@@ -484,6 +493,24 @@ impl Backend {
                 warn!(%error, subject = %message.subject, "undecodable inbox message dropped")
             }
         }
+    }
+
+    /// An attempt's end: to the machine, or first into the results bucket in chunks if its
+    /// result is too large for a status batch (the attempt holds its cores meanwhile).
+    fn on_end(&mut self, end: StatusUpdate) {
+        if !super::chunks::too_large(&end, self.status_limit) {
+            return self.machine.finish(end);
+        }
+        let jetstream = async_nats::jetstream::new(self.client.clone());
+        let (subjects, executor) = (
+            self.config.subjects.clone(),
+            self.config.executor_id.clone(),
+        );
+        let (stored, limit) = (self.stored_in_chunks.clone(), self.status_limit);
+        tokio::spawn(async move {
+            let end = super::chunks::store(jetstream, subjects, executor, end, limit).await;
+            let _ = stored.send(end);
+        });
     }
 
     /// Sends what the machine asked for.

@@ -216,6 +216,7 @@ impl<H: Cancel> Machine<H> {
             state: TaskState::Running,
             result: None,
             error: None,
+            result_chunks: None,
         });
     }
 
@@ -458,6 +459,7 @@ fn handed_back(task_id: TaskId, attempt: u32) -> StatusUpdate {
         state: TaskState::Killed,
         result: None,
         error: Some("handed back: the executor is decommissioning".into()),
+        result_chunks: None,
     }
 }
 
@@ -468,6 +470,7 @@ fn killed_status(task_id: TaskId, attempt: u32) -> StatusUpdate {
         state: TaskState::Killed,
         result: None,
         error: Some("killed by the driver".into()),
+        result_chunks: None,
     }
 }
 

@@ -3,6 +3,7 @@
 //! each attempt's status in batches until it is told to stop.
 
 mod backend;
+mod chunks;
 pub mod machine;
 mod runner;
 mod status;

@@ -14,7 +14,7 @@ use tokio::task::AbortHandle;
 pub(crate) struct Done {
     task_id: TaskId,
     attempt: u32,
-    outcome: TaskResult,
+    outcome: Outcome,
     /// A result kept even when the attempt failed (a command's output).
     detail: Option<Value>,
 }
@@ -24,19 +24,46 @@ pub(crate) struct Done {
 pub(crate) struct Runner {
     handlers: Handlers,
     done: mpsc::UnboundedSender<Done>,
+    /// The largest status batch: a result done at once that would not fit in one goes the
+    /// way of work done in the background, for the executor's loop to store in chunks.
+    status_limit: usize,
 }
 
 impl Done {
     /// The attempt's terminal status.
     pub fn into_status(self) -> StatusUpdate {
-        status(self.task_id, self.attempt, self.outcome, self.detail)
+        match self.outcome {
+            Outcome::Ran(outcome) => status(self.task_id, self.attempt, outcome, self.detail),
+            Outcome::Status(status) => status,
+        }
+    }
+
+    /// The end of work done at once, sent the way of work done in the background.
+    fn from_status(status: StatusUpdate) -> Self {
+        Self {
+            task_id: status.task_id,
+            attempt: status.attempt,
+            outcome: Outcome::Status(status),
+            detail: None,
+        }
     }
 }
 
+/// How an attempt ended: what its work returned, or its status already made.
+enum Outcome {
+    Ran(TaskResult),
+    Status(StatusUpdate),
+}
+
 impl Runner {
-    pub fn new(handlers: Handlers) -> (Self, mpsc::UnboundedReceiver<Done>) {
+    pub fn new(handlers: Handlers, status_limit: usize) -> (Self, mpsc::UnboundedReceiver<Done>) {
         let (done, ends) = mpsc::unbounded_channel();
-        (Self { handlers, done }, ends)
+        let runner = Self {
+            handlers,
+            done,
+            status_limit,
+        };
+        (runner, ends)
     }
 
     /// Starts one attempt: its end, for work done at once, or the handle of work that goes on
@@ -57,7 +84,7 @@ impl Runner {
                 let _ = done.send(Done {
                     task_id,
                     attempt,
-                    outcome,
+                    outcome: Outcome::Ran(outcome),
                     detail,
                 });
             }
@@ -72,7 +99,12 @@ impl Runner {
                     return Started::Ended(status(task_id, attempt, Err(error), None));
                 }
                 Some(Handler::Inline(f)) => {
-                    return Started::Ended(status(task_id, attempt, f(&context, arg), None));
+                    let end = status(task_id, attempt, f(&context, arg), None);
+                    if !super::chunks::too_large(&end, self.status_limit) {
+                        return Started::Ended(end);
+                    }
+                    let _ = self.done.send(Done::from_status(end));
+                    None
                 }
                 Some(Handler::Sleep) => match sleep_duration(arg) {
                     Err(e) => return Started::Ended(status(task_id, attempt, Err(e), None)),
@@ -127,6 +159,7 @@ fn status(
             state: TaskState::Finished,
             result: (!result.is_null()).then_some(result),
             error: None,
+            result_chunks: None,
         },
         Err(error) => StatusUpdate {
             task_id,
@@ -134,6 +167,7 @@ fn status(
             state: TaskState::Failed,
             result: detail,
             error: Some(error),
+            result_chunks: None,
         },
     }
 }

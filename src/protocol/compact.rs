@@ -11,7 +11,7 @@
 
 use super::event::{TaskEnded, TaskStarted};
 use super::journal::JournaledTask;
-use super::{StatusUpdate, TaskState};
+use super::{ResultChunks, StatusUpdate, TaskState};
 use crate::ids::{ExecutorId, TaskId};
 use serde::de::{
     self, value::MapAccessDeserializer, DeserializeOwned, Deserializer, Expected, IgnoredAny,
@@ -105,12 +105,16 @@ impl StatusUpdate {
             state: TaskState::Finished,
             result: None,
             error: None,
+            result_chunks: None,
         }
     }
 
     /// Whether it goes on the wire as `[task_id, attempt]`.
     pub(crate) fn is_plain_finish(&self) -> bool {
-        self.state == TaskState::Finished && self.result.is_none() && self.error.is_none()
+        self.state == TaskState::Finished
+            && self.result.is_none()
+            && self.error.is_none()
+            && self.result_chunks.is_none()
     }
 }
 
@@ -124,6 +128,8 @@ struct UpdateObject<R, E> {
     result: Option<R>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     error: Option<E>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result_chunks: Option<ResultChunks>,
 }
 
 impl Serialize for StatusUpdate {
@@ -137,6 +143,7 @@ impl Serialize for StatusUpdate {
             state: self.state,
             result: self.result.as_ref(),
             error: self.error.as_ref(),
+            result_chunks: self.result_chunks,
         }
         .serialize(serializer)
     }
@@ -156,6 +163,7 @@ impl From<UpdateObject<Value, String>> for StatusUpdate {
             state: o.state,
             result: o.result,
             error: o.error,
+            result_chunks: o.result_chunks,
         }
     }
 }
@@ -335,6 +343,7 @@ impl JournaledTask {
             && self.result.is_none()
             && self.error.is_none()
             && !self.in_bucket
+            && self.result_chunks.is_none()
     }
 }
 
@@ -351,6 +360,8 @@ struct JournaledObject<I, R, E> {
     error: Option<E>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     in_bucket: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result_chunks: Option<ResultChunks>,
 }
 
 impl Serialize for JournaledTask {
@@ -366,6 +377,7 @@ impl Serialize for JournaledTask {
             result: self.result.as_ref(),
             error: self.error.as_ref(),
             in_bucket: self.in_bucket,
+            result_chunks: self.result_chunks,
         }
         .serialize(serializer)
     }
@@ -387,6 +399,7 @@ impl From<JournaledObject<ExecutorId, Value, String>> for JournaledTask {
             result: o.result,
             error: o.error,
             in_bucket: o.in_bucket,
+            result_chunks: o.result_chunks,
         }
     }
 }
@@ -411,6 +424,7 @@ impl Compact for JournaledTask {
             result: None,
             error: None,
             in_bucket: false,
+            result_chunks: None,
         })
     }
 }

@@ -62,6 +62,8 @@ pub struct JournaledTask {
     pub error: Option<String>,
     /// Whether the result is in the cluster's results bucket rather than here.
     pub in_bucket: bool,
+    /// A result the executor stored in the results bucket in chunks.
+    pub result_chunks: Option<super::ResultChunks>,
 }
 
 impl Batch for JournalRecord {

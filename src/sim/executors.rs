@@ -367,5 +367,6 @@ fn end_of(task_id: TaskId, attempt: u32, ok: bool) -> StatusUpdate {
         },
         result: None,
         error: (!ok).then(|| "simulated failure".to_string()),
+        result_chunks: None,
     }
 }

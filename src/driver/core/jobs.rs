@@ -3,8 +3,8 @@
 use super::Core;
 use crate::ids::{ExecutorId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, Event, JobState, JobSummary, JournalRecord, ResultsPage, SubmitJob, TaskOutcome,
-    TaskSpec, TaskState,
+    ApiReply, Event, JobState, JobSummary, JournalRecord, ResultChunks, ResultsPage, SubmitJob,
+    TaskOutcome, TaskSpec, TaskState,
 };
 use crate::IdHasher;
 use serde_json::Value;
@@ -62,6 +62,9 @@ pub struct Job {
     pub results_dropped: bool,
     /// Which tasks have their result in the results bucket, a bit each (empty until one has).
     in_bucket: Vec<u64>,
+    /// Results the executors stored in the results bucket in chunks, each by its task's
+    /// final attempt (whose executor and attempt name the chunks).
+    pub chunked: HashMap<u32, ResultChunks, IdHasher>,
     pub errors: HashMap<u32, String, IdHasher>,
     pub state: JobState,
     pub succeeded: u32,
@@ -99,6 +102,7 @@ impl Job {
             result_bytes: 0,
             results_dropped: false,
             in_bucket: Vec::new(),
+            chunked: HashMap::default(),
             errors: HashMap::default(),
             state: JobState::Running,
             succeeded: 0,
@@ -220,11 +224,51 @@ impl Job {
             executor_id: record.executor.clone(),
             result: self.results.get(&index).cloned(),
             error: self.errors.get(&index).cloned(),
+            result_chunks: self.chunked.get(&index).copied(),
         }
     }
 }
 
 impl Core {
+    /// Answers `GetResultChunk` with everything but the chunk's `data`, which the shell reads
+    /// from the results bucket under [`Core::result_chunk_key`].
+    pub(super) fn result_chunk(&self, job_id: JobId, index: u32, chunk: u32) -> ApiReply {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return self.no_such_job(job_id);
+        };
+        let message = match job.chunked.get(&index) {
+            None => format!("task {index} of job {job_id} has no result in chunks"),
+            Some(c) if chunk >= c.count => format!(
+                "task {index} of job {job_id} has a result of {} chunks; there is no chunk {chunk}",
+                c.count
+            ),
+            Some(c) => {
+                return ApiReply::ResultChunk {
+                    job_id,
+                    index,
+                    chunk,
+                    chunks: c.count,
+                    data: String::new(),
+                }
+            }
+        };
+        ApiReply::Error { message }
+    }
+
+    /// The key in the results bucket of chunk `chunk` of task `index`'s result, if it has
+    /// one in chunks.
+    pub fn result_chunk_key(&self, job_id: JobId, index: u32, chunk: u32) -> Option<String> {
+        let job = self.jobs.get(&job_id)?;
+        job.chunked.get(&index)?;
+        let record = job.tasks.get(index as usize)?;
+        let executor = record.executor.as_ref()?;
+        let attempt = record.attempts.checked_sub(1)?;
+        let task_id = job.first_task + u64::from(index);
+        Some(crate::subjects::result_chunk_key(
+            executor, task_id, attempt, chunk,
+        ))
+    }
+
     /// The tasks of `page` whose results are in the results bucket, for the shell to read
     /// into the page before it answers.
     pub fn results_in_bucket(&self, page: &ResultsPage) -> Vec<u32> {
@@ -241,6 +285,20 @@ impl Core {
     pub(super) fn on_submit_job(&mut self, submit: SubmitJob, now: u64) -> ApiReply {
         if let Err(message) = validate_job(&submit, self.config.max_reply_bytes) {
             return ApiReply::Error { message };
+        }
+        // Stored before it is accepted: the job must fit in one journal record, and that
+        // record in one snapshot part.
+        let limit = self.config.max_reply_bytes.saturating_sub(1024);
+        let size = crate::protocol::encode(&submit).len();
+        if self.config.journal && size > limit {
+            return ApiReply::Error {
+                message: format!(
+                    "the job is {size} bytes; with a journal a job must fit in one journal \
+                     record, {limit} bytes (the server's max_payload less headroom): raise \
+                     max_payload in nats.conf, or send fewer, smaller tasks (use `repeat` for \
+                     identical ones)"
+                ),
+            };
         }
         let id = self.next_job;
         let first_task = self.next_task;

@@ -188,6 +188,7 @@ impl Core {
                 state: TaskState::Lost,
                 result: None,
                 error: Some(reason.to_string()),
+                result_chunks: None,
             };
             let record = &self.jobs[&job_id].tasks[index as usize];
             let live = record.attempts.checked_sub(1) == Some(attempt)

@@ -159,6 +159,11 @@ impl Core {
                 }
                 None => self.no_such_job(job_id),
             },
+            ApiRequest::GetResultChunk {
+                job_id,
+                index,
+                chunk,
+            } => self.result_chunk(job_id, index, chunk),
             ApiRequest::StopExecutor { executor_id } => self.on_stop_executors(Some(executor_id)),
             ApiRequest::StopAllExecutors => self.on_stop_executors(None),
         }

@@ -203,5 +203,9 @@ fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<Option<Value
     if task.in_bucket {
         job.put_in_bucket(index);
     }
+    if let Some(chunks) = task.result_chunks {
+        job.chunked.insert(index, chunks);
+        job.result_bytes += chunks.bytes;
+    }
     Ok(task.result)
 }

@@ -7,7 +7,7 @@ use super::jobs::TaskStatus;
 use super::ReplayError;
 use super::{Core, Effect};
 use crate::ids::JobId;
-use crate::protocol::{ApiReply, JobSummary, JournalRecord};
+use crate::protocol::{ApiReply, JobSummary, JournalRecord, ResultChunks};
 use serde_json::Value;
 
 /// Finished jobs a driver keeps unless told otherwise (Spark's `spark.ui.retainedJobs`).
@@ -102,6 +102,41 @@ impl Core {
             self.first_tasks.remove(&job.first_task);
             self.result_bytes -= job.result_bytes;
         }
+    }
+
+    /// Keeps the result an executor stored in the results bucket in chunks as task `index`'s,
+    /// once the task has ended for good and within the job's cap (refused with a note in the
+    /// task's error past it, or without a results bucket to read it back from).
+    pub(super) fn keep_chunks(&mut self, job_id: JobId, index: u32, chunks: ResultChunks) {
+        let cap = self.config.retention.job_result_bytes;
+        let bucket = self.config.results_bucket;
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        let settled = matches!(
+            job.tasks[index as usize].status,
+            TaskStatus::Finished | TaskStatus::Failed
+        );
+        if !settled {
+            return;
+        }
+        let refused = if !bucket {
+            "a result stored in chunks is kept only by a driver with a results bucket (a \
+             JetStream journal)"
+                .to_string()
+        } else if job.result_bytes + chunks.bytes > cap {
+            format!(
+                "result of {} bytes refused: job {job_id}'s results may take {} \
+                 (--max-job-result-bytes)",
+                chunks.bytes,
+                mib(cap)
+            )
+        } else {
+            job.result_bytes += chunks.bytes;
+            job.chunked.insert(index, chunks);
+            return;
+        };
+        job.errors.insert(index, refused);
     }
 
     /// Keeps `result` as task `index`'s (none clears it): within the job's cap, or refused

@@ -78,6 +78,7 @@ impl Core {
                     result: job.results.get(&index).cloned(),
                     error: job.errors.get(&index).cloned(),
                     in_bucket: job.in_bucket(index),
+                    result_chunks: job.chunked.get(&index).copied(),
                 })
             });
             let mut settled = settled.peekable();

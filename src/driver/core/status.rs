@@ -240,6 +240,9 @@ impl Core {
         }
         let last_of_ended = !active && job.running == 0;
         self.keep_result(job_id, index, result, false);
+        if let Some(chunks) = update.result_chunks {
+            self.keep_chunks(job_id, index, chunks);
+        }
         let job = self.jobs.get_mut(&job_id).expect("located above");
         if active && !job.pending.is_empty() && !self.queue.contains(&job_id) {
             // Keep the queue in submission order: a retry does not jump ahead of older jobs.
@@ -276,6 +279,7 @@ impl Core {
             result: job.results.get(&end.index).cloned(),
             error: job.errors.get(&end.index).cloned(),
             in_bucket: job.in_bucket(end.index),
+            result_chunks: job.chunked.get(&end.index).copied(),
         })
     }
 

@@ -123,6 +123,40 @@ fn invalid_jobs_are_refused() {
 }
 
 #[test]
+fn with_a_journal_a_job_that_would_not_fit_in_one_record_is_refused_before_it_is_accepted() {
+    let mut core = journaled_core(0);
+    core.config.max_reply_bytes = 16 * 1024;
+    // Each spec fits in a launch, but all of them together not in one journal record.
+    let specs: Vec<_> = (0..4)
+        .map(|n| TaskSpec::Handler {
+            name: "echo".into(),
+            arg: json!(format!("{n}{}", "x".repeat(4000))),
+        })
+        .collect();
+    let big = SubmitJob {
+        tasks: specs,
+        ..job(1, 1, 4)
+    };
+    let message = api_error(unchanged(&mut core, |core| {
+        core.api(ApiRequest::SubmitJob(big.clone()), 2)
+    }));
+    assert!(
+        message.contains("must fit in one journal record"),
+        "{message}"
+    );
+    assert!(
+        core.take_effects().is_empty(),
+        "nothing to store, nothing told"
+    );
+    // Without a journal there is no record to fit.
+    core.config.journal = false;
+    assert!(matches!(
+        core.api(ApiRequest::SubmitJob(big), 3),
+        ApiReply::JobAccepted { .. }
+    ));
+}
+
+#[test]
 fn kill_job_kills_running_tasks_and_drops_waiting_ones() {
     let mut core = new_core(0);
     add(&mut core, "a", 2, 1);

@@ -17,8 +17,8 @@ use super::{Core, CoreConfig, Effect};
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
     ApiReply, ApiRequest, Event, ExecutorMessage, ExecutorTasks, JobState, JobSummary,
-    JournalRecord, RefusedStatus, RegisterExecutor, RegisterReply, ResultsPage, StatusReply,
-    StatusUpdate, SubmitJob, TaskEnded, TaskOutcome, TaskSpec, TaskState,
+    JournalRecord, RefusedStatus, RegisterExecutor, RegisterReply, ResultChunks, ResultsPage,
+    StatusReply, StatusUpdate, SubmitJob, TaskEnded, TaskOutcome, TaskSpec, TaskState,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -140,6 +140,7 @@ fn update(task_id: TaskId, attempt: u32, state: TaskState) -> StatusUpdate {
         state,
         result: None,
         error: None,
+        result_chunks: None,
     }
 }
 

@@ -77,6 +77,7 @@ fn outcome_of(task_id: TaskId, state: TaskState) -> JournaledTask {
         result: None,
         error: None,
         in_bucket: false,
+        result_chunks: None,
     }
 }
 

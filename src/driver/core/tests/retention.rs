@@ -220,3 +220,102 @@ fn past_the_cap_of_all_results_the_oldest_finished_jobs_lose_theirs_and_say_so()
         check_invariants(&restored);
     }
 }
+
+/// A status whose result the executor stored in the results bucket in chunks.
+fn finished_in_chunks(task_id: TaskId, attempt: u32, chunks: ResultChunks) -> StatusUpdate {
+    StatusUpdate {
+        result_chunks: Some(chunks),
+        ..finished(task_id, attempt)
+    }
+}
+
+#[test]
+fn a_result_in_chunks_is_kept_by_its_place_journaled_and_restored() {
+    let mut core = journaled_core(0);
+    core.config.results_bucket = true;
+    add(&mut core, "e1", 1, 0);
+    let mut journal = Vec::new();
+    let job_id = submit(&mut core, job(1, 1, 4), 0);
+    let (task_id, _, attempt) = launches(&take_journal(&mut core, &mut journal))[0].1[0];
+    let chunks = ResultChunks {
+        count: 3,
+        bytes: 2_500_000,
+    };
+    status(
+        &mut core,
+        "e1",
+        vec![finished_in_chunks(task_id, attempt, chunks)],
+        1,
+    );
+    take_journal(&mut core, &mut journal);
+    assert_eq!(summary(&mut core, job_id).state, JobState::Succeeded);
+    let kept = outcome(&mut core, job_id, 0);
+    assert_eq!((kept.result_chunks, kept.result), (Some(chunks), None));
+    let chunk = |core: &mut Core, chunk| {
+        core.api(
+            ApiRequest::GetResultChunk {
+                job_id,
+                index: 0,
+                chunk,
+            },
+            2,
+        )
+    };
+    assert!(matches!(
+        chunk(&mut core, 2),
+        ApiReply::ResultChunk {
+            chunk: 2,
+            chunks: 3,
+            ..
+        }
+    ));
+    assert_eq!(
+        core.result_chunk_key(job_id, 0, 2).as_deref(),
+        Some(format!("chunks.e1.{task_id}.{attempt}.2").as_str())
+    );
+    assert!(api_error(chunk(&mut core, 3)).contains("there is no chunk 3"));
+    // The journal holds where the chunks are, and a restored driver reads them back alike.
+    let mut restored = restored(&journal, 1);
+    restored.config.results_bucket = true;
+    assert_eq!(
+        outcome(&mut restored, job_id, 0).result_chunks,
+        Some(chunks)
+    );
+    assert_eq!(
+        restored.result_chunk_key(job_id, 0, 0),
+        core.result_chunk_key(job_id, 0, 0)
+    );
+}
+
+#[test]
+fn a_result_in_chunks_past_the_jobs_cap_or_without_a_bucket_is_refused_with_a_note() {
+    for bucket in [true, false] {
+        let mut core = journaled_core(0);
+        core.config.results_bucket = bucket;
+        core.config.retention.job_result_bytes = 1_000_000;
+        add(&mut core, "e1", 1, 0);
+        let job_id = submit(&mut core, job(1, 1, 4), 0);
+        let (task_id, _, attempt) = launches(&core.take_effects())[0].1[0];
+        let chunks = ResultChunks {
+            count: 3,
+            bytes: 2_500_000,
+        };
+        status(
+            &mut core,
+            "e1",
+            vec![finished_in_chunks(task_id, attempt, chunks)],
+            1,
+        );
+        assert_eq!(summary(&mut core, job_id).state, JobState::Succeeded);
+        let refused = outcome(&mut core, job_id, 0);
+        assert_eq!(refused.result_chunks, None);
+        let note = refused.error.unwrap_or_default();
+        let expected = if bucket {
+            "--max-job-result-bytes"
+        } else {
+            "only by a driver with a results bucket"
+        };
+        assert!(note.contains(expected), "{note}");
+        check_invariants(&core);
+    }
+}

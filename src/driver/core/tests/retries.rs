@@ -86,6 +86,7 @@ fn a_task_that_fails_twice_then_finishes_ends_finished_after_three_attempts() {
             executor_id: Some(eid("a")),
             result: Some(json!("ok")),
             error: None,
+            result_chunks: None,
         }
     );
     assert_eq!(core.jobs[&job_id].tasks[0].failures, 2);
