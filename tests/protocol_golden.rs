@@ -2063,6 +2063,33 @@ fn journal_records() {
         },
         json!({"type":"TasksEnded","time_ms":1700000000130u64,"tasks":[[102,1,"exec-2"],{"task_id":103,"attempt":1,"executor_id":"exec-2","state":"FINISHED","in_bucket":true}]}),
     );
+    // Plain finishes of consecutive ids, one attempt and one executor, go as a run.
+    let run: Vec<_> = (110..113)
+        .map(|task_id| JournaledTask {
+            task_id,
+            attempt: 0,
+            ..plain.clone()
+        })
+        .collect();
+    golden(
+        &JournalRecord::TasksEnded {
+            time_ms: 1_700_000_000_140,
+            tasks: [run.clone(), vec![plain.clone()]].concat(),
+        },
+        json!({"type":"TasksEnded","time_ms":1700000000140u64,"tasks":[[110,0,"exec-2",3],[102,1,"exec-2"]]}),
+    );
+    json_error::<JournalRecord>(
+        br#"{"type":"TasksEnded","time_ms":1,"tasks":[[110,0,"exec-2",0]]}"#,
+        &["a run of no tasks"],
+    );
+    json_error::<JournalRecord>(
+        br#"{"type":"TasksEnded","time_ms":1,"tasks":[[110,0,"exec-2",99999999999]]}"#,
+        &["a record of more than"],
+    );
+    json_error::<JournalRecord>(
+        br#"{"type":"TasksEnded","time_ms":1,"tasks":[[18446744073709551615,0,"exec-2",2]]}"#,
+        &["past the largest id"],
+    );
     // The object form of a plain finish reads the same.
     let object = br#"{"type":"TasksEnded","time_ms":1,"tasks":[{"task_id":102,"attempt":1,"executor_id":"exec-2","state":"FINISHED"}]}"#;
     assert_eq!(

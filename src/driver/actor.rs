@@ -96,10 +96,17 @@ pub async fn run(
     // one each time round the loop.
     let events_due = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(events_due);
+    // The same for the group of task ends that waits to be written.
+    let commit_due = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(commit_due);
     loop {
         let due = shell.task_events.due();
         if let Some(due) = due.filter(|&due| due != events_due.deadline()) {
             events_due.as_mut().reset(due);
+        }
+        let group_due = outbox.commit_due();
+        if let Some(due) = group_due.filter(|&due| due != commit_due.deadline()) {
+            commit_due.as_mut().reset(due);
         }
         let reply = tokio::select! {
             _ = &mut shutdown => break,
@@ -117,6 +124,7 @@ pub async fn run(
                 shell.flush_task_events().await;
                 None
             }
+            _ = &mut commit_due, if group_due.is_some() => None,
             released = outbox.released() => {
                 shell.send_all(released).await;
                 None
@@ -540,11 +548,13 @@ impl Shell {
             return;
         };
         let max_bytes = self.limit - PAYLOAD_HEADROOM;
+        // Task ends may wait a little for company; what a client waits for goes at once.
+        let urgent = !matches!(record, JournalRecord::TasksEnded { .. });
         for part in fit(record, max_bytes, "journal") {
             if let Some(schedule) = self.schedule.as_mut() {
                 schedule.wrote(part.len());
             }
-            outbox.record(&part, max_bytes, |group| journal.store(group));
+            outbox.record(&part, urgent, max_bytes, |group| journal.store(group));
         }
     }
 

@@ -13,18 +13,27 @@
 //!
 //! Records are stored in groups (group commit): while a group write is in flight, the records
 //! of the steps that follow gather into the next group, which is written, one message of
-//! records one per line, as soon as the write before it is stored (or once it is full).
+//! records one per line, as soon as the write before it is stored (or once it is full). A
+//! group of task ends alone also waits until `GROUP_INTERVAL` after the last write started,
+//! so that a loop of one task at a time does not cost the broker a write per task; what waits
+//! for it then is task events, which wait that long for company anyway. A group with any other
+//! record (a job submitted or ended, which a client waits for) goes at once.
 
 use super::core::Effect;
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// How many group writes may be in flight before the next group waits for one to be stored.
 /// One: the records of the steps that follow gather into the next group meanwhile, so the
 /// journal costs the broker one write per round trip of its own, however fast the loop runs.
 const GROUPS_IN_FLIGHT: usize = 1;
+
+/// How long after the last write started a group of task ends alone waits for more.
+pub const GROUP_INTERVAL: Duration = Duration::from_millis(1);
 
 /// How many outputs may wait behind the journal before executors' messages wait too.
 const MAX_HELD: usize = 8192;
@@ -80,6 +89,10 @@ pub struct Outbox {
     /// The records gathering for the next group write, one per line, if any; its place in the
     /// order is the last `Held::Write`, which has no write in `writes` yet.
     group: Option<Vec<u8>>,
+    /// Whether the group holds a record someone waits for, so it goes without waiting.
+    urgent: bool,
+    /// When the last group write started.
+    last_started: Option<Instant>,
 }
 
 impl Outbox {
@@ -110,10 +123,12 @@ impl Outbox {
     }
 
     /// Adds one encoded journal record (at most `max_bytes`) to the group gathering; a group
-    /// it would make larger than `max_bytes` is written first.
+    /// it would make larger than `max_bytes` is written first. An `urgent` record is one a
+    /// client waits for: its group goes without waiting for more.
     pub fn record(
         &mut self,
         record: &[u8],
+        urgent: bool,
         max_bytes: usize,
         store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>,
     ) {
@@ -134,18 +149,31 @@ impl Outbox {
                 self.group = Some(record.to_vec());
             }
         }
+        self.urgent |= urgent;
     }
 
-    /// Writes the group gathering, if there is one and the writes in flight leave room for it.
+    /// Writes the group gathering if the writes in flight leave room for it, and it is urgent
+    /// or `GROUP_INTERVAL` has passed since the last write started.
     pub fn commit(&mut self, store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>) {
-        if self.writes.len() < GROUPS_IN_FLIGHT {
+        if self.group.is_none() || self.writes.len() >= GROUPS_IN_FLIGHT {
+            return;
+        }
+        if self.urgent || self.commit_due().is_none_or(|due| Instant::now() >= due) {
             self.seal(store);
         }
+    }
+
+    /// When the group gathering is due to be written, if it waits only for time to pass.
+    pub fn commit_due(&self) -> Option<Instant> {
+        let waits = self.group.is_some() && self.writes.len() < GROUPS_IN_FLIGHT && !self.urgent;
+        waits.then_some(self.last_started?.checked_add(GROUP_INTERVAL)?)
     }
 
     /// Writes the group gathering now, if there is one.
     pub fn seal(&mut self, store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>) {
         if let Some(group) = self.group.take() {
+            self.urgent = false;
+            self.last_started = Some(Instant::now());
             self.writes.push_back(store(group.into()));
         }
     }
@@ -278,13 +306,13 @@ mod tests {
     async fn records_gather_into_one_group_while_a_write_is_in_flight() {
         let mut outbox = Outbox::default();
         let journal = Journal::default();
-        outbox.record(b"a", 100, journal.store());
+        outbox.record(b"a", true, 100, journal.store());
         outbox.commit(journal.store());
         outbox.hold(reply(1));
         // The first group is in flight: these gather into the next.
-        outbox.record(b"b", 100, journal.store());
+        outbox.record(b"b", true, 100, journal.store());
         outbox.hold(reply(2));
-        outbox.record(b"c", 100, journal.store());
+        outbox.record(b"c", true, 100, journal.store());
         outbox.commit(journal.store());
         outbox.hold(reply(3));
         assert_eq!(journal.groups(), ["a"]);
@@ -302,14 +330,14 @@ mod tests {
     async fn a_full_group_is_written_at_once_and_the_record_starts_the_next() {
         let mut outbox = Outbox::default();
         let journal = Journal::default();
-        outbox.record(b"aaaa", 9, journal.store());
-        outbox.record(b"bbbb", 9, journal.store());
+        outbox.record(b"aaaa", true, 9, journal.store());
+        outbox.record(b"bbbb", true, 9, journal.store());
         assert_eq!(
             journal.groups(),
             Vec::<String>::new(),
             "4 + 1 + 4 fits in 9"
         );
-        outbox.record(b"cccc", 9, journal.store());
+        outbox.record(b"cccc", true, 9, journal.store());
         assert_eq!(journal.groups(), ["aaaa\nbbbb"]);
         outbox.seal(journal.store());
         assert_eq!(journal.groups(), ["aaaa\nbbbb", "cccc"]);
@@ -319,7 +347,7 @@ mod tests {
     async fn a_result_write_sends_the_gathering_group_first_to_keep_the_order() {
         let mut outbox = Outbox::default();
         let journal = Journal::default();
-        outbox.record(b"a", 100, journal.store());
+        outbox.record(b"a", true, 100, journal.store());
         outbox.hold(reply(1));
         let (result, write) = gate();
         outbox.write(write, journal.store());
@@ -345,7 +373,7 @@ mod tests {
             outbox.may_send(&reply(0)),
             "nothing in flight: anything leaves"
         );
-        outbox.record(b"a", 100, journal.store());
+        outbox.record(b"a", true, 100, journal.store());
         outbox.commit(journal.store());
         assert!(
             !outbox.may_send(&reply(1)),
@@ -363,7 +391,7 @@ mod tests {
         outbox.hold(to_executor(2));
         journal.open(0);
         assert_eq!(outbox.released().await.len(), MAX_HELD + 1);
-        outbox.record(b"b", 100, journal.store());
+        outbox.record(b"b", true, 100, journal.store());
         outbox.commit(journal.store());
         outbox.hold(to_executor(3));
         assert!(
@@ -373,6 +401,34 @@ mod tests {
         journal.open(1);
         assert_eq!(names(&outbox.released().await), ["x3"]);
         assert!(outbox.may_send(&to_executor(5)));
+    }
+
+    // Time stands still but for the sleep: the wait is exact.
+    #[tokio::test(start_paused = true)]
+    async fn a_group_of_task_ends_alone_waits_for_company_and_an_urgent_one_does_not() {
+        let mut outbox = Outbox::default();
+        let journal = Journal::default();
+        outbox.record(b"a", false, 100, journal.store());
+        outbox.commit(journal.store());
+        assert_eq!(journal.groups(), ["a"], "the first write goes at once");
+        journal.open(0);
+        outbox.released().await;
+        // The next group of task ends waits until GROUP_INTERVAL after the last write began.
+        outbox.record(b"b", false, 100, journal.store());
+        outbox.commit(journal.store());
+        assert_eq!(journal.groups(), ["a"]);
+        let due = outbox.commit_due().expect("it waits for time alone");
+        tokio::time::sleep_until(due).await;
+        outbox.commit(journal.store());
+        assert_eq!(journal.groups(), ["a", "b"]);
+        journal.open(1);
+        outbox.released().await;
+        // A record a client waits for takes the group with it at once.
+        outbox.record(b"c", false, 100, journal.store());
+        outbox.record(b"d", true, 100, journal.store());
+        assert_eq!(outbox.commit_due(), None);
+        outbox.commit(journal.store());
+        assert_eq!(journal.groups(), ["a", "b", "c\nd"]);
     }
 
     #[tokio::test]

@@ -428,3 +428,143 @@ impl Compact for JournaledTask {
         })
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Runs of plain finishes in the journal
+
+/// `TasksEnded.tasks`: a run of two or more plain finishes of consecutive task ids, with one
+/// attempt and one executor, is written `[first_task_id, attempt, executor_id, count]`; any
+/// other outcome as one entry.
+pub(super) mod runs {
+    use super::*;
+    use serde::ser::SerializeSeq;
+
+    /// The most outcomes one record may expand to: a status batch's, or a snapshot record's.
+    const MAX_TASKS: u64 = 1 << 20;
+
+    pub fn serialize<S: Serializer>(
+        tasks: &[JournaledTask],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(None)?;
+        let mut at = 0;
+        while at < tasks.len() {
+            let first = &tasks[at];
+            let run = match first.is_plain_finish() {
+                true => tasks[at..]
+                    .iter()
+                    .zip(0..)
+                    .take_while(|(t, n)| {
+                        t.is_plain_finish()
+                            && t.task_id == first.task_id.wrapping_add(*n)
+                            && t.attempt == first.attempt
+                            && t.executor_id == first.executor_id
+                    })
+                    .count(),
+                false => 1,
+            };
+            match run {
+                1 => seq.serialize_element(first)?,
+                n => {
+                    seq.serialize_element(&(first.task_id, first.attempt, &first.executor_id, n))?
+                }
+            }
+            at += run;
+        }
+        seq.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<JournaledTask>, D::Error> {
+        deserializer.deserialize_seq(RunsVisitor)
+    }
+
+    struct RunsVisitor;
+
+    impl<'de> Visitor<'de> for RunsVisitor {
+        type Value = Vec<JournaledTask>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of journaled outcomes")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut tasks = Vec::new();
+            while let Some(Run(run)) = seq.next_element::<Run>()? {
+                match run {
+                    Entry::One(task) => tasks.push(task),
+                    Entry::Many(first, count) => {
+                        if tasks.len() as u64 + count > MAX_TASKS {
+                            return Err(de::Error::custom(format!(
+                                "a record of more than {MAX_TASKS} outcomes"
+                            )));
+                        }
+                        let last = first.task_id.checked_add(count - 1).ok_or_else(|| {
+                            de::Error::custom("a run of task ids past the largest id")
+                        })?;
+                        tasks.extend((first.task_id..=last).map(|task_id| JournaledTask {
+                            task_id,
+                            executor_id: first.executor_id.clone(),
+                            ..first.clone()
+                        }));
+                    }
+                }
+            }
+            Ok(tasks)
+        }
+    }
+
+    enum Entry {
+        One(JournaledTask),
+        /// The first of a run, and how many.
+        Many(JournaledTask, u64),
+    }
+
+    /// One entry of the list: an outcome, or a run of plain finishes.
+    struct Run(Entry);
+
+    impl<'de> Deserialize<'de> for Run {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            super::deserialize(deserializer)
+        }
+    }
+
+    impl From<JournaledObject<ExecutorId, Value, String>> for Run {
+        fn from(o: JournaledObject<ExecutorId, Value, String>) -> Self {
+            Run(Entry::One(o.into()))
+        }
+    }
+
+    impl Compact for Run {
+        const EXPECTING: &'static str = "a journaled outcome: an object, [task_id, attempt, \
+                                         executor_id] for a plain finish, or [first_task_id, \
+                                         attempt, executor_id, count] for a run of them";
+        type Object = JournaledObject<ExecutorId, Value, String>;
+
+        fn from_array<'de, A: SeqAccess<'de>>(
+            mut seq: A,
+            expected: &dyn Expected,
+        ) -> Result<Self, A::Error> {
+            let (task_id, attempt) = finish_head(&mut seq, expected)?;
+            let executor_id = element(&mut seq, 2, expected)?;
+            let count: Option<u64> = seq.next_element()?;
+            end_of_tuple(seq, if count.is_some() { 4 } else { 3 }, expected)?;
+            let first = JournaledTask {
+                task_id,
+                attempt,
+                executor_id,
+                state: TaskState::Finished,
+                result: None,
+                error: None,
+                in_bucket: false,
+                result_chunks: None,
+            };
+            match count {
+                None => Ok(Run(Entry::One(first))),
+                Some(0) => Err(de::Error::custom("a run of no tasks")),
+                Some(n) => Ok(Run(Entry::Many(first, n))),
+            }
+        }
+    }
+}

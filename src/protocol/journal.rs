@@ -21,8 +21,11 @@ pub enum JournalRecord {
         job: SubmitJob,
     },
     /// Tasks ended for good: FINISHED, or FAILED for the last time. One record per status batch.
+    /// A run of plain finishes of consecutive task ids, one attempt and one executor is written
+    /// `[first_task_id, attempt, executor_id, count]`.
     TasksEnded {
         time_ms: u64,
+        #[serde(with = "super::compact::runs")]
         tasks: Vec<JournaledTask>,
     },
     /// A job ended.
