@@ -60,7 +60,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Soak> {
     let started = Instant::now();
     // Snapshots at 1 MiB rather than the default 8: the 40 jobs' records (about 100 KB a job)
     // then go through several snapshots, and the report shows the journal bounded by them.
-    let flags = ["--retain-jobs", &retain, "--snapshot-after", SOAK_SNAPSHOT_AFTER];
+    let flags = [
+        "--retain-jobs",
+        &retain,
+        "--snapshot-after",
+        SOAK_SNAPSHOT_AFTER,
+    ];
     let mut cluster = Cluster::start_with("soak", true, &flags)?;
     let cores = args.cores.iter().copied().max().unwrap_or(1);
     cluster.add_executors(args.executors, cores)?;

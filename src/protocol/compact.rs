@@ -416,7 +416,14 @@ impl Compact for JournaledTask {
         let (task_id, attempt) = finish_head(&mut seq, expected)?;
         let executor_id = element(&mut seq, 2, expected)?;
         end_of_tuple(seq, 3, expected)?;
-        Ok(Self {
+        Ok(Self::plain_finish(task_id, attempt, executor_id))
+    }
+}
+
+impl JournaledTask {
+    /// `FINISHED` on `executor_id`, with nothing else to say.
+    fn plain_finish(task_id: TaskId, attempt: u32, executor_id: ExecutorId) -> Self {
+        Self {
             task_id,
             attempt,
             executor_id,
@@ -425,7 +432,7 @@ impl Compact for JournaledTask {
             error: None,
             in_bucket: false,
             result_chunks: None,
-        })
+        }
     }
 }
 
@@ -550,16 +557,7 @@ pub(super) mod runs {
             let executor_id = element(&mut seq, 2, expected)?;
             let count: Option<u64> = seq.next_element()?;
             end_of_tuple(seq, if count.is_some() { 4 } else { 3 }, expected)?;
-            let first = JournaledTask {
-                task_id,
-                attempt,
-                executor_id,
-                state: TaskState::Finished,
-                result: None,
-                error: None,
-                in_bucket: false,
-                result_chunks: None,
-            };
+            let first = JournaledTask::plain_finish(task_id, attempt, executor_id);
             match count {
                 None => Ok(Run(Entry::One(first))),
                 Some(0) => Err(de::Error::custom("a run of no tasks")),

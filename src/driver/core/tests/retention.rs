@@ -221,6 +221,25 @@ fn past_the_cap_of_all_results_the_oldest_finished_jobs_lose_theirs_and_say_so()
     }
 }
 
+/// 2.5 MB of result in 3 chunks.
+const CHUNKS: ResultChunks = ResultChunks {
+    count: 3,
+    bytes: 2_500_000,
+};
+
+/// Launches a one-task job on "e1" and reports its finish with `CHUNKS`; returns the job, task
+/// id and attempt.
+fn finish_in_chunks(core: &mut Core, journal: &mut Vec<JournalRecord>) -> (JobId, TaskId, u32) {
+    add(core, "e1", 1, 0);
+    let job_id = submit(core, job(1, 1, 4), 0);
+    let (task_id, _, attempt) = launches(&take_journal(core, journal))[0].1[0];
+    let update = finished_in_chunks(task_id, attempt, CHUNKS);
+    status(core, "e1", vec![update], 1);
+    take_journal(core, journal);
+    assert_eq!(summary(core, job_id).state, JobState::Succeeded);
+    (job_id, task_id, attempt)
+}
+
 /// A status whose result the executor stored in the results bucket in chunks.
 fn finished_in_chunks(task_id: TaskId, attempt: u32, chunks: ResultChunks) -> StatusUpdate {
     StatusUpdate {
@@ -233,22 +252,9 @@ fn finished_in_chunks(task_id: TaskId, attempt: u32, chunks: ResultChunks) -> St
 fn a_result_in_chunks_is_kept_by_its_place_journaled_and_restored() {
     let mut core = journaled_core(0);
     core.config.results_bucket = true;
-    add(&mut core, "e1", 1, 0);
     let mut journal = Vec::new();
-    let job_id = submit(&mut core, job(1, 1, 4), 0);
-    let (task_id, _, attempt) = launches(&take_journal(&mut core, &mut journal))[0].1[0];
-    let chunks = ResultChunks {
-        count: 3,
-        bytes: 2_500_000,
-    };
-    status(
-        &mut core,
-        "e1",
-        vec![finished_in_chunks(task_id, attempt, chunks)],
-        1,
-    );
-    take_journal(&mut core, &mut journal);
-    assert_eq!(summary(&mut core, job_id).state, JobState::Succeeded);
+    let (job_id, task_id, attempt) = finish_in_chunks(&mut core, &mut journal);
+    let chunks = CHUNKS;
     let kept = outcome(&mut core, job_id, 0);
     assert_eq!((kept.result_chunks, kept.result), (Some(chunks), None));
     let chunk = |core: &mut Core, chunk| {
@@ -293,20 +299,7 @@ fn a_result_in_chunks_past_the_jobs_cap_or_without_a_bucket_is_refused_with_a_no
         let mut core = journaled_core(0);
         core.config.results_bucket = bucket;
         core.config.retention.job_result_bytes = 1_000_000;
-        add(&mut core, "e1", 1, 0);
-        let job_id = submit(&mut core, job(1, 1, 4), 0);
-        let (task_id, _, attempt) = launches(&core.take_effects())[0].1[0];
-        let chunks = ResultChunks {
-            count: 3,
-            bytes: 2_500_000,
-        };
-        status(
-            &mut core,
-            "e1",
-            vec![finished_in_chunks(task_id, attempt, chunks)],
-            1,
-        );
-        assert_eq!(summary(&mut core, job_id).state, JobState::Succeeded);
+        let (job_id, _, _) = finish_in_chunks(&mut core, &mut Vec::new());
         let refused = outcome(&mut core, job_id, 0);
         assert_eq!(refused.result_chunks, None);
         let note = refused.error.unwrap_or_default();
