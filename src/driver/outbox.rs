@@ -17,7 +17,8 @@
 //! group of task ends alone also waits until `GROUP_INTERVAL` after the last write started,
 //! so that a loop of one task at a time does not cost the broker a write per task; what waits
 //! for it then is task events, which wait that long for company anyway. A group with any other
-//! record (a job submitted or ended, which a client waits for) goes at once.
+//! record (a job submitted or ended, which a client waits for) goes at once, even beside a
+//! write in flight (what follows it still waits for both, in order).
 
 use super::core::Effect;
 use futures::future::BoxFuture;
@@ -31,6 +32,10 @@ use tokio::time::Instant;
 /// One: the records of the steps that follow gather into the next group meanwhile, so the
 /// journal costs the broker one write per round trip of its own, however fast the loop runs.
 const GROUPS_IN_FLIGHT: usize = 1;
+
+/// How many writes may be in flight before an urgent group waits: one that a client waits for
+/// (a job's end, say) need not wait for the write before it to be stored.
+const URGENT_IN_FLIGHT: usize = 2;
 
 /// How long after the last write started a group of task ends alone waits for more.
 pub const GROUP_INTERVAL: Duration = Duration::from_millis(1);
@@ -152,10 +157,15 @@ impl Outbox {
         self.urgent |= urgent;
     }
 
-    /// Writes the group gathering if the writes in flight leave room for it, and it is urgent
-    /// or `GROUP_INTERVAL` has passed since the last write started.
+    /// Writes the group gathering if the writes in flight leave room for it (more room for an
+    /// urgent one), and it is urgent or `GROUP_INTERVAL` has passed since the last write
+    /// started.
     pub fn commit(&mut self, store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>) {
-        if self.group.is_none() || self.writes.len() >= GROUPS_IN_FLIGHT {
+        let room = match self.urgent {
+            true => URGENT_IN_FLIGHT,
+            false => GROUPS_IN_FLIGHT,
+        };
+        if self.group.is_none() || self.writes.len() >= room {
             return;
         }
         if self.urgent || self.commit_due().is_none_or(|due| Instant::now() >= due) {
@@ -302,28 +312,53 @@ mod tests {
         assert!(journal.groups().is_empty(), "no records, no group");
     }
 
-    #[tokio::test]
+    // Time stands still but for the sleep: the wait is exact.
+    #[tokio::test(start_paused = true)]
     async fn records_gather_into_one_group_while_a_write_is_in_flight() {
         let mut outbox = Outbox::default();
         let journal = Journal::default();
-        outbox.record(b"a", true, 100, journal.store());
+        outbox.record(b"a", false, 100, journal.store());
         outbox.commit(journal.store());
         outbox.hold(reply(1));
         // The first group is in flight: these gather into the next.
-        outbox.record(b"b", true, 100, journal.store());
+        outbox.record(b"b", false, 100, journal.store());
         outbox.hold(reply(2));
-        outbox.record(b"c", true, 100, journal.store());
+        outbox.record(b"c", false, 100, journal.store());
         outbox.commit(journal.store());
         outbox.hold(reply(3));
         assert_eq!(journal.groups(), ["a"]);
         journal.open(0);
         assert_eq!(names(&outbox.released().await), ["r1"]);
-        // Room again: the gathered group goes as one write, and both replies wait for it.
+        // Room again, and its time: the gathered group goes as one write, and both replies
+        // wait for it.
+        tokio::time::sleep_until(outbox.commit_due().expect("waits for time")).await;
         outbox.commit(journal.store());
         assert_eq!(journal.groups(), ["a", "b\nc"]);
         journal.open(1);
         assert_eq!(names(&outbox.released().await), ["r2", "r3"]);
         assert!(outbox.is_clear());
+    }
+
+    #[tokio::test]
+    async fn a_group_a_client_waits_for_does_not_wait_for_the_write_before_it() {
+        let mut outbox = Outbox::default();
+        let journal = Journal::default();
+        outbox.record(b"a", false, 100, journal.store());
+        outbox.commit(journal.store());
+        outbox.record(b"b", true, 100, journal.store());
+        outbox.hold(reply(1));
+        outbox.commit(journal.store());
+        assert_eq!(journal.groups(), ["a", "b"], "a second write in flight");
+        outbox.record(b"c", true, 100, journal.store());
+        outbox.commit(journal.store());
+        assert_eq!(journal.groups(), ["a", "b"], "but not a third");
+        // Its answer still waits for both writes, in order.
+        journal.open(1);
+        let early = tokio::time::timeout(Duration::from_millis(20), outbox.released()).await;
+        assert!(early.is_err(), "released before the first write was stored");
+        journal.open(0);
+        assert!(outbox.released().await.is_empty());
+        assert_eq!(names(&outbox.released().await), ["r1"]);
     }
 
     #[tokio::test]
