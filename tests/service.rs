@@ -29,6 +29,17 @@ fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
     }
 }
 
+/// Job `job_id`'s results, once a driver that has just started answers for them.
+async fn results_from_the_next_driver(
+    api: &ember::client::EmberClient,
+    job_id: ember::ids::JobId,
+) -> Vec<ember::protocol::TaskOutcome> {
+    common::eventually(LIMIT, "the next driver's results", || async {
+        api.results(job_id).await.ok()
+    })
+    .await
+}
+
 #[tokio::test]
 async fn results_live_in_the_bucket_and_come_back_byte_for_byte_from_the_next_driver() {
     let cluster = TestCluster::start_with_jetstream("results-bucket");
@@ -67,11 +78,7 @@ async fn results_live_in_the_bucket_and_come_back_byte_for_byte_from_the_next_dr
     first.stop().await.unwrap();
 
     let _next = cluster.driver().await;
-    let results = common::eventually(LIMIT, "the next driver's results", || async {
-        api.results(job.job_id).await.ok()
-    })
-    .await;
-    check(results);
+    check(results_from_the_next_driver(&api, job.job_id).await);
 }
 
 #[tokio::test]
@@ -306,9 +313,5 @@ async fn a_result_larger_than_max_payload_is_stored_in_chunks_and_comes_back_who
 
     // The next driver restores the chunks' place from the journal.
     let _next = cluster.driver().await;
-    let results = common::eventually(LIMIT, "the next driver's results", || async {
-        api.results(job.job_id).await.ok()
-    })
-    .await;
-    check(results);
+    check(results_from_the_next_driver(&api, job.job_id).await);
 }

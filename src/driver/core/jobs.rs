@@ -283,22 +283,9 @@ impl Core {
     }
 
     pub(super) fn on_submit_job(&mut self, submit: SubmitJob, now: u64) -> ApiReply {
-        if let Err(message) = validate_job(&submit, self.config.max_reply_bytes) {
+        let journal = self.config.journal;
+        if let Err(message) = validate_job(&submit, self.config.max_reply_bytes, journal) {
             return ApiReply::Error { message };
-        }
-        // Stored before it is accepted: the job must fit in one journal record, and that
-        // record in one snapshot part.
-        let limit = self.config.max_reply_bytes.saturating_sub(1024);
-        let size = crate::protocol::encode(&submit).len();
-        if self.config.journal && size > limit {
-            return ApiReply::Error {
-                message: format!(
-                    "the job is {size} bytes; with a journal a job must fit in one journal \
-                     record, {limit} bytes (the server's max_payload less headroom): raise \
-                     max_payload in nats.conf, or send fewer, smaller tasks (use `repeat` for \
-                     identical ones)"
-                ),
-            };
         }
         let id = self.next_job;
         let first_task = self.next_task;
@@ -404,7 +391,13 @@ impl Core {
     }
 }
 
-pub(super) fn validate_job(submit: &SubmitJob, max_bytes: usize) -> Result<(), String> {
+/// Checks a submission against the limits; with a `journal`, it must also fit in one journal
+/// record, and that record in one snapshot part, to be stored before it is accepted.
+pub(super) fn validate_job(
+    submit: &SubmitJob,
+    max_bytes: usize,
+    journal: bool,
+) -> Result<(), String> {
     let count = submit.tasks.len() as u64 * u64::from(submit.repeat);
     if count == 0 {
         return Err("a job needs at least one task (tasks is empty or repeat is 0)".into());
@@ -443,6 +436,15 @@ pub(super) fn validate_job(submit: &SubmitJob, max_bytes: usize) -> Result<(), S
                 return Err("a command task needs a non-empty argv".into());
             }
         }
+    }
+    let limit = max_bytes.saturating_sub(1024);
+    let size = crate::protocol::encode(submit).len();
+    if journal && size > limit {
+        return Err(format!(
+            "the job is {size} bytes; with a journal a job must fit in one journal record, \
+             {limit} bytes (the server's max_payload less headroom): raise max_payload in \
+             nats.conf, or send fewer, smaller tasks (use `repeat` for identical ones)"
+        ));
     }
     Ok(())
 }

@@ -137,7 +137,8 @@ impl Core {
         if self.jobs.contains_key(&job_id) || job_id < self.next_job {
             return Ok(());
         }
-        validate_job(&submit, self.config.max_reply_bytes)
+        // A stored record fit when it was written: its size is not checked again.
+        validate_job(&submit, self.config.max_reply_bytes, false)
             .map_err(|reason| ReplayError::InvalidJob { job_id, reason })?;
         if first_task < self.next_task {
             return Err(ReplayError::IdsOverlap { job_id, first_task });
