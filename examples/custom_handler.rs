@@ -105,16 +105,8 @@ mod tests {
             options.connect(server.url())
         };
         let driver_config = ember::driver::DriverConfig {
-            subjects: subjects.clone(),
-            expect_executors: 0,
             revive_interval: Duration::from_millis(200),
-            liveness: Default::default(),
-            journal: Default::default(),
-            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
-            retention: Default::default(),
-            snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
-            results_max_age: ember::driver::results::DEFAULT_RESULTS_MAX_AGE,
-            results_max_bytes: ember::driver::results::DEFAULT_RESULTS_MAX_BYTES,
+            ..ember::driver::DriverConfig::new(subjects.clone())
         };
         let driver = tokio::spawn(ember::driver::run(
             connect(None).await.unwrap(),

@@ -1,6 +1,7 @@
 //! Jobs and queries for programs and the CLI: a thin typed wrapper over requests on the
 //! driver's api subject.
 
+use crate::epoch::{self, Newest};
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Event, ExecutorsSnapshot, JobState, JobSummary,
@@ -10,15 +11,22 @@ use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
 use async_nats::Client;
 use futures::StreamExt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How often a waiting client asks for a job's progress (job.end events end the wait sooner).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
+/// How long a client waiting for a job goes on asking while no driver answers: time for a
+/// standby driver to take over from a leader that died (its lease, and a replay).
+pub const FAILOVER_PATIENCE: Duration = Duration::from_secs(30);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("no driver answers on {0} (is ember-driver running on this cluster?)")]
     NoDriver(String),
+    #[error("answered by a driver of epoch {0}, which no longer leads")]
+    Deposed(u64),
     #[error("the driver did not answer within {0:?}")]
     Timeout(Duration),
     #[error("NATS request failed: {0}")]
@@ -38,11 +46,18 @@ pub enum ClientError {
 pub struct EmberClient {
     client: Client,
     subjects: Subjects,
+    /// The newest leadership heard from: an answer or event of an older one is not taken.
+    epochs: Arc<Newest>,
 }
 
 impl EmberClient {
     pub fn new(client: Client, subjects: Subjects) -> Self {
-        Self { client, subjects }
+        let epochs = Arc::new(Newest::new(FAILOVER_PATIENCE));
+        Self {
+            client,
+            subjects,
+            epochs,
+        }
     }
 
     pub fn nats(&self) -> &Client {
@@ -75,6 +90,9 @@ impl EmberClient {
             async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(REQUEST_TIMEOUT),
             _ => ClientError::Request(e.to_string()),
         })?;
+        if !self.epochs.admit(epoch::of(&reply)) {
+            return Err(ClientError::Deposed(epoch::of(&reply)));
+        }
         match decode::<ApiReply>(&reply.payload, usize::MAX) {
             Ok(ApiReply::Error { message }) => Err(ClientError::Driver(message)),
             Ok(answer) => Ok(answer),
@@ -237,33 +255,73 @@ impl EmberClient {
             .map_err(|e| ClientError::Unexpected(format!("the result's chunks are not JSON: {e}")))
     }
 
+    /// A job's summary, asked again while no driver answers (a standby taking over from a
+    /// leader that died), for up to [`FAILOVER_PATIENCE`].
+    pub async fn job_through_failover(&self, job_id: JobId) -> Result<JobSummary, ClientError> {
+        let since = tokio::time::Instant::now();
+        loop {
+            match self.job(job_id).await {
+                Err(
+                    ClientError::NoDriver(_) | ClientError::Timeout(_) | ClientError::Deposed(_),
+                ) if since.elapsed() < FAILOVER_PATIENCE => tokio::time::sleep(POLL_INTERVAL).await,
+                answer => return answer,
+            }
+        }
+    }
+
     /// Submits a job and waits for its end, calling `progress` with each summary seen.
     pub async fn run_job(
         &self,
         job: SubmitJob,
-        mut progress: impl FnMut(&JobSummary),
+        progress: impl FnMut(&JobSummary),
     ) -> Result<JobSummary, ClientError> {
         // Subscribed before the submission, so the job's end cannot slip past.
-        let mut ends = self
-            .client
+        let ends = self.job_ends().await?;
+        let job_id = self.submit(job).await?;
+        self.wait_on(ends, job_id, progress).await
+    }
+
+    /// Waits for job `job_id` to end, calling `progress` with each summary seen, through a
+    /// failover to a standby driver.
+    pub async fn wait(
+        &self,
+        job_id: JobId,
+        progress: impl FnMut(&JobSummary),
+    ) -> Result<JobSummary, ClientError> {
+        let ends = self.job_ends().await?;
+        self.wait_on(ends, job_id, progress).await
+    }
+
+    async fn job_ends(&self) -> Result<async_nats::Subscriber, ClientError> {
+        self.client
             .subscribe(self.subjects.event("job.end"))
             .await
-            .map_err(|e| ClientError::Subscribe(e.to_string()))?;
-        let job_id = self.submit(job).await?;
+            .map_err(|e| ClientError::Subscribe(e.to_string()))
+    }
+
+    async fn wait_on(
+        &self,
+        mut ends: async_nats::Subscriber,
+        job_id: JobId,
+        mut progress: impl FnMut(&JobSummary),
+    ) -> Result<JobSummary, ClientError> {
         let mut poll = tokio::time::interval(POLL_INTERVAL);
         loop {
             tokio::select! {
                 Some(message) = ends.next() => {
+                    if !self.epochs.admit(epoch::of(&message)) {
+                        continue;
+                    }
                     if let Ok(Event::JobEnd { job_id: id, .. }) = decode::<Event>(&message.payload, usize::MAX) {
                         if id == job_id {
-                            let summary = self.job(job_id).await?;
+                            let summary = self.job_through_failover(job_id).await?;
                             progress(&summary);
                             return Ok(summary);
                         }
                     }
                 }
                 _ = poll.tick() => {
-                    let summary = self.job(job_id).await?;
+                    let summary = self.job_through_failover(job_id).await?;
                     progress(&summary);
                     if summary.state != JobState::Running {
                         return Ok(summary);

@@ -14,12 +14,16 @@ pub async fn subscribe(
 }
 
 /// The subscription's events, decoded; each item keeps the raw payload for `--json` output.
+/// An event from an older leadership than the newest heard from is left out (see
+/// [`crate::epoch`]).
 pub fn decoded(
     subscriber: Subscriber,
 ) -> impl Stream<Item = (bytes::Bytes, Result<Event, String>)> {
-    subscriber.map(|message| {
+    let epochs = crate::epoch::Newest::new(crate::client::FAILOVER_PATIENCE);
+    subscriber.filter_map(move |message| {
+        let current = epochs.admit(crate::epoch::of(&message));
         let event = decode::<Event>(&message.payload, usize::MAX).map_err(|e| e.to_string());
-        (message.payload, event)
+        std::future::ready(current.then_some((message.payload, event)))
     })
 }
 

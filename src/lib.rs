@@ -17,6 +17,7 @@ pub mod cli;
 pub mod client;
 pub mod connect;
 pub mod driver;
+pub mod epoch;
 pub mod events;
 pub mod executor;
 pub mod ids;

@@ -99,6 +99,12 @@ impl Subjects {
         self.results_key(&format!("chunks.{id}.>"))
     }
 
+    /// The key-value bucket that holds the drivers' leader lease: `EMBER_<cluster>_LEADER`.
+    pub fn leader_bucket(&self) -> String {
+        let cluster = self.prefix.trim_start_matches("ember.");
+        format!("EMBER_{cluster}_LEADER")
+    }
+
     /// The name of the JetStream stream that holds the journal: `EMBER_<cluster>_JOURNAL`
     /// (stream names may not contain dots).
     pub fn journal_stream(&self) -> String {

@@ -69,6 +69,8 @@ struct Ledger {
     unexpected: u32,
     removed: Vec<(String, String, Instant)>,
     added: Vec<String>,
+    /// The epoch of every event, in the order they came.
+    epochs: Vec<u64>,
 }
 
 impl Ledger {
@@ -146,6 +148,7 @@ async fn follow(
                 _ = &mut stopped => return ledger,
                 Some(message) = events.next() => {
                     if let Ok(event) = decode::<Event>(&message.payload, usize::MAX) {
+                        ledger.epochs.push(ember::epoch::of(&message));
                         ledger.record(event);
                     }
                 }
@@ -516,16 +519,9 @@ async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
     };
     let driver_client = connect(first.clone()).await;
     let config = ember::driver::DriverConfig {
-        subjects: cluster.subjects.clone(),
-        expect_executors: 0,
         revive_interval: Duration::from_millis(200),
         liveness: fast_liveness(),
-        journal: Default::default(),
-        journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
-        retention: Default::default(),
-        snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
-        results_max_age: ember::driver::results::DEFAULT_RESULTS_MAX_AGE,
-        results_max_bytes: ember::driver::results::DEFAULT_RESULTS_MAX_BYTES,
+        ..ember::driver::DriverConfig::new(cluster.subjects.clone())
     };
     let driver = tokio::spawn(ember::driver::run(
         driver_client,
@@ -812,4 +808,305 @@ async fn a_driver_restored_from_a_snapshot_resumes_the_running_job_and_keeps_wha
         state.first_sequence, state.last_sequence, state.messages
     );
     drop(executors);
+}
+
+/// Who holds the cluster's leader lease, as the key says now.
+async fn lease_holder(cluster: &TestCluster) -> Option<ember::driver::lease::Holder> {
+    holder_of(&cluster.client().await, &cluster.subjects).await
+}
+
+async fn holder_of(
+    client: &async_nats::Client,
+    subjects: &ember::subjects::Subjects,
+) -> Option<ember::driver::lease::Holder> {
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let bucket = jetstream
+        .get_key_value(subjects.leader_bucket())
+        .await
+        .ok()?;
+    let entry = bucket.entry("leader").await.ok()??;
+    serde_json::from_slice(&entry.value).ok()
+}
+
+/// Waits until a driver of `drivers` holds the lease (and is not `not`), and returns its index.
+async fn leader_among(cluster: &TestCluster, drivers: &[&Child], not: Option<u32>) -> usize {
+    eventually(LIMIT, "a driver leads", || async {
+        let holder = lease_holder(cluster).await?;
+        if holder.released || Some(holder.pid) == not {
+            return None;
+        }
+        drivers.iter().position(|d| d.id() == Some(holder.pid))
+    })
+    .await
+}
+
+/// Two driver processes with a 1 s lease and three executors, once the executors have
+/// registered: the drivers, the executors, an api client and which driver leads.
+async fn two_drivers(
+    cluster: &TestCluster,
+) -> (Vec<Child>, Vec<Child>, ember::client::EmberClient, usize) {
+    let flags = [
+        "--executor-timeout",
+        "2s",
+        "--journal",
+        "on",
+        "--lease",
+        "1s",
+    ];
+    let drivers = vec![
+        cluster.driver_process(&flags).spawn().unwrap(),
+        cluster.driver_process(&flags).spawn().unwrap(),
+    ];
+    let executors = spawn_executors(cluster, 3).await;
+    let api = cluster.api(cluster.client().await);
+    wait_registered(&api, 3).await;
+    let leader = leader_among(cluster, &[&drivers[0], &drivers[1]], None).await;
+    (drivers, executors, api, leader)
+}
+
+#[tokio::test]
+async fn a_standby_driver_takes_over_when_the_leader_is_sigkilled_mid_job() {
+    let cluster = TestCluster::start_with_jetstream("failover-kill");
+    let (ledger, stop) = follow(&cluster).await;
+    let lease = Duration::from_secs(1);
+    let (mut drivers, executors, api, leader) = two_drivers(&cluster).await;
+    // 40 tasks of 300 ms on 6 cores: about 2 s of work, a third of it done at the kill.
+    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
+    })
+    .await;
+    let mut dead = drivers.remove(leader);
+    let dead_pid = dead.id();
+    signal(&dead, Signal::SIGKILL);
+    let _ = dead.wait().await;
+    let killed_at = Instant::now();
+    leader_among(&cluster, &[&drivers[0]], dead_pid).await;
+    let took_over = killed_at.elapsed();
+    let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+    let done = killed_at.elapsed();
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let results = api.results(job_id).await.unwrap();
+    assert_eq!(results.len(), 40);
+    stop.send(()).unwrap();
+    let ledger = ledger.await.unwrap();
+    ledger.assert_nothing_lost(&results);
+    assert_eq!(ledger.job_ends, [(job_id, JobState::Succeeded)]);
+    let resumed = ledger
+        .start_times
+        .iter()
+        .find(|t| **t > killed_at)
+        .expect("the new leader launched the rest")
+        .duration_since(killed_at);
+    assert!(
+        took_over <= lease + Duration::from_secs(1),
+        "the standby led {took_over:?} after the kill, past the lease and a second"
+    );
+    eprintln!(
+        "failover after SIGKILL: the standby led {took_over:?} after the kill, first launch \
+         {resumed:?}, job done {done:?}; ledger lost=0 duplicated=0 unexpected=0"
+    );
+    drop(executors);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_drivers_started_at_the_same_instant_exactly_one_leads_every_time() {
+    let cluster = TestCluster::start_with_jetstream("failover-race");
+    let client = cluster.client().await;
+    for round in 0..100 {
+        let subjects = ember::subjects::Subjects::new(&format!("race{round}")).unwrap();
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+        let (stops, drivers): (Vec<_>, Vec<_>) = (0..2)
+            .map(|_| {
+                let (stop, stopped) = oneshot::channel::<()>();
+                let config = ember::driver::DriverConfig {
+                    journal: ember::driver::JournalMode::On,
+                    ..ember::driver::DriverConfig::new(subjects.clone())
+                };
+                let (start, url) = (start.clone(), cluster.url());
+                let driver = tokio::spawn(async move {
+                    let client = async_nats::connect(url).await.unwrap();
+                    start.wait().await;
+                    ember::driver::run(client, config, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                });
+                (stop, driver)
+            })
+            .unzip();
+        // Every driver that leads answers the api; count the answers to one request.
+        let inbox = client.new_inbox();
+        let mut answers = client.subscribe(inbox.clone()).await.unwrap();
+        let request = ember::protocol::encode(&ember::protocol::ApiRequest::ListExecutors {
+            offset: 0,
+            limit: Some(0),
+        });
+        let api = ember::client::EmberClient::new(client.clone(), subjects.clone());
+        eventually(LIMIT, "a driver leads", || async {
+            api.executors().await.ok()
+        })
+        .await;
+        // A second leader would have subscribed by now: the leader answers only after taking
+        // the lease, and the other driver's compare-and-set was decided before that.
+        client
+            .publish_with_reply(subjects.api(), inbox, request)
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        let mut count = 0;
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_millis(100), answers.next()).await
+        {
+            count += 1;
+        }
+        assert_eq!(count, 1, "round {round}: {count} drivers answered");
+        for stop in stops {
+            let _ = stop.send(());
+        }
+        for driver in drivers {
+            within(LIMIT, driver).await.unwrap().unwrap();
+        }
+    }
+}
+
+/// The message ids of the journal's messages, in order.
+async fn journal_message_ids(cluster: &TestCluster) -> Vec<String> {
+    let messages = cluster.journal_messages().await;
+    let id = |m: &async_nats::jetstream::message::StreamMessage| {
+        m.headers.get("Nats-Msg-Id").map(|v| v.to_string())
+    };
+    messages.iter().map(|m| id(m).unwrap_or_default()).collect()
+}
+
+#[tokio::test]
+async fn a_leader_paused_past_its_lease_is_fenced_when_it_wakes() {
+    let cluster = TestCluster::start_with_jetstream("failover-pause");
+    let (ledger, stop) = follow(&cluster).await;
+    let (mut drivers, executors, api, leader) = two_drivers(&cluster).await;
+    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
+    })
+    .await;
+    let paused = drivers.remove(leader);
+    signal(&paused, Signal::SIGSTOP);
+    let paused_at = Instant::now();
+    leader_among(&cluster, &[&drivers[0]], paused.id()).await;
+    let took_over = paused_at.elapsed();
+    // The new leader has the executors again and runs the job; then the old one wakes, its
+    // lease long gone, with statuses and heartbeats queued for it and timers overdue.
+    eventually(
+        LIMIT,
+        "executors registered with the new leader",
+        || async { (api.executors().await.ok()?.registered_executors == 3).then_some(()) },
+    )
+    .await;
+    signal(&paused, Signal::SIGCONT);
+    let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+    // A job submitted once the old leader is awake: were it still acting, it would take the
+    // submission too (both hear the api subject until it stands down), launch it and tell of it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = within(LIMIT, api.run_job(sleepers(10, 100), |_| {}))
+        .await
+        .unwrap();
+    // Time for whatever else the old leader would do on waking.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    assert_eq!(second.state, JobState::Succeeded, "{second:?}");
+    let mut results = api.results(job_id).await.unwrap();
+    assert_eq!(results.len(), 40);
+    results.extend(api.results(second.job_id).await.unwrap());
+    stop.send(()).unwrap();
+    let ledger = ledger.await.unwrap();
+    ledger.assert_nothing_lost(&results);
+    assert_eq!(
+        ledger.job_ends,
+        [
+            (job_id, JobState::Succeeded),
+            (second.job_id, JobState::Succeeded)
+        ]
+    );
+    // Every event carries its leader's epoch: none of the old one's after the new one's.
+    let (old_epoch, new_epoch) = (ledger.epochs[0], *ledger.epochs.last().unwrap());
+    assert!(
+        old_epoch < new_epoch,
+        "two leaderships: {:?}",
+        ledger.epochs
+    );
+    assert!(
+        ledger.epochs.windows(2).all(|w| w[0] <= w[1]),
+        "an event of an older epoch after a newer one's: {:?}",
+        ledger.epochs
+    );
+    // The journal after the new leader's mark holds its writes alone.
+    let ids = journal_message_ids(&cluster).await;
+    let mark = ids
+        .iter()
+        .position(|id| *id == format!("{new_epoch}.lead"))
+        .expect("the new leader's mark");
+    let foreign: Vec<_> = ids[mark + 1..]
+        .iter()
+        .filter(|id| !id.starts_with(&format!("{new_epoch}.")))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "writes of another leader after the mark: {foreign:?}"
+    );
+    let holder = lease_holder(&cluster).await.expect("a leader");
+    assert_eq!(
+        Some(holder.pid),
+        drivers[0].id(),
+        "the new leader still leads"
+    );
+    eprintln!(
+        "failover after SIGSTOP: the standby led {took_over:?} after the pause (epoch \
+         {old_epoch} -> {new_epoch}); after SIGCONT no event, launch or journal write of the old \
+         epoch was acted on; ledger lost=0 duplicated=0 unexpected=0"
+    );
+    drop((executors, paused));
+}
+
+#[tokio::test]
+async fn ember_up_with_two_drivers_survives_a_sigkill_of_the_leader_mid_job() {
+    let dir = std::env::temp_dir().join(format!("ember-up-failover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = ember::server::free_port().unwrap();
+    let mut up = tokio::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--cluster", "upfail", "up", "--port", &port.to_string()])
+        .args(["--drivers", "2", "--executors", "3", "--cores", "2"])
+        .current_dir(&dir)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let url = format!("nats://127.0.0.1:{port}");
+    let client = eventually(LIMIT, "ember up's nats-server", || async {
+        async_nats::connect(url.as_str()).await.ok()
+    })
+    .await;
+    let subjects = ember::subjects::Subjects::new("upfail").unwrap();
+    let api = ember::client::EmberClient::new(client.clone(), subjects.clone());
+    wait_registered(&api, 3).await;
+    let job_id = api.submit(sleepers(30, 300)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 6).then_some(())
+    })
+    .await;
+    let leader = holder_of(&client, &subjects).await.expect("a leader").pid;
+    kill(Pid::from_raw(leader as i32), Signal::SIGKILL).unwrap();
+    let killed_at = Instant::now();
+    let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    assert_eq!(summary.succeeded, 30);
+    let next = holder_of(&client, &subjects).await.expect("a leader").pid;
+    assert_ne!(next, leader, "the standby leads");
+    eprintln!(
+        "ember up --drivers 2: the job ended SUCCEEDED {:?} after the leader's SIGKILL",
+        killed_at.elapsed()
+    );
+    signal(&up, Signal::SIGTERM);
+    let _ = tokio::time::timeout(LIMIT, up.wait()).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

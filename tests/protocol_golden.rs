@@ -2117,6 +2117,14 @@ fn journal_records() {
         json!({"type":"ResultsDropped","job_id":3}),
     );
     golden(
+        &JournalRecord::Leader {
+            epoch: 12,
+            driver_instance: uuid::Uuid::from_u128(0x1ead),
+            time_ms: 1_700_000_000_990,
+        },
+        json!({"type":"Leader","epoch":12,"driver_instance":"00000000-0000-0000-0000-000000001ead","time_ms":1700000000990u64}),
+    );
+    golden(
         &JournalRecord::SnapshotPart {
             snapshot: uuid::Uuid::from_u128(0x5a),
             part: 0,

@@ -150,16 +150,9 @@ impl Secure {
     async fn start_driver_with(&self, journal: ember::driver::JournalMode) -> Stoppable {
         let client = self.login("driver").await;
         let config = DriverConfig {
-            subjects: self.subjects().clone(),
-            expect_executors: 0,
             revive_interval: Duration::from_millis(200),
-            liveness: Default::default(),
             journal,
-            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
-            retention: Default::default(),
-            snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
-            results_max_age: ember::driver::results::DEFAULT_RESULTS_MAX_AGE,
-            results_max_bytes: ember::driver::results::DEFAULT_RESULTS_MAX_BYTES,
+            ..DriverConfig::new(self.subjects().clone())
         };
         let driver = Stoppable::spawn(|stop| async move {
             driver::run(client, config, stop)

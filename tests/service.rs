@@ -155,17 +155,8 @@ async fn a_full_results_bucket_drops_its_oldest_results_and_a_reader_is_told() {
 
 /// The journal's records, in order, read back from its stream (one or more per message).
 async fn journal_records(cluster: &TestCluster) -> Vec<ember::protocol::JournalRecord> {
-    let jetstream = async_nats::jetstream::new(cluster.client().await);
-    let mut stream = jetstream
-        .get_stream(cluster.subjects.journal_stream())
-        .await
-        .unwrap();
-    let state = stream.info().await.unwrap().state.clone();
     let mut records = Vec::new();
-    for sequence in state.first_sequence..=state.last_sequence {
-        let Ok(message) = stream.get_raw_message(sequence).await else {
-            continue;
-        };
+    for message in cluster.journal_messages().await {
         for line in message.payload.split(|&b| b == b'\n') {
             records.push(ember::protocol::decode(line, usize::MAX).unwrap());
         }
@@ -191,8 +182,13 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
         .config
         .clone();
     let mut events = cluster.listen(cluster.subjects.events_all()).await;
-    // Writes to the journal now find no stream, and are retried until one is back.
-    jetstream.delete_stream(&journal).await.unwrap();
+    // Writes to the journal now find no stream that takes them, and are retried until the
+    // stream takes its subject back.
+    let elsewhere = async_nats::jetstream::stream::Config {
+        subjects: vec![format!("{}.elsewhere", cluster.subjects.prefix())],
+        ..config.clone()
+    };
+    jetstream.update_stream(elsewhere).await.unwrap();
 
     let marker = std::env::temp_dir().join(format!("ember-outage-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
@@ -232,7 +228,7 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
         "an event came before the records before it were stored: {heard:?}"
     );
 
-    jetstream.create_stream(config).await.unwrap();
+    jetstream.update_stream(config).await.unwrap();
     let answer = within(LIMIT, answers.next()).await.unwrap();
     let ApiReply::JobAccepted { job_id } = decode(&answer.payload, usize::MAX).unwrap() else {
         panic!("not JobAccepted: {:?}", answer.payload)
@@ -314,4 +310,55 @@ async fn a_result_larger_than_max_payload_is_stored_in_chunks_and_comes_back_who
     // The next driver restores the chunks' place from the journal.
     let _next = cluster.driver().await;
     check(results_from_the_next_driver(&api, job.job_id).await);
+}
+
+#[tokio::test]
+async fn a_driver_whose_journal_another_leader_marked_stops_before_telling_anyone() {
+    use ember::protocol::{encode, JournalRecord};
+    let cluster = TestCluster::start_with_jetstream("journal-fence");
+    let _driver = cluster
+        .driver_configured(|c| c.lease = Duration::from_secs(1))
+        .await;
+    let _executor = cluster.executor("e1", 1, Handlers::builtin()).await;
+    let client = cluster.client().await;
+    let api = cluster.api(client.clone());
+    common::eventually(LIMIT, "the driver answers", || async {
+        api.executors().await.ok()
+    })
+    .await;
+    // Another driver's mark, as a successor writes when it takes over: from here on, what
+    // this driver writes is refused, and it must tell no one of it.
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let mark = JournalRecord::Leader {
+        epoch: 1_000_000,
+        driver_instance: uuid::Uuid::new_v4(),
+        time_ms: 0,
+    };
+    jetstream
+        .publish(cluster.subjects.journal(), encode(&mark))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let submitted = api.submit(echoes(json!(1), 1)).await;
+    assert!(
+        matches!(submitted, Err(ember::client::ClientError::Timeout(_))),
+        "a job was accepted whose record the journal refused: {submitted:?}"
+    );
+    let records = journal_records(&cluster).await;
+    let after_mark = records.iter().skip_while(|r| **r != mark).skip(1);
+    assert!(
+        after_mark
+            .clone()
+            .all(|r| matches!(r, JournalRecord::Leader { .. })),
+        "records written after another leader's mark: {:?}",
+        after_mark.collect::<Vec<_>>()
+    );
+    // Deposed, it stands by; its own lease lapses and it leads again, from the journal as it
+    // is: a job goes through.
+    let ended = common::eventually(LIMIT, "the driver to lead again", || async {
+        api.run_job(echoes(json!(2), 1), |_| {}).await.ok()
+    })
+    .await;
+    assert_eq!(ended.state, JobState::Succeeded);
 }

@@ -1,7 +1,9 @@
 //! `ember-driver`: keeps the executor registry and schedules tasks on executors' free cores.
 
 use clap::Parser;
-use ember::cli::{init_tracing, parse_bytes, parse_duration, runtime, shutdown_signal};
+use ember::cli::{
+    init_tracing, parse_bytes, parse_duration, parse_lease, runtime, shutdown_signal,
+};
 use ember::connect::NatsArgs;
 use ember::driver::core::{Liveness, Retention, DEFAULT_RETAIN_JOBS};
 use ember::driver::{run, DriverConfig, JournalMode};
@@ -9,9 +11,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// The Ember driver: executors register with it over NATS; it publishes listener events
-/// (ember.<cluster>.events.>) and offers free cores to waiting tasks. Run one per cluster. On
-/// SIGINT/SIGTERM it sends what it still holds and exits 0, or 1 if the NATS server has not
-/// taken its last messages within 5s.
+/// (ember.<cluster>.events.>) and offers free cores to waiting tasks. With a journal, any
+/// number may run per cluster: one leads (a lease in JetStream) and the others stand by, ready
+/// to take over when it stops renewing. On SIGINT/SIGTERM it sends what it still holds, gives
+/// the lease up and exits 0, or 1 if the NATS server has not taken its last messages within 5s.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
@@ -65,6 +68,11 @@ struct Args {
     /// restart reads one snapshot and a short tail, whatever the history.
     #[arg(long, env = "EMBER_SNAPSHOT_AFTER", default_value = "8MiB", value_parser = parse_bytes)]
     snapshot_after: u64,
+    /// With a journal, how long a leader's lease lasts unrenewed: it renews every third of it,
+    /// and stops sending the moment it cannot renew in time; a standby takes over once a
+    /// lease has lapsed (the lease and a fifth of it after the last renewal it saw).
+    #[arg(long, env = "EMBER_LEASE", default_value = "3s", value_parser = parse_lease)]
+    lease: Duration,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -96,6 +104,7 @@ fn main() -> ExitCode {
                 snapshot_after: args.snapshot_after,
                 results_max_age: args.results_max_age,
                 results_max_bytes: args.results_max_bytes,
+                lease: args.lease,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

@@ -145,10 +145,11 @@ impl Role {
     }
 }
 
-/// What the driver publishes to keep its journal and results: the journal subject, the
+/// What the driver publishes to keep its journal, results and lease: the journal subject, the
 /// JetStream API calls on its own stream alone (set it up, read it back with an ordered
-/// consumer, purge what a snapshot replaces), and its results bucket's keys and stream. No
-/// other role may write the journal or the results, or touch their streams.
+/// consumer, purge what a snapshot replaces), and the keys and streams of its results bucket
+/// and its leader lease. No other role may write the journal, the results or the lease, or
+/// touch their streams.
 fn journal_rights(subjects: &Subjects) -> Vec<String> {
     let stream = subjects.journal_stream();
     let mut rights = vec![subjects.journal(), "$JS.API.INFO".into()];
@@ -169,18 +170,19 @@ fn journal_rights(subjects: &Subjects) -> Vec<String> {
     ] {
         rights.push(format!("$JS.API.{call}.{stream}.>"));
     }
-    // The results bucket: a key-value bucket, its stream KV_<bucket>.
-    let bucket = subjects.results_bucket();
-    rights.push(format!("$KV.{bucket}.>"));
-    for call in [
-        "STREAM.CREATE",
-        "STREAM.UPDATE",
-        "STREAM.INFO",
-        "STREAM.MSG.GET",
-    ] {
-        rights.push(format!("$JS.API.{call}.KV_{bucket}"));
+    // The results bucket and the leader lease: key-value buckets, each a stream KV_<bucket>.
+    for bucket in [subjects.results_bucket(), subjects.leader_bucket()] {
+        rights.push(format!("$KV.{bucket}.>"));
+        for call in [
+            "STREAM.CREATE",
+            "STREAM.UPDATE",
+            "STREAM.INFO",
+            "STREAM.MSG.GET",
+        ] {
+            rights.push(format!("$JS.API.{call}.KV_{bucket}"));
+        }
+        rights.push(format!("$JS.API.DIRECT.GET.KV_{bucket}.>"));
     }
-    rights.push(format!("$JS.API.DIRECT.GET.KV_{bucket}.>"));
     rights
 }
 
@@ -419,20 +421,27 @@ mod tests {
     }
 
     #[test]
-    fn only_the_driver_may_write_the_journal_and_the_results() {
+    fn only_the_driver_may_write_the_journal_the_results_and_the_lease() {
         let s = Subjects::new("prod").unwrap();
         let driver = Role::Driver.permissions(&s, &[]);
-        assert!(driver
-            .publish_allow
-            .contains(&"ember.prod.journal".to_string()));
-        assert!(driver
-            .publish_allow
-            .contains(&"$KV.EMBER_prod_RESULTS.>".to_string()));
+        for subject in [
+            "ember.prod.journal",
+            "$KV.EMBER_prod_RESULTS.>",
+            "$KV.EMBER_prod_LEADER.>",
+        ] {
+            assert!(driver.publish_allow.contains(&subject.to_string()));
+        }
         assert!(driver
             .publish_allow
             .iter()
             .filter(|r| r.starts_with("$JS.API.") && *r != "$JS.API.INFO")
-            .all(|r| r.contains(".EMBER_prod_JOURNAL") || r.contains(".KV_EMBER_prod_RESULTS")));
+            .all(|r| [
+                ".EMBER_prod_JOURNAL",
+                ".KV_EMBER_prod_RESULTS",
+                ".KV_EMBER_prod_LEADER"
+            ]
+            .iter()
+            .any(|stream| r.contains(stream))));
         for role in [Role::Executor(id("e1")), Role::Client, Role::Listener] {
             let p = role.permissions(&s, &[]);
             assert!(

@@ -84,6 +84,20 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 500ms, 10s, 2m)"))
 }
 
+/// Parses `--lease`: a duration from 200ms to 10min. Shorter, a renewal (a third of it) would
+/// race the broker's own round trips; longer, a dead leader would hold the cluster that long.
+pub fn parse_lease(text: &str) -> Result<std::time::Duration, String> {
+    let lease = parse_duration(text)?;
+    let (min, max) = (
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(600),
+    );
+    if lease < min || lease > max {
+        return Err(format!("{text:?} is outside 200ms..=10min"));
+    }
+    Ok(lease)
+}
+
 /// Parses a size in bytes for a flag: `1048576`, `64KiB`, `8MiB`, `1GiB` (or KB, MB, GB as
 /// powers of 1000). Zero is refused: a size of nothing holds nothing.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {

@@ -1,5 +1,6 @@
-//! `ember up`: a whole local cluster in one command: a nats-server, a driver and N executors as
-//! child processes, with the events printed until Ctrl-C stops them all.
+//! `ember up`: a whole local cluster in one command: a nats-server, one driver or more (one
+//! leads, the others stand by) and N executors as child processes, with the events printed
+//! until Ctrl-C stops them all.
 
 use super::view::follow_events;
 use crate::connect::NatsArgs;
@@ -16,6 +17,10 @@ pub struct UpArgs {
     /// How many executors to start.
     #[arg(long, default_value_t = 2)]
     pub executors: u32,
+    /// How many drivers to start: one leads, the others stand by to take over (needs the
+    /// server's JetStream, as the default nats.conf has).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub drivers: u32,
     /// Cores each executor offers [default: this machine's].
     #[arg(long)]
     pub cores: Option<u32>,
@@ -58,20 +63,27 @@ pub async fn up(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let mut children = vec![spawn(&bin, "ember-driver", &nats, &[])?];
+    let drivers = (0..args.drivers)
+        .map(|_| spawn(&bin, "ember-driver", &nats, &[]))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut executors = Vec::new();
     for i in 1..=args.executors {
         let mut extra = vec!["--executor-id".to_string(), format!("exec-{i}")];
         if let Some(cores) = args.cores {
             extra.extend(["--cores".into(), cores.to_string()]);
         }
-        children.push(spawn(&bin, "ember-executor", &nats, &extra)?);
+        executors.push(spawn(&bin, "ember-executor", &nats, &extra)?);
     }
+    let drivers_started = match args.drivers {
+        1 => "driver".to_string(),
+        n => format!("{n} drivers (one leads, the others stand by)"),
+    };
     eprintln!(
-        "driver and {} executors started on cluster {:?}; Ctrl-C stops them all",
+        "{drivers_started} and {} executors started on cluster {:?}; Ctrl-C stops them all",
         args.executors, nats.cluster
     );
     let result = follow_events(&client, &subjects, args.json, shutdown).await;
-    stop_all(children).await;
+    stop_all(drivers, executors).await;
     drop(server);
     eprintln!("stopped");
     result
@@ -93,21 +105,20 @@ fn spawn(bin: &Path, name: &str, nats: &NatsArgs, extra: &[String]) -> anyhow::R
 }
 
 /// Stops the executors first, so they can drain while the driver still acknowledges their
-/// statuses, then the driver. Each group gets SIGTERM and, if still running when its time is
+/// statuses, then the drivers. Each group gets SIGTERM and, if still running when its time is
 /// up or at a second Ctrl-C, SIGKILL.
-async fn stop_all(mut children: Vec<Child>) {
-    let driver = children.remove(0);
+async fn stop_all(mut drivers: Vec<Child>, mut executors: Vec<Child>) {
     // An executor drains for its decommission timeout, then tries to deliver its last statuses
     // for a grace; a little more than that before it is killed.
     let drain = crate::DEFAULT_DECOMMISSION_TIMEOUT + Duration::from_secs(15);
-    if !children.is_empty() {
+    if !executors.is_empty() {
         eprintln!(
             "stopping: executors finish their running tasks (at most {}s); Ctrl-C again to kill them now",
             drain.as_secs()
         );
     }
-    stop(&mut children, drain).await;
-    stop(&mut [driver], Duration::from_secs(5)).await;
+    stop(&mut executors, drain).await;
+    stop(&mut drivers, Duration::from_secs(5)).await;
 }
 
 /// SIGTERM to each child, then SIGKILL to those still running after `patience` or at Ctrl-C.

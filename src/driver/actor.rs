@@ -6,6 +6,7 @@
 use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness, Retention};
 use super::journal::{Journal, JournalError, JournalMode};
+use super::lease::{Guard, Lease, LeaseError, Tenure};
 use super::outbox::{Outbox, Output};
 use super::results::ResultsBucket;
 use super::snapshots::{Encoded, Schedule, Stored};
@@ -49,6 +50,27 @@ pub struct DriverConfig {
     /// How long, and up to how many bytes, the results bucket keeps results (with a journal).
     pub results_max_age: Duration,
     pub results_max_bytes: u64,
+    /// How long a leadership lasts unrenewed (with a journal, drivers elect one leader).
+    pub lease: Duration,
+}
+
+impl DriverConfig {
+    /// The defaults `ember-driver` has, for `subjects`.
+    pub fn new(subjects: Subjects) -> Self {
+        Self {
+            subjects,
+            expect_executors: 0,
+            revive_interval: Duration::from_secs(1),
+            liveness: Liveness::default(),
+            journal: JournalMode::default(),
+            journal_max_age: crate::DEFAULT_JOURNAL_MAX_AGE,
+            retention: Retention::default(),
+            snapshot_after: crate::DEFAULT_SNAPSHOT_AFTER,
+            results_max_age: super::results::DEFAULT_RESULTS_MAX_AGE,
+            results_max_bytes: super::results::DEFAULT_RESULTS_MAX_BYTES,
+            lease: super::lease::DEFAULT_LEASE,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,27 +86,55 @@ pub enum DriverError {
     LastMessages(Unsent),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
 }
 
 /// How long a stopping driver waits for its last journal writes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Runs the driver on `client` until `shutdown` completes.
+/// Runs the driver on `client` until `shutdown` completes. With a journal, it first waits to
+/// lead the cluster's drivers, and stands by again whenever it stops leading.
 pub async fn run(
     client: Client,
     config: DriverConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
     tokio::pin!(shutdown);
-    // A signal is heeded from the start: a journal slow to answer or to replay, or a server
-    // gone, must not keep the driver from stopping.
-    let (mut core, mut inputs, mut shell) = tokio::select! {
-        started = start(&client, &config) => started?,
-        _ = &mut shutdown => {
-            info!("driver stopped before it was ready");
-            return Ok(());
+    loop {
+        // A signal is heeded from the start: a journal slow to answer or to replay, a lease
+        // held by another driver, or a server gone, must not keep the driver from stopping.
+        let (core, inputs, shell) = tokio::select! {
+            started = start(&client, &config) => started?,
+            _ = &mut shutdown => {
+                info!("driver stopped before it led");
+                return Ok(());
+            }
+        };
+        match lead(&client, &config, core, inputs, shell, &mut shutdown).await? {
+            Ended::Stopped => return Ok(()),
+            Ended::Deposed => info!("standing by again"),
         }
-    };
+    }
+}
+
+/// How a leadership ended.
+enum Ended {
+    /// Told to stop.
+    Stopped,
+    /// Lost to another driver, or to a lease that could not be renewed.
+    Deposed,
+}
+
+/// Runs the core until `shutdown` completes or the leadership is lost.
+async fn lead(
+    client: &Client,
+    config: &DriverConfig,
+    mut core: Core,
+    mut inputs: Inputs,
+    mut shell: Shell,
+    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Ended, DriverError> {
     info!(cluster = shell.subjects.prefix(), "driver ready");
     // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
     let mut outbox = Outbox::default();
@@ -99,6 +149,14 @@ pub async fn run(
     // The same for the group of task ends that waits to be written.
     let commit_due = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(commit_due);
+    let guard = shell.guard.clone();
+    let lost = async {
+        match &guard {
+            Some(guard) => guard.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
     loop {
         let due = shell.task_events.due();
         if let Some(due) = due.filter(|&due| due != events_due.deadline()) {
@@ -109,7 +167,13 @@ pub async fn run(
             commit_due.as_mut().reset(due);
         }
         let reply = tokio::select! {
-            _ = &mut shutdown => break,
+            biased;
+            _ = &mut lost => {
+                // What waits behind the journal is dropped, unsent: a successor may lead.
+                warn!("leadership lost: the driver stops acting and stands by");
+                return Ok(Ended::Deposed);
+            }
+            _ = &mut *shutdown => break,
             Some(message) = inputs.register.next() => shell.on_register(&mut core, message),
             Some(message) = inputs.status.next() => shell.on_status(&mut core, message),
             Some(message) = inputs.heartbeat.next() => shell.on_heartbeat(&mut core, message),
@@ -137,14 +201,19 @@ pub async fn run(
         };
         shell.emit(&mut outbox, reply, core.take_effects()).await;
         shell.commit(&mut outbox, false);
-        if let Some(write) = shell.snapshot_if_due(&core).await {
+        if let Some(write) = shell.snapshot_if_due(&core) {
             snapshots.push(write);
         }
     }
     shell.drain(&mut outbox).await;
     shell.refusals.report();
     info!("driver stopping");
-    flush(&client).await.map_err(DriverError::LastMessages)
+    drop(inputs);
+    let flushed = flush(client).await.map_err(DriverError::LastMessages);
+    if let Some(tenure) = shell.tenure.take() {
+        tenure.release().await;
+    }
+    flushed.map(|()| Ended::Stopped)
 }
 
 /// The driver's subscriptions.
@@ -176,8 +245,22 @@ async fn start(
         ),
         None => None,
     };
+    let driver_instance = uuid::Uuid::new_v4();
+    let mut tenure = None;
+    let mut journal = journal;
+    if let Some(journal) = journal.as_mut() {
+        let lease = Lease::open(journal.context(), &subjects, config.lease).await?;
+        let taken = lease.acquire(driver_instance).await;
+        let mark = JournalRecord::Leader {
+            epoch: taken.epoch(),
+            driver_instance,
+            time_ms: now_ms(),
+        };
+        journal.lead(taken.guard(), mark).await?;
+        tenure = Some(taken);
+    }
     let mut core = Core::new(CoreConfig {
-        driver_instance: uuid::Uuid::new_v4(),
+        driver_instance,
         expect_executors: config.expect_executors,
         max_reply_bytes: limit - PAYLOAD_HEADROOM,
         journal: journal.is_some(),
@@ -212,6 +295,11 @@ async fn start(
     };
     flush(client).await.map_err(DriverError::NotSubscribed)?;
     let shell = Shell {
+        guard: tenure.as_ref().map(Tenure::guard),
+        headers: tenure
+            .as_ref()
+            .and_then(|t| crate::epoch::headers(t.epoch())),
+        tenure,
         client: client.clone(),
         subjects,
         limit,
@@ -280,6 +368,12 @@ pub(super) fn fit<T: Batch + Serialize>(
 
 /// The thin NATS layer around the core: decoding, reply checks, sending.
 struct Shell {
+    /// This driver's leadership, with a journal.
+    tenure: Option<Tenure>,
+    /// Whether it still leads: nothing is sent once it does not.
+    guard: Option<Guard>,
+    /// What everything sent carries: the leadership's epoch.
+    headers: Option<async_nats::HeaderMap>,
     client: Client,
     subjects: Subjects,
     /// The server's max_payload: the largest message anyone can send us.
@@ -475,37 +569,48 @@ impl Shell {
     /// Reads `indices` of `page` from the results bucket and answers with the page, off the
     /// actor's loop: the reads take round trips, and need nothing of the core.
     fn answer_with_results(&self, reply: Subject, page: ResultsPage, indices: Vec<u32>) {
-        let Some(results) = self.results.clone() else {
-            return;
-        };
-        let (client, max_bytes) = (self.client.clone(), self.limit - PAYLOAD_HEADROOM);
-        tokio::spawn(async move {
-            let answer = results.fill(page, indices, max_bytes).await;
-            if let Err(error) = client.publish(reply, encode(&answer)).await {
-                warn!(%error, "could not send a reply");
-            }
-        });
+        if let Some(results) = self.results.clone() {
+            let max_bytes = self.limit - PAYLOAD_HEADROOM;
+            self.answer_off_loop(reply, async move {
+                results.fill(page, indices, max_bytes).await
+            });
+        }
     }
 
     /// Reads a result's chunk from the results bucket and answers with it, off the actor's
     /// loop as [`Shell::answer_with_results`] does.
     fn answer_with_chunk(&self, reply: Subject, answer: ApiReply, key: String) {
-        let Some(results) = self.results.clone() else {
-            return;
-        };
-        let client = self.client.clone();
+        if let Some(results) = self.results.clone() {
+            self.answer_off_loop(reply, async move { results.fill_chunk(answer, key).await });
+        }
+    }
+
+    /// Sends what `answer` comes to, from a task of its own.
+    fn answer_off_loop(
+        &self,
+        reply: Subject,
+        answer: impl Future<Output = ApiReply> + Send + 'static,
+    ) {
+        let (client, guard, headers) = (
+            self.client.clone(),
+            self.guard.clone(),
+            self.headers.clone(),
+        );
         tokio::spawn(async move {
-            let answer = results.fill_chunk(answer, key).await;
-            if let Err(error) = client.publish(reply, encode(&answer)).await {
-                warn!(%error, "could not send a reply");
-            }
+            let answer = answer.await;
+            send(
+                &client,
+                guard.as_ref(),
+                headers.as_ref(),
+                reply,
+                encode(&answer),
+            )
+            .await;
         });
     }
 
     async fn answer(&self, reply: Subject, payload: bytes::Bytes) {
-        if let Err(error) = self.client.publish(reply, payload).await {
-            warn!(%error, "could not send a reply");
-        }
+        self.publish(reply, payload).await
     }
 
     /// Sends what one step produced: its journal records join the group gathering for the
@@ -647,7 +752,7 @@ impl Shell {
     }
 
     /// Takes a snapshot if one is due, and returns the write that stores it.
-    async fn snapshot_if_due(&mut self, core: &Core) -> Option<BoxFuture<'static, Snapshotted>> {
+    fn snapshot_if_due(&mut self, core: &Core) -> Option<BoxFuture<'static, Snapshotted>> {
         let (journal, schedule) = (self.journal.as_ref()?, self.schedule.as_mut()?);
         // The clock only when the journal has grown enough, or once a revive tick (for the
         // snapshot's age): not on every step of the hot loop.
@@ -665,7 +770,7 @@ impl Shell {
         let id = uuid::Uuid::new_v4();
         let parts = encoded.pack(id, now_ms(), ids);
         debug!(snapshot = %id, parts = parts.len(), "snapshot taken");
-        Some(journal.start_snapshot(parts).await)
+        Some(journal.start_snapshot(parts))
     }
 
     fn snapshot_stored(&mut self, stored: Snapshotted) {
@@ -685,8 +790,38 @@ impl Shell {
     }
 
     async fn publish(&self, subject: Subject, payload: bytes::Bytes) {
-        if let Err(error) = self.client.publish(subject, payload).await {
-            warn!(%error, "could not publish");
+        send(
+            &self.client,
+            self.guard.as_ref(),
+            self.headers.as_ref(),
+            subject,
+            payload,
+        )
+        .await
+    }
+}
+
+/// Sends one message with the leadership's epoch, if this driver may still send: it leads, or
+/// runs alone without a journal (and so without a lease).
+async fn send(
+    client: &Client,
+    guard: Option<&Guard>,
+    headers: Option<&async_nats::HeaderMap>,
+    subject: Subject,
+    payload: bytes::Bytes,
+) {
+    if !guard.map_or(true, Guard::is_current) {
+        return;
+    }
+    let sent = match headers {
+        Some(headers) => {
+            client
+                .publish_with_headers(subject, headers.clone(), payload)
+                .await
         }
+        None => client.publish(subject, payload).await,
+    };
+    if let Err(error) = sent {
+        warn!(%error, "could not publish");
     }
 }

@@ -4,14 +4,18 @@
 //! and clients were told survives the driver.
 
 use super::core::{Core, Restored};
+use super::lease::Guard;
 use super::snapshots::Stored;
-use crate::protocol::{decode, JournalRecord};
+use crate::protocol::{decode, encode, JournalRecord};
 use crate::subjects::Subjects;
-use async_nats::jetstream::context::{AccountError, AccountErrorKind};
+use async_nats::jetstream::context::{AccountError, AccountErrorKind, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig, stream, ErrorCode};
 use async_nats::Client;
 use futures::future::BoxFuture;
 use futures::StreamExt;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -19,6 +23,11 @@ use tracing::{info, warn};
 pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The longest a failed store waits before it tries again.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+/// How long the server remembers a write's message id, so that a write tried again after a
+/// lost answer is known as one it stored already.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(30);
+/// How long a write waits before it tries again when the write before it is not stored yet.
+const TURN_DELAY: Duration = Duration::from_millis(20);
 
 /// Whether the driver keeps a journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -51,6 +60,8 @@ pub enum JournalError {
     Read { stream: String, message: String },
     #[error("replaying the journal took longer than {0:?}")]
     ReplayTimeout(Duration),
+    #[error("could not mark the journal with this driver's leadership within {0:?}: {1}")]
+    Lead(Duration, String),
 }
 
 /// The journal stream of one cluster.
@@ -59,6 +70,21 @@ pub struct Journal {
     context: jetstream::Context,
     subject: String,
     stream: String,
+    /// The turns of the leader's writes, once it leads.
+    turns: Option<Arc<Turns>>,
+}
+
+/// The order of one leader's writes. Each write expects the stream's last sequence to be the
+/// one its predecessor took (JetStream's `Nats-Expected-Last-Sequence`), so a write is never
+/// stored out of turn, and a write of a deposed leader, overtaken by its successor's mark
+/// ([`JournalRecord::Leader`]), is refused. Each carries a message id of its epoch and
+/// sequence, so a write tried again after a lost answer is known as stored.
+struct Turns {
+    /// The last sequence the next write expects.
+    next: AtomicU64,
+    /// The sequence of this leader's mark.
+    mark: u64,
+    guard: Guard,
 }
 
 /// Whether `error` is the server saying that it, or this user's account, has no JetStream at
@@ -105,6 +131,7 @@ impl Journal {
             context,
             subject: subjects.journal(),
             stream: subjects.journal_stream(),
+            turns: None,
         };
         journal.create_stream(max_age).await?;
         info!(stream = %journal.stream, max_age = ?max_age, "journal in JetStream");
@@ -117,6 +144,7 @@ impl Journal {
             subjects: vec![self.subject.clone()],
             storage: stream::StorageType::File,
             max_age,
+            duplicate_window: DUPLICATE_WINDOW,
             ..Default::default()
         };
         self.context
@@ -127,6 +155,54 @@ impl Journal {
                 stream: self.stream.clone(),
                 message: e.to_string(),
             })
+    }
+
+    /// Marks the journal with this driver's leadership ([`JournalRecord::Leader`]), written
+    /// whatever came before it, and from then on stores every write in turn after it: an
+    /// earlier leader's writes after the mark are refused, and what the journal holds up to
+    /// the mark is all that any leader wrote before this one.
+    pub async fn lead(&mut self, guard: Guard, mark: JournalRecord) -> Result<(), JournalError> {
+        let epoch = guard.epoch();
+        let payload = encode(&mark);
+        let publish = || {
+            PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(format!("{epoch}.lead"))
+        };
+        let marked = async {
+            let mut retry = Retry::new();
+            loop {
+                let sent = self.context.send_publish(self.subject.clone(), publish());
+                let stored = match sent.await {
+                    Ok(ack) => ack.await,
+                    Err(e) => Err(e),
+                };
+                match stored {
+                    Ok(ack) => return ack.sequence,
+                    Err(error) => retry.failed(&error).await,
+                }
+            }
+        };
+        let sequence = tokio::time::timeout(REPLAY_TIMEOUT, marked)
+            .await
+            .map_err(|_| JournalError::Lead(REPLAY_TIMEOUT, "no answer".into()))?;
+        self.turns = Some(Arc::new(Turns {
+            next: AtomicU64::new(sequence),
+            mark: sequence,
+            guard,
+        }));
+        Ok(())
+    }
+
+    /// The stream's last sequence, as the server says now.
+    async fn last_sequence(&self) -> Result<u64, String> {
+        let mut stream = self
+            .context
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        let info = stream.info().await.map_err(|e| e.to_string())?;
+        Ok(info.state.last_sequence)
     }
 
     /// Replays every stored record into `core` and resumes it. A record that cannot be decoded
@@ -190,37 +266,32 @@ impl Journal {
         Ok(bytes)
     }
 
-    /// Starts storing a snapshot's `parts`: each is queued on the connection before this
-    /// returns, ahead of any record stored after it. The future stores them (without retrying:
-    /// a snapshot that fails is taken again later) and then purges the journal before the
-    /// first part.
-    pub async fn start_snapshot(
+    /// Starts storing a snapshot's `parts`, each in its turn after what was stored before it
+    /// and ahead of any record stored after it. The future stores them, trying again until
+    /// each is stored, and then purges the journal before the first part.
+    pub fn start_snapshot(
         &self,
         parts: Vec<bytes::Bytes>,
     ) -> BoxFuture<'static, Result<Stored, String>> {
         let count = parts.len();
         let bytes = parts.iter().map(|p| p.len() as u64).sum();
-        let mut acks = Vec::with_capacity(count);
-        for part in parts {
-            match self.context.publish(self.subject.clone(), part).await {
-                Ok(ack) => acks.push(ack),
-                Err(error) => {
-                    let error = format!("could not send a snapshot part: {error}");
-                    return Box::pin(std::future::ready(Err(error)));
-                }
-            }
-        }
-        let (context, stream) = (self.context.clone(), self.stream.clone());
+        let mut first = None;
+        let writes: Vec<_> = parts
+            .into_iter()
+            .map(|part| {
+                let (sequence, write) = self.store_in_turn(part);
+                first = first.or(sequence);
+                write
+            })
+            .collect();
+        let (journal, stream) = (self.clone(), self.stream.clone());
         Box::pin(async move {
-            let mut first = None;
-            for ack in acks {
-                let ack = ack
-                    .await
-                    .map_err(|e| format!("a snapshot part was not stored: {e}"))?;
-                first.get_or_insert(ack.sequence);
-            }
-            let first_sequence = first.ok_or("a snapshot of no parts")?;
-            let stream = context
+            futures::future::join_all(writes).await;
+            // Without turns (no leadership), the first part's sequence is not known: nothing
+            // is purged, which loses nothing.
+            let first_sequence = first.ok_or("the snapshot's place in the journal is not known")?;
+            let stream = journal
+                .context
                 .get_stream(&stream)
                 .await
                 .map_err(|e| format!("could not find the journal to purge it: {e}"))?;
@@ -242,10 +313,24 @@ impl Journal {
     /// Stores `payload` (one encoded record), trying again until the server acknowledges it:
     /// what waits behind it must not leave before it is stored.
     pub fn store(&self, payload: bytes::Bytes) -> BoxFuture<'static, ()> {
-        store(self.context.clone(), self.subject.clone(), payload)
+        self.store_in_turn(payload).1
     }
 
-    /// The JetStream context the journal uses, for the results bucket beside it.
+    /// Stores `payload` in its turn, once this driver leads: the sequence it will take, and
+    /// the write, started at once as a task of its own.
+    fn store_in_turn(&self, payload: bytes::Bytes) -> (Option<u64>, BoxFuture<'static, ()>) {
+        let Some(turns) = self.turns.clone() else {
+            return (
+                None,
+                store(self.context.clone(), self.subject.clone(), payload),
+            );
+        };
+        let expected = turns.next.fetch_add(1, SeqCst);
+        let write = tokio::spawn(store_after(self.clone(), turns, expected, payload));
+        (Some(expected + 1), joined(write))
+    }
+
+    /// The JetStream context the journal uses, for the lease and the results bucket beside it.
     pub fn context(&self) -> &jetstream::Context {
         &self.context
     }
@@ -260,7 +345,11 @@ pub fn store(
     subject: String,
     payload: bytes::Bytes,
 ) -> BoxFuture<'static, ()> {
-    let write = tokio::spawn(store_until_stored(context, subject, payload));
+    joined(tokio::spawn(store_until_stored(context, subject, payload)))
+}
+
+/// Waits for a write's task.
+fn joined(write: tokio::task::JoinHandle<()>) -> BoxFuture<'static, ()> {
     Box::pin(async move {
         if let Err(error) = write.await {
             // Only a panic gets here (the task is never cancelled): a defect, logged as one;
@@ -270,32 +359,106 @@ pub fn store(
     })
 }
 
+/// Stores `payload` once the journal's last sequence is `expected`, trying again until it is
+/// stored. A refusal because the journal is past `expected` means another driver wrote it:
+/// this one no longer leads, and the write never completes, so nothing waiting on it leaves.
+async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload: bytes::Bytes) {
+    let id = format!("{}.{}", turns.guard.epoch(), expected + 1);
+    let mut retry = Retry::new();
+    loop {
+        let publish = PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(&id)
+            .expected_last_sequence(expected);
+        let stored = match journal
+            .context
+            .send_publish(journal.subject.clone(), publish)
+            .await
+        {
+            Ok(ack) => ack.await.map(drop),
+            Err(e) => Err(e),
+        };
+        let error = match stored {
+            Ok(()) => return retry.stored(),
+            Err(error) => error,
+        };
+        if error.kind() == PublishErrorKind::WrongLastSequence {
+            match journal.last_sequence().await {
+                Ok(last) if last > expected => {
+                    turns
+                        .guard
+                        .depose("another driver wrote the journal after this one");
+                    return std::future::pending().await;
+                }
+                Ok(last) if last < turns.mark => {
+                    // What this leader read is gone: it starts again from what is left.
+                    turns
+                        .guard
+                        .depose("the journal was deleted or purged under this driver");
+                    return std::future::pending().await;
+                }
+                // The write before this one is not stored yet: it goes first.
+                _ => tokio::time::sleep(TURN_DELAY).await,
+            }
+            continue;
+        }
+        if !turns.guard.is_current() {
+            // No longer leading: nothing waits on this write any more.
+            return std::future::pending().await;
+        }
+        retry.failed(&error).await;
+    }
+}
+
 async fn store_until_stored(context: jetstream::Context, subject: String, payload: bytes::Bytes) {
-    let mut delay = Duration::from_millis(50);
-    let (first, mut attempts) = (std::time::Instant::now(), 0u32);
+    let mut retry = Retry::new();
     loop {
         let stored = match context.publish(subject.clone(), payload.clone()).await {
             Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        attempts += 1;
         match stored {
-            Ok(()) => {
-                if attempts > 1 {
-                    info!(attempts, after = ?first.elapsed(), "JetStream write stored");
-                }
-                return;
-            }
-            Err(error) => warn!(
-                %error,
-                attempts,
-                failing_for = ?first.elapsed(),
-                retry_in = ?delay,
-                "JetStream write failed; the answers and events that follow it wait until \
-                 it is stored (is JetStream up?)"
-            ),
+            Ok(()) => return retry.stored(),
+            Err(error) => retry.failed(&error).await,
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(MAX_RETRY_DELAY);
+    }
+}
+
+/// The tries of one write: how many so far, since when, and the pause before the next.
+struct Retry {
+    delay: Duration,
+    first: std::time::Instant,
+    attempts: u32,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Self {
+            delay: Duration::from_millis(50),
+            first: std::time::Instant::now(),
+            attempts: 0,
+        }
+    }
+
+    fn stored(&self) {
+        if self.attempts > 0 {
+            info!(attempts = self.attempts + 1, after = ?self.first.elapsed(), "JetStream write stored");
+        }
+    }
+
+    /// Logs the failure and waits before the next try, twice as long each time up to
+    /// `MAX_RETRY_DELAY`.
+    async fn failed(&mut self, error: &(dyn std::fmt::Display + Sync)) {
+        self.attempts += 1;
+        warn!(
+            %error,
+            attempts = self.attempts,
+            failing_for = ?self.first.elapsed(),
+            retry_in = ?self.delay,
+            "JetStream write failed; the answers and events that follow it wait until \
+             it is stored (is JetStream up?)"
+        );
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(MAX_RETRY_DELAY);
     }
 }

@@ -5,6 +5,7 @@ pub mod actor;
 mod coalesce;
 pub mod core;
 pub mod journal;
+pub mod lease;
 mod outbox;
 pub mod results;
 mod snapshots;

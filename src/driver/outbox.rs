@@ -168,7 +168,7 @@ impl Outbox {
         if self.group.is_none() || self.writes.len() >= room {
             return;
         }
-        if self.urgent || self.commit_due().is_none_or(|due| Instant::now() >= due) {
+        if self.urgent || self.commit_due().map_or(true, |due| Instant::now() >= due) {
             self.seal(store);
         }
     }

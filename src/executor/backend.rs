@@ -7,6 +7,7 @@ use super::machine::{Backoff, Machine, MachineConfig, Registered, Request};
 use super::runner::Runner;
 use super::tasks::Handlers;
 use crate::connect::flush;
+use crate::epoch::{self, Newest};
 use crate::ids::{ExecutorId, InstanceId};
 use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
@@ -19,6 +20,7 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -92,14 +94,23 @@ pub async fn run(
 ) -> Result<(), ExecutorError> {
     tokio::pin!(shutdown);
     let instance = InstanceId::new_v4();
+    let epochs = Arc::new(Newest::new(config.driver_timeout));
     let (inbox, answers, status_replies, driver) = tokio::select! {
-        started = start(&client, &config, instance) => started?,
+        started = start(&client, &config, instance, &epochs) => started?,
         _ = &mut shutdown => return Ok(()),
     };
     info!(executor = %config.executor_id, cores = config.cores, "registered");
-    Backend::new(client, config, instance, driver, handlers, status_replies)
-        .serve(inbox, answers, shutdown)
-        .await
+    Backend::new(
+        client,
+        config,
+        instance,
+        driver,
+        handlers,
+        status_replies,
+        epochs,
+    )
+    .serve(inbox, answers, shutdown)
+    .await
 }
 
 /// Subscribes to the executor's inbox and to the answers to its status batches, then registers;
@@ -108,6 +119,7 @@ async fn start(
     client: &Client,
     config: &ExecutorConfig,
     instance: InstanceId,
+    epochs: &Arc<Newest>,
 ) -> Result<(Subscriber, Subscriber, String, InstanceId), ExecutorError> {
     let inbox = subscribe(client, config.subjects.executor_inbox(&config.executor_id)).await?;
     // Status answers come to `<inbox>.<batch>`: an inbox of this connection's own, under the
@@ -118,7 +130,14 @@ async fn start(
     // No flush needed before registering: the server takes one connection's messages in
     // order, so the subscriptions are in place before the driver hears of this executor.
     let deadline = Some(Instant::now() + config.register_timeout);
-    let driver = register(client.clone(), config.clone(), instance, deadline).await?;
+    let driver = register(
+        client.clone(),
+        config.clone(),
+        instance,
+        deadline,
+        epochs.clone(),
+    )
+    .await?;
     Ok((inbox, answers, status_replies, driver))
 }
 
@@ -130,12 +149,13 @@ async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, Execu
 }
 
 /// Sends `RegisterExecutor` until the driver answers, or `deadline` passes; returns the
-/// driver's instance.
+/// driver's instance. An answer from an older epoch than the newest seen is no answer.
 async fn register(
     client: Client,
     config: ExecutorConfig,
     instance: InstanceId,
     deadline: Option<Instant>,
+    epochs: Arc<Newest>,
 ) -> Result<InstanceId, ExecutorError> {
     let request = RegisterRequest::RegisterExecutor(RegisterExecutor {
         executor_id: config.executor_id.clone(),
@@ -152,6 +172,13 @@ async fn register(
     loop {
         let attempt = client.request(subject.clone(), payload.clone());
         match tokio::time::timeout(REQUEST_TIMEOUT, attempt).await {
+            Ok(Ok(reply)) if !epochs.admit(epoch::of(&reply)) => {
+                warn!(
+                    epoch = epoch::of(&reply),
+                    newest = epochs.get(),
+                    "ignored a registration answer from a deposed driver; retrying"
+                )
+            }
             Ok(Ok(reply)) => match decode::<RegisterReply>(&reply.payload, usize::MAX) {
                 Ok(RegisterReply::RegisteredExecutor {
                     driver_instance, ..
@@ -178,16 +205,22 @@ fn millis(duration: Duration) -> u64 {
 /// A request answered or not within [`REQUEST_TIMEOUT`], whatever the client's own request
 /// timeout, and counting the wait to hand the request to the client's connection (which the
 /// client's timeout does not).
+/// An answer from an older epoch than the newest seen is no answer.
 fn request<T: serde::de::DeserializeOwned + 'static>(
     client: &Client,
     subject: Subject,
     payload: bytes::Bytes,
+    epochs: &Arc<Newest>,
 ) -> BoxFuture<'static, Result<T, String>> {
-    let client = client.clone();
+    let (client, epochs) = (client.clone(), epochs.clone());
     Box::pin(async move {
         // No timeout of the client's own beside this one: one timer per request is enough.
         let request = async_nats::Request::new().payload(payload).timeout(None);
         match tokio::time::timeout(REQUEST_TIMEOUT, client.send_request(subject, request)).await {
+            Ok(Ok(reply)) if !epochs.admit(epoch::of(&reply)) => Err(format!(
+                "answered by a deposed driver (epoch {})",
+                epoch::of(&reply)
+            )),
             Ok(Ok(reply)) => decode(&reply.payload, usize::MAX).map_err(|e| e.to_string()),
             Ok(Err(error)) => Err(error.to_string()),
             Err(_) => Err("timed out".into()),
@@ -253,6 +286,8 @@ struct Backend {
     status_subject: Subject,
     /// Where heartbeats and the drain's notices go.
     lifecycle_subject: Subject,
+    /// The newest leadership heard from: what an older one sends is ignored.
+    epochs: Arc<Newest>,
 }
 
 impl Backend {
@@ -263,6 +298,7 @@ impl Backend {
         driver: InstanceId,
         handlers: Handlers,
         status_replies: String,
+        epochs: Arc<Newest>,
     ) -> Self {
         let status_limit =
             client.server_info().max_payload.max(2 * PAYLOAD_HEADROOM) - PAYLOAD_HEADROOM;
@@ -301,6 +337,7 @@ impl Backend {
             heartbeat: None,
             reregister: None,
             leaving: None,
+            epochs,
         }
     }
 
@@ -391,6 +428,15 @@ impl Backend {
             debug!(subject = %message.subject, "answer to a status batch no longer in flight dropped");
             return;
         };
+        if !self.epochs.admit(epoch::of(&message)) {
+            // The batch goes again once its wait is over, to whoever leads now.
+            warn!(
+                epoch = epoch::of(&message),
+                newest = self.epochs.get(),
+                "ignored a status answer from a deposed driver"
+            );
+            return;
+        }
         let answer = if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
             Err("no driver is subscribed".to_string())
         } else {
@@ -453,6 +499,14 @@ impl Backend {
     }
 
     fn on_inbox(&mut self, message: Message) {
+        if !self.epochs.admit(epoch::of(&message)) {
+            warn!(
+                epoch = epoch::of(&message),
+                newest = self.epochs.get(),
+                "ignored a message from a deposed driver"
+            );
+            return;
+        }
         let limit = self.machine.statuses().limit + PAYLOAD_HEADROOM;
         match decode::<ExecutorMessage>(&message.payload, limit) {
             Ok(ExecutorMessage::LaunchTasks {
@@ -519,13 +573,21 @@ impl Backend {
             match next {
                 Request::Register => {
                     let (client, config) = (self.client.clone(), self.config.clone());
-                    self.reregister = Some(Box::pin(register(client, config, self.instance, None)));
+                    let epochs = self.epochs.clone();
+                    self.reregister = Some(Box::pin(register(
+                        client,
+                        config,
+                        self.instance,
+                        None,
+                        epochs,
+                    )));
                 }
                 Request::Heartbeat(beat) => {
                     self.heartbeat = Some(request(
                         &self.client,
                         self.lifecycle_subject.clone(),
                         encode(&beat),
+                        &self.epochs,
                     ));
                 }
                 Request::Status => self.send_status().await,
@@ -534,6 +596,7 @@ impl Backend {
                         &self.client,
                         self.lifecycle_subject.clone(),
                         encode(&notice),
+                        &self.epochs,
                     );
                     tokio::spawn(async move {
                         if let Err(error) = notice.await {
@@ -564,7 +627,7 @@ impl Backend {
         if let Some(exiting) = self.leaving {
             let subject = self.lifecycle_subject.clone();
             let told: Result<HeartbeatReply, String> =
-                request(&self.client, subject, encode(&exiting)).await;
+                request(&self.client, subject, encode(&exiting), &self.epochs).await;
             if let Err(error) = told {
                 warn!(%error, "the driver did not hear this executor leave; it will time it out");
             }

@@ -38,6 +38,14 @@ pub enum JournalRecord {
     },
     /// A finished job's results were dropped, to keep all results under the driver's cap.
     ResultsDropped { job_id: JobId },
+    /// A driver took the lead of the cluster's drivers, with this epoch (the lease's
+    /// revision), and read the journal up to here. Every write an earlier leader attempts
+    /// after it is refused, so what follows is this leader's alone.
+    Leader {
+        epoch: u64,
+        driver_instance: Uuid,
+        time_ms: u64,
+    },
     /// Part `part` (from 0) of `parts` of a snapshot: together, the records that rebuild every
     /// job the driver held when it took the snapshot, and the ids it would give next. Once
     /// every part is stored, the records before the first part are purged.

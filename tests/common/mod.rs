@@ -120,19 +120,10 @@ impl TestCluster {
         &self,
         configure: impl FnOnce(&mut DriverConfig),
     ) -> Running<Result<(), driver::DriverError>> {
-        let (subjects, liveness) = (self.subjects.clone(), Default::default());
         let client = self.client().await;
         let mut config = DriverConfig {
-            subjects,
-            expect_executors: 0,
             revive_interval: Duration::from_millis(200),
-            liveness,
-            journal: Default::default(),
-            journal_max_age: ember::DEFAULT_JOURNAL_MAX_AGE,
-            retention: Default::default(),
-            snapshot_after: ember::DEFAULT_SNAPSHOT_AFTER,
-            results_max_age: ember::driver::results::DEFAULT_RESULTS_MAX_AGE,
-            results_max_bytes: ember::driver::results::DEFAULT_RESULTS_MAX_BYTES,
+            ..DriverConfig::new(self.subjects.clone())
         };
         configure(&mut config);
         let running = Running::spawn(|stop| driver::run(client, config, stop));
@@ -220,6 +211,23 @@ impl TestCluster {
         );
         command.args(extra);
         command
+    }
+
+    /// Every message of the cluster's journal stream, in order.
+    pub async fn journal_messages(&self) -> Vec<async_nats::jetstream::message::StreamMessage> {
+        let jetstream = async_nats::jetstream::new(self.client().await);
+        let mut stream = jetstream
+            .get_stream(self.subjects.journal_stream())
+            .await
+            .unwrap();
+        let state = stream.info().await.unwrap().state.clone();
+        let mut messages = Vec::new();
+        for sequence in state.first_sequence..=state.last_sequence {
+            if let Ok(message) = stream.get_raw_message(sequence).await {
+                messages.push(message);
+            }
+        }
+        messages
     }
 
     /// An `ember` CLI process against this cluster.

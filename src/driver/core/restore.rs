@@ -73,6 +73,8 @@ impl Core {
             } => self.replay_submitted(job_id, first_task, time_ms, job),
             JournalRecord::TasksEnded { tasks, .. } => self.replay_tasks(tasks),
             JournalRecord::ResultsDropped { job_id } => self.replay_results_dropped(job_id),
+            // Who led changes nothing in the jobs.
+            JournalRecord::Leader { .. } => Ok(()),
             JournalRecord::JobEnded {
                 job_id,
                 state,

@@ -1,0 +1,426 @@
+//! Leadership among a cluster's drivers: a lease on one key of a JetStream key-value bucket of
+//! the cluster (`EMBER_<cluster>_LEADER`, key `leader`). Any number of drivers may run; the
+//! one whose compare-and-set on the key succeeded leads, and the key's revision at that write
+//! is its epoch. The others stand by, reading the key, and take it once its holder has not
+//! renewed it for the lease it declared.
+//!
+//! Done as KV-lease users learned to do it:
+//! - leadership is decided by the write that succeeded, never by a read (a read may be stale);
+//! - the leader renews on a timer of its own, every renewal a compare-and-set on the revision
+//!   it last wrote, and counts its lease from the moment it *sent* the renewal, so that it
+//!   expires in its own eyes before any standby, which counts from when it *saw* the renewal,
+//!   may take over;
+//! - a leader that cannot renew in time stops sending at once ([`Tenure::is_current`]), however
+//!   slow NATS is, because a successor may already lead;
+//! - a leader that stops releases the key by a compare-and-set, never a delete, so a key it no
+//!   longer holds is left alone.
+
+use crate::subjects::Subjects;
+use async_nats::jetstream::{self, kv};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+/// The key of the lease in the bucket.
+const KEY: &str = "leader";
+
+/// How long a lease lasts unless told otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(3);
+
+/// What a standby adds to its holder's lease before it takes over: room for clocks that run at
+/// slightly different rates, and for a renewal on its way.
+fn grace(lease: Duration) -> Duration {
+    (lease / 5).max(Duration::from_millis(100))
+}
+
+/// How often a standby reads the key.
+fn poll_interval(lease: Duration) -> Duration {
+    (lease / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
+}
+
+/// How often the leader renews: three tries within one lease.
+fn renew_interval(lease: Duration) -> Duration {
+    lease / 3
+}
+
+/// What the key holds: who leads, for how long a renewal lasts, and whether it let go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Holder {
+    /// The leading driver's instance id: the `driver_instance` executors register with.
+    pub driver_instance: Uuid,
+    /// Where it runs, for the log and for `ember status`.
+    pub host: String,
+    pub pid: u32,
+    /// How long each renewal lasts, in milliseconds: a standby waits this long (and a little
+    /// more) after the last renewal it saw.
+    pub lease_ms: u64,
+    /// Set by a leader that stopped: a standby need not wait.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
+}
+
+impl Holder {
+    fn me(driver_instance: Uuid, lease: Duration) -> Self {
+        Self {
+            driver_instance,
+            host: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default(),
+            pid: std::process::id(),
+            lease_ms: lease.as_millis().min(u128::from(u64::MAX)) as u64,
+            released: false,
+        }
+    }
+
+    fn encode(&self) -> bytes::Bytes {
+        serde_json::to_vec(self)
+            .expect("a holder always encodes")
+            .into()
+    }
+
+    /// What `value` says, or `None` for a value this driver cannot read: a standby treats
+    /// such a key as held for its own `--lease`, never as free.
+    fn decode(value: &[u8]) -> Option<Self> {
+        serde_json::from_slice(value).ok()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("could not open the lease bucket {bucket}: {message}")]
+    Bucket { bucket: String, message: String },
+}
+
+/// The lease bucket of one cluster.
+#[derive(Clone)]
+pub struct Lease {
+    store: kv::Store,
+    lease: Duration,
+}
+
+impl Lease {
+    /// Opens the cluster's lease bucket, creating it if needed.
+    pub async fn open(
+        context: &jetstream::Context,
+        subjects: &Subjects,
+        lease: Duration,
+    ) -> Result<Self, LeaseError> {
+        let bucket = subjects.leader_bucket();
+        let failed = |message: String| LeaseError::Bucket {
+            bucket: bucket.clone(),
+            message,
+        };
+        let store = match context.get_key_value(&bucket).await {
+            Ok(store) => store,
+            Err(_) => context
+                .create_key_value(kv::Config {
+                    bucket: bucket.clone(),
+                    history: 1,
+                    storage: jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| failed(e.to_string()))?,
+        };
+        Ok(Self { store, lease })
+    }
+
+    /// Waits until this driver leads, as `driver_instance`, and returns its tenure, renewed
+    /// from then on by a task of its own until it is lost or released.
+    pub async fn acquire(&self, driver_instance: Uuid) -> Tenure {
+        let me = Holder::me(driver_instance, self.lease);
+        let (mut waiting_for, mut seen) = (None, None);
+        loop {
+            match self.try_take(&me, &mut seen).await {
+                Taken::Now(revision, sent) => {
+                    info!(epoch = revision, lease = ?self.lease, "leading the cluster's drivers");
+                    return Tenure::start(self.clone(), me, revision, sent);
+                }
+                Taken::HeldBy(holder) => {
+                    if waiting_for.as_ref() != Some(&holder) {
+                        info!(
+                            leader = %holder.driver_instance,
+                            host = %holder.host,
+                            pid = holder.pid,
+                            "standing by: another driver leads"
+                        );
+                        waiting_for = Some(holder);
+                    }
+                }
+                Taken::Unknown => {}
+            }
+            tokio::time::sleep(poll_interval(self.lease)).await;
+        }
+    }
+
+    /// One look at the key, and a compare-and-set on it if it is free or lapsed; `seen` is the
+    /// revision last seen and when it was first seen.
+    async fn try_take(&self, me: &Holder, seen: &mut Option<(u64, Instant)>) -> Taken {
+        let entry = match self.store.entry(KEY).await {
+            Ok(entry) => entry,
+            Err(error) => {
+                warn!(%error, "could not read the lease; trying again");
+                return Taken::Unknown;
+            }
+        };
+        let sent = Instant::now();
+        let written = match entry {
+            // Never written, or deleted by hand: free.
+            None => self.store.create(KEY, me.encode()).await.ok(),
+            Some(entry) if entry.operation != kv::Operation::Put => {
+                self.store.create(KEY, me.encode()).await.ok()
+            }
+            Some(entry) => {
+                let holder = Holder::decode(&entry.value);
+                let lapsed = match &holder {
+                    Some(h) if h.released => true,
+                    _ => self.lapsed(seen, entry.revision, holder.as_ref()),
+                };
+                if !lapsed {
+                    return match holder {
+                        Some(holder) => Taken::HeldBy(holder),
+                        None => Taken::Unknown,
+                    };
+                }
+                self.store
+                    .update(KEY, me.encode(), entry.revision)
+                    .await
+                    .ok()
+            }
+        };
+        match written {
+            Some(revision) => Taken::Now(revision, sent),
+            None => Taken::Unknown,
+        }
+    }
+
+    /// Whether the holder of `revision` has let it lapse: this standby has seen that revision,
+    /// and no other, for the holder's lease and a grace. The first sight of a revision starts
+    /// the clock.
+    fn lapsed(
+        &self,
+        seen: &mut Option<(u64, Instant)>,
+        revision: u64,
+        holder: Option<&Holder>,
+    ) -> bool {
+        let now = Instant::now();
+        let since = match *seen {
+            Some((r, at)) if r == revision => at,
+            _ => seen.insert((revision, now)).1,
+        };
+        let lease = holder.map_or(self.lease, |h| Duration::from_millis(h.lease_ms));
+        now.duration_since(since) >= lease + grace(lease)
+    }
+}
+
+enum Taken {
+    /// This driver's write succeeded at this revision, sent at that instant.
+    Now(u64, Instant),
+    HeldBy(Holder),
+    /// The key could not be read or the write lost a race: look again.
+    Unknown,
+}
+
+/// One leadership: its epoch, until when it holds, and whether it was lost.
+pub struct Tenure {
+    shared: Arc<Shared>,
+    renewing: tokio::task::JoinHandle<()>,
+    lease: Lease,
+    me: Holder,
+}
+
+struct Shared {
+    epoch: u64,
+    /// The instance everything is measured from.
+    origin: Instant,
+    /// Until when this driver may send, in microseconds after `origin`.
+    valid_until_us: AtomicU64,
+    /// The revision of this driver's last write of the key.
+    revision: AtomicU64,
+    lost: AtomicBool,
+    lost_now: Notify,
+}
+
+impl Shared {
+    fn lose(&self, why: &str) {
+        if !self.lost.swap(true, SeqCst) {
+            warn!(
+                epoch = self.epoch,
+                why, "no longer leading: sending nothing more"
+            );
+        }
+        self.lost_now.notify_waiters();
+    }
+
+    fn extend(&self, sent: Instant, lease: Duration) {
+        let until = sent.duration_since(self.origin) + lease;
+        self.valid_until_us
+            .fetch_max(until.as_micros() as u64, SeqCst);
+    }
+
+    fn valid_until(&self) -> Instant {
+        self.origin + Duration::from_micros(self.valid_until_us.load(SeqCst))
+    }
+}
+
+impl Tenure {
+    fn start(lease: Lease, me: Holder, revision: u64, sent: Instant) -> Self {
+        let shared = Arc::new(Shared {
+            epoch: revision,
+            origin: sent,
+            valid_until_us: AtomicU64::new(0),
+            revision: AtomicU64::new(revision),
+            lost: AtomicBool::new(false),
+            lost_now: Notify::new(),
+        });
+        shared.extend(sent, lease.lease);
+        let renewing = tokio::spawn(renew(lease.clone(), me.clone(), shared.clone()));
+        Self {
+            shared,
+            renewing,
+            lease,
+            me,
+        }
+    }
+
+    /// The epoch of this leadership: the lease key's revision when it was taken.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch
+    }
+
+    /// A handle that says whether this leadership still holds, for whatever sends.
+    pub fn guard(&self) -> Guard {
+        Guard(self.shared.clone())
+    }
+
+    /// Completes once the leadership is lost: the lease could not be renewed in time, another
+    /// driver holds it, or the journal refused a write because another driver wrote first.
+    pub async fn lost(&self) {
+        self.guard().lost().await
+    }
+
+    /// Gives the lease up, so that a standby takes over at once: a compare-and-set on the
+    /// revision this driver last wrote, which fails harmlessly if it no longer holds it.
+    pub async fn release(self) {
+        self.renewing.abort();
+        self.shared.lose("released");
+        let released = Holder {
+            released: true,
+            ..self.me.clone()
+        };
+        let revision = self.shared.revision.load(SeqCst);
+        let released = self.lease.store.update(KEY, released.encode(), revision);
+        match tokio::time::timeout(self.lease.lease, released).await {
+            Ok(Ok(_)) => info!(epoch = self.epoch(), "lease released"),
+            Ok(Err(error)) => info!(%error, "lease not released (another driver holds it)"),
+            Err(_) => warn!("lease not released in time; a standby takes over when it lapses"),
+        }
+    }
+}
+
+impl Drop for Tenure {
+    fn drop(&mut self) {
+        self.renewing.abort();
+    }
+}
+
+/// Whether a leadership still holds; cheap to clone and to ask.
+#[derive(Clone)]
+pub struct Guard(Arc<Shared>);
+
+impl Guard {
+    /// Whether this driver may still send: its lease has not run out in its own eyes and it
+    /// has not been told of a successor.
+    pub fn is_current(&self) -> bool {
+        if self.0.lost.load(SeqCst) {
+            return false;
+        }
+        if Instant::now() >= self.0.valid_until() {
+            self.0.lose("the lease ran out before it could be renewed");
+            return false;
+        }
+        true
+    }
+
+    /// Marks the leadership lost, for a write refused because another driver wrote first.
+    pub fn depose(&self, why: &str) {
+        self.0.lose(why);
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.0.epoch
+    }
+
+    /// Completes once the leadership is lost, or its lease runs out unrenewed.
+    pub async fn lost(&self) {
+        loop {
+            let notified = self.0.lost_now.notified();
+            if !self.is_current() {
+                return;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(self.0.valid_until()) => {}
+            }
+        }
+    }
+}
+
+/// Renews the lease until it is lost: a compare-and-set every third of the lease, each counted
+/// from when it was sent.
+async fn renew(lease: Lease, me: Holder, shared: Arc<Shared>) {
+    let value = me.encode();
+    let mut next = Instant::now() + renew_interval(lease.lease);
+    loop {
+        tokio::time::sleep_until(next).await;
+        if shared.lost.load(SeqCst) || Instant::now() >= shared.valid_until() {
+            shared.lose("the lease ran out before it could be renewed");
+            return;
+        }
+        let sent = Instant::now();
+        let revision = shared.revision.load(SeqCst);
+        let left = shared.valid_until().saturating_duration_since(sent);
+        let written = tokio::time::timeout(left, lease.store.update(KEY, value.clone(), revision));
+        match written.await {
+            Ok(Ok(revision)) => {
+                shared.revision.store(revision, SeqCst);
+                shared.extend(sent, lease.lease);
+                next = sent + renew_interval(lease.lease);
+            }
+            Ok(Err(error)) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                // Either another driver wrote the key, or this driver's own last renewal was
+                // stored though its answer was lost. Only the key's holder can tell.
+                match lease.store.entry(KEY).await {
+                    Ok(Some(entry))
+                        if Holder::decode(&entry.value)
+                            .is_some_and(|h| h.driver_instance == me.driver_instance) =>
+                    {
+                        // Its own write: go on from that revision, without counting the lease
+                        // from it (when it was sent is not known).
+                        shared.revision.store(entry.revision, SeqCst);
+                        next = Instant::now();
+                    }
+                    Ok(_) => {
+                        shared.lose("another driver took the lease");
+                        return;
+                    }
+                    Err(_) => next = Instant::now() + poll_interval(lease.lease),
+                }
+            }
+            Ok(Err(error)) => {
+                warn!(%error, "could not renew the lease; trying again");
+                next = Instant::now() + poll_interval(lease.lease);
+            }
+            Err(_) => {
+                shared.lose("the lease ran out while its renewal was unanswered");
+                return;
+            }
+        }
+    }
+}
