@@ -278,6 +278,18 @@ pub struct ExecutorsSnapshot {
     /// The offset of the next page of executors, if there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<u32>,
+    /// The driver that answered: the one that leads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverInfo>,
+}
+
+/// Which driver answers, and in which leadership.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriverInfo {
+    /// The `driver_instance` executors register with.
+    pub driver_instance: InstanceId,
+    /// The epoch of its leadership (0 for a driver without a journal, which has no lease).
+    pub epoch: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

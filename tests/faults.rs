@@ -1110,3 +1110,172 @@ async fn ember_up_with_two_drivers_survives_a_sigkill_of_the_leader_mid_job() {
     let _ = tokio::time::timeout(LIMIT, up.wait()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_rolling_restart_of_every_driver_mid_job_loses_nothing() {
+    let cluster = TestCluster::start_with_jetstream("failover-rolling");
+    let (ledger, stop) = follow(&cluster).await;
+    let (mut drivers, executors, api, _) = two_drivers(&cluster).await;
+    let flags = [
+        "--executor-timeout",
+        "2s",
+        "--journal",
+        "on",
+        "--lease",
+        "1s",
+    ];
+    // 60 tasks of 300 ms on 6 cores: about 3 s of work, through three restarts.
+    let job_id = api.submit(sleepers(60, 300)).await.unwrap();
+    for restart in 0..3 {
+        eventually(LIMIT, "progress", || async {
+            (api.job(job_id).await.ok()?.succeeded >= 10 * (restart + 1)).then_some(())
+        })
+        .await;
+        // Each driver in turn, the leader first: SIGTERM, and a new one in its place.
+        let refs: Vec<&Child> = drivers.iter().collect();
+        let leader = leader_among(&cluster, &refs, None).await;
+        let mut stopping = drivers.remove(leader);
+        signal(&stopping, Signal::SIGTERM);
+        let exited = within(LIMIT, stopping.wait()).await.unwrap();
+        assert!(exited.success(), "a driver stopped with {exited:?}");
+        drivers.push(cluster.driver_process(&flags).spawn().unwrap());
+    }
+    let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let results = api.results(job_id).await.unwrap();
+    assert_eq!(results.len(), 60);
+    stop.send(()).unwrap();
+    let ledger = ledger.await.unwrap();
+    ledger.assert_nothing_lost(&results);
+    assert_eq!(ledger.job_ends, [(job_id, JobState::Succeeded)]);
+    drop(executors);
+}
+
+#[tokio::test]
+async fn losing_the_leaders_node_of_a_three_node_jetstream_cluster_loses_nothing() {
+    let ports: Vec<u16> = (0..3)
+        .map(|_| ember::server::free_port().unwrap())
+        .collect();
+    let routes_ports: Vec<u16> = (0..3)
+        .map(|_| ember::server::free_port().unwrap())
+        .collect();
+    let routes = routes_ports
+        .iter()
+        .map(|p| format!("nats://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let store = std::env::temp_dir().join(format!("ember-r3-{}", std::process::id()));
+    let mut nodes: Vec<NatsServer> = (0..3)
+        .map(|i| {
+            let dir = store.join(format!("n{i}"));
+            NatsServer::start_on(
+                ports[i],
+                &[
+                    "-js",
+                    "--store_dir",
+                    dir.to_str().unwrap(),
+                    "--cluster_name",
+                    "ember-r3",
+                    "--cluster",
+                    &format!("nats://127.0.0.1:{}", routes_ports[i]),
+                    "--routes",
+                    &routes,
+                    "-n",
+                    &format!("n{i}"),
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    // Node i first, then the others: where a process connects, and where it goes next.
+    let urls_from = |i: usize| {
+        (0..3)
+            .map(|k| format!("nats://127.0.0.1:{}", ports[(i + k) % 3]))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut cluster = TestCluster::start("fault-r3");
+    let doomed = nodes.remove(0);
+    // The helpers (listener, api) reach the cluster through node 1, which stays.
+    cluster.server = nodes.remove(0);
+    let jetstream = async_nats::jetstream::new(cluster.client().await);
+    eventually(LIMIT, "JetStream to form its cluster", || async {
+        jetstream.query_account().await.ok()
+    })
+    .await;
+    let (ledger, stop) = follow(&cluster).await;
+    let flags = [
+        "--executor-timeout",
+        "3s",
+        "--journal",
+        "on",
+        "--lease",
+        "1s",
+    ];
+    let driver = |i: usize| {
+        cluster
+            .process_at(&urls_from(i), env!("CARGO_BIN_EXE_ember-driver"), &flags)
+            .spawn()
+            .unwrap()
+    };
+    // The first driver, on the node that dies, leads; the second stands by on another.
+    let first = driver(0);
+    eventually(LIMIT, "the first driver to lead", || async {
+        (lease_holder(&cluster).await?.pid == first.id()?).then_some(())
+    })
+    .await;
+    let second = driver(1);
+    let executors: Vec<Child> = (0..3)
+        .map(|i| {
+            let id = format!("x{i}");
+            let mut args = vec!["--executor-id", id.as_str()];
+            args.extend(FAST);
+            cluster
+                .process_at(
+                    &urls_from(1 + i % 2),
+                    env!("CARGO_BIN_EXE_ember-executor"),
+                    &args,
+                )
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let api = cluster.api(cluster.client().await);
+    wait_registered(&api, 3).await;
+    let mut journal = jetstream
+        .get_stream(cluster.subjects.journal_stream())
+        .await
+        .unwrap();
+    let replicas = journal.info().await.unwrap().config.num_replicas;
+    assert_eq!(replicas, 3, "auto keeps three copies on a cluster of three");
+    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
+    })
+    .await;
+    let killed_at = Instant::now();
+    drop(doomed);
+    let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let results = api.results(job_id).await.unwrap();
+    assert_eq!(results.len(), 40);
+    stop.send(()).unwrap();
+    let ledger = ledger.await.unwrap();
+    // Events published while the listener's node re-routed may be gone (the bus is
+    // at-most-once): lost and duplicated are judged from the results and what was seen.
+    let (lost, duplicated, _) = ledger.verdict(&results);
+    assert_eq!((lost, duplicated), (0, 0));
+    let holder = lease_holder(&cluster).await.expect("a leader");
+    eprintln!(
+        "three-node JetStream cluster, R{replicas}: the leader's node killed; the job ended \
+         {:?} later, led by the {} driver; lost=0 duplicated=0",
+        killed_at.elapsed(),
+        if Some(holder.pid) == first.id() {
+            "first (reconnected)"
+        } else {
+            "second"
+        }
+    );
+    drop((first, second, executors));
+    let _ = std::fs::remove_dir_all(&store);
+}

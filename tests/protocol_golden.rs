@@ -1065,6 +1065,10 @@ fn api_reply_executors() {
             registered_executors: 1,
             pending_executors: 2,
             next_offset: Some(1),
+            driver: Some(ember::protocol::DriverInfo {
+                driver_instance: uuid::Uuid::from_u128(0x1ead),
+                epoch: 12,
+            }),
         }),
         json!({
             "type": "Executors",
@@ -1081,7 +1085,8 @@ fn api_reply_executors() {
             "total_cores": 8,
             "registered_executors": 1,
             "pending_executors": 2,
-            "next_offset": 1
+            "next_offset": 1,
+            "driver": {"driver_instance": "00000000-0000-0000-0000-000000001ead", "epoch": 12}
         }),
     );
     golden(
@@ -1091,6 +1096,7 @@ fn api_reply_executors() {
             registered_executors: 0,
             pending_executors: 0,
             next_offset: None,
+            driver: None,
         }),
         json!({
             "type": "Executors",

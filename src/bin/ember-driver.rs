@@ -6,7 +6,7 @@ use ember::cli::{
 };
 use ember::connect::NatsArgs;
 use ember::driver::core::{Liveness, Retention, DEFAULT_RETAIN_JOBS};
-use ember::driver::{run, DriverConfig, JournalMode};
+use ember::driver::{run, DriverConfig, JournalMode, Replicas};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -73,6 +73,11 @@ struct Args {
     /// lease has lapsed (the lease and a fifth of it after the last renewal it saw).
     #[arg(long, env = "EMBER_LEASE", default_value = "3s", value_parser = parse_lease)]
     lease: Duration,
+    /// How many copies of the journal, the results bucket and the lease a cluster of NATS
+    /// servers keeps (1 to 5): auto keeps 3 when the server is part of a cluster (1 if the
+    /// cluster cannot place 3) and 1 on a lone server.
+    #[arg(long, env = "EMBER_REPLICAS", default_value = "auto", value_parser = Replicas::parse)]
+    replicas: Replicas,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -105,6 +110,7 @@ fn main() -> ExitCode {
                 results_max_age: args.results_max_age,
                 results_max_bytes: args.results_max_bytes,
                 lease: args.lease,
+                replicas: args.replicas,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

@@ -67,6 +67,17 @@ pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<
         "{} executors registered, {} cores in total, {} pending",
         snapshot.registered_executors, snapshot.total_cores, snapshot.pending_executors
     );
+    match &snapshot.driver {
+        Some(d) if d.epoch > 0 => println!(
+            "answered by driver {}, leading in epoch {}",
+            d.driver_instance, d.epoch
+        ),
+        Some(d) => println!(
+            "answered by driver {} (no journal, no lease)",
+            d.driver_instance
+        ),
+        None => {}
+    }
     Ok(())
 }
 

@@ -5,7 +5,7 @@
 
 use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness, Retention};
-use super::journal::{Journal, JournalError, JournalMode};
+use super::journal::{Journal, JournalError, JournalMode, Replicas};
 use super::lease::{Guard, Lease, LeaseError, Tenure};
 use super::outbox::{Outbox, Output};
 use super::results::ResultsBucket;
@@ -52,6 +52,8 @@ pub struct DriverConfig {
     pub results_max_bytes: u64,
     /// How long a leadership lasts unrenewed (with a journal, drivers elect one leader).
     pub lease: Duration,
+    /// How many copies a clustered server keeps of the journal, results and lease.
+    pub replicas: Replicas,
 }
 
 impl DriverConfig {
@@ -69,6 +71,7 @@ impl DriverConfig {
             results_max_age: super::results::DEFAULT_RESULTS_MAX_AGE,
             results_max_bytes: super::results::DEFAULT_RESULTS_MAX_BYTES,
             lease: super::lease::DEFAULT_LEASE,
+            replicas: Replicas::Auto,
         }
     }
 }
@@ -232,7 +235,14 @@ async fn start(
 ) -> Result<(Core, Inputs, Shell), DriverError> {
     let limit = client.server_info().max_payload.max(PAYLOAD_HEADROOM * 2);
     let subjects = config.subjects.clone();
-    let journal = Journal::open(client, &subjects, config.journal, config.journal_max_age).await?;
+    let journal = Journal::open(
+        client,
+        &subjects,
+        config.journal,
+        config.journal_max_age,
+        config.replicas,
+    )
+    .await?;
     let results = match &journal {
         Some(journal) => Some(
             ResultsBucket::open(
@@ -240,6 +250,7 @@ async fn start(
                 &subjects,
                 config.results_max_age,
                 config.results_max_bytes,
+                journal.replicas,
             )
             .await?,
         ),
@@ -249,7 +260,8 @@ async fn start(
     let mut tenure = None;
     let mut journal = journal;
     if let Some(journal) = journal.as_mut() {
-        let lease = Lease::open(journal.context(), &subjects, config.lease).await?;
+        let lease =
+            Lease::open(journal.context(), &subjects, config.lease, journal.replicas).await?;
         let taken = lease.acquire(driver_instance).await;
         let mark = JournalRecord::Leader {
             epoch: taken.epoch(),
@@ -261,6 +273,7 @@ async fn start(
     }
     let mut core = Core::new(CoreConfig {
         driver_instance,
+        epoch: tenure.as_ref().map_or(0, Tenure::epoch),
         expect_executors: config.expect_executors,
         max_reply_bytes: limit - PAYLOAD_HEADROOM,
         journal: journal.is_some(),

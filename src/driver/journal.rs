@@ -29,6 +29,54 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(30);
 /// How long a write waits before it tries again when the write before it is not stored yet.
 const TURN_DELAY: Duration = Duration::from_millis(20);
 
+/// How many copies a clustered server keeps of the journal, the results bucket and the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Replicas {
+    /// 3 when the server is part of a cluster (1 if the cluster cannot place 3), else 1.
+    #[default]
+    Auto,
+    Exactly(usize),
+}
+
+impl Replicas {
+    /// Parses `--replicas`: `auto`, or 1 to 5.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(Replicas::Auto),
+            n => match n.parse::<usize>() {
+                Ok(n @ 1..=5) => Ok(Replicas::Exactly(n)),
+                _ => Err(format!("{text:?} is neither auto nor 1 to 5")),
+            },
+        }
+    }
+
+    /// How many to ask for first of a server that says whether it is clustered.
+    pub fn wanted(self, clustered: bool) -> usize {
+        match self {
+            Replicas::Exactly(n) => n,
+            Replicas::Auto if clustered => 3,
+            Replicas::Auto => 1,
+        }
+    }
+
+    /// Makes something with `wanted` replicas by `make`, and with `auto`, falls back to one
+    /// replica (with a warning) if the cluster cannot place that many.
+    pub async fn make<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+        self,
+        wanted: usize,
+        what: &str,
+        mut make: impl FnMut(usize) -> F,
+    ) -> Result<T, E> {
+        match make(wanted).await {
+            Err(error) if self == Replicas::Auto && wanted > 1 => {
+                warn!(%error, what, wanted, "could not keep that many replicas; keeping one");
+                make(1).await
+            }
+            made => made,
+        }
+    }
+}
+
 /// Whether the driver keeps a journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum JournalMode {
@@ -72,6 +120,8 @@ pub struct Journal {
     stream: String,
     /// The turns of the leader's writes, once it leads.
     turns: Option<Arc<Turns>>,
+    /// How many copies the server keeps of it: the lease and the results bucket keep as many.
+    pub replicas: usize,
 }
 
 /// The order of one leader's writes. Each write expects the stream's last sequence to be the
@@ -109,6 +159,7 @@ impl Journal {
         subjects: &Subjects,
         mode: JournalMode,
         max_age: Duration,
+        replicas: Replicas,
     ) -> Result<Option<Journal>, JournalError> {
         if mode == JournalMode::Off {
             info!("journal off: jobs live in memory only");
@@ -127,30 +178,40 @@ impl Journal {
                 return Ok(None);
             }
         }
-        let journal = Journal {
+        let mut journal = Journal {
             context,
             subject: subjects.journal(),
             stream: subjects.journal_stream(),
             turns: None,
+            replicas: 1,
         };
-        journal.create_stream(max_age).await?;
-        info!(stream = %journal.stream, max_age = ?max_age, "journal in JetStream");
+        let wanted = replicas.wanted(client.server_info().cluster.is_some());
+        let made = replicas.make(wanted, "journal", |n| journal.create_stream(max_age, n));
+        journal.replicas = made.await?;
+        let replicas = journal.replicas;
+        info!(stream = %journal.stream, max_age = ?max_age, replicas, "journal in JetStream");
         Ok(Some(journal))
     }
 
-    async fn create_stream(&self, max_age: Duration) -> Result<(), JournalError> {
+    /// Creates or updates the stream with `replicas`, and returns how many it keeps.
+    async fn create_stream(
+        &self,
+        max_age: Duration,
+        replicas: usize,
+    ) -> Result<usize, JournalError> {
         let config = stream::Config {
             name: self.stream.clone(),
             subjects: vec![self.subject.clone()],
             storage: stream::StorageType::File,
             max_age,
             duplicate_window: DUPLICATE_WINDOW,
+            num_replicas: replicas,
             ..Default::default()
         };
         self.context
             .create_or_update_stream(config)
             .await
-            .map(drop)
+            .map(|info| info.config.num_replicas)
             .map_err(|e| JournalError::Stream {
                 stream: self.stream.clone(),
                 message: e.to_string(),

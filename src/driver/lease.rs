@@ -110,6 +110,7 @@ impl Lease {
         context: &jetstream::Context,
         subjects: &Subjects,
         lease: Duration,
+        replicas: usize,
     ) -> Result<Self, LeaseError> {
         let bucket = subjects.leader_bucket();
         let failed = |message: String| LeaseError::Bucket {
@@ -123,6 +124,7 @@ impl Lease {
                     bucket: bucket.clone(),
                     history: 1,
                     storage: jetstream::stream::StorageType::File,
+                    num_replicas: replicas,
                     ..Default::default()
                 })
                 .await

@@ -11,4 +11,4 @@ pub mod results;
 mod snapshots;
 
 pub use actor::{run, DriverConfig, DriverError};
-pub use journal::JournalMode;
+pub use journal::{JournalMode, Replicas};

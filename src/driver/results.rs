@@ -37,6 +37,7 @@ impl ResultsBucket {
         subjects: &Subjects,
         max_age: Duration,
         max_bytes: u64,
+        replicas: usize,
     ) -> Result<Self, JournalError> {
         let bucket = subjects.results_bucket();
         // The bucket's stream made here rather than by `create_key_value`, whose buckets
@@ -52,6 +53,7 @@ impl ResultsBucket {
             deny_delete: true,
             allow_direct: true,
             storage: StorageType::File,
+            num_replicas: replicas,
             ..Default::default()
         };
         let failed = |message: String| JournalError::Stream {

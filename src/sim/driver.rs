@@ -36,6 +36,7 @@ impl DriverNode {
 fn new_core(driver_instance: InstanceId) -> Core {
     Core::new(CoreConfig {
         driver_instance,
+        epoch: 0,
         expect_executors: 0,
         max_reply_bytes: crate::DEFAULT_MAX_PAYLOAD,
         // The simulated driver keeps no journal: a restarted one starts empty and the

@@ -62,6 +62,8 @@ impl Effect {
 pub struct CoreConfig {
     /// The driver's instance id, returned in every `RegisteredExecutor`.
     pub driver_instance: InstanceId,
+    /// The epoch of its leadership: 0 without a lease.
+    pub epoch: u64,
     /// Executors the operator expects (Spark's `numPendingExecutors` starts here).
     pub expect_executors: u64,
     /// The largest reply the core should build, in bytes (pages of results stop short of it).

@@ -118,6 +118,10 @@ impl Core {
             registered_executors: self.executors.len() as u64,
             pending_executors: self.pending_executors,
             next_offset: next.filter(|n| (*n as usize) < self.executors.len()),
+            driver: Some(crate::protocol::DriverInfo {
+                driver_instance: self.config.driver_instance,
+                epoch: self.config.epoch,
+            }),
         }
     }
 

@@ -34,6 +34,7 @@ const MAX_REPLY: usize = 1024 * 1024;
 fn core_with(expect_executors: u64, max_reply_bytes: usize) -> Core {
     Core::new(CoreConfig {
         driver_instance: InstanceId::from_u128(DRIVER),
+        epoch: 0,
         expect_executors,
         max_reply_bytes,
         journal: false,

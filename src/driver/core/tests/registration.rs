@@ -54,6 +54,10 @@ fn a_new_executor_is_registered_and_announced() {
             registered_executors: 1,
             pending_executors: 1,
             next_offset: None,
+            driver: Some(crate::protocol::DriverInfo {
+                driver_instance: InstanceId::from_u128(super::DRIVER),
+                epoch: 0,
+            }),
         }
     );
     check_invariants(&core);
@@ -298,6 +302,10 @@ fn list_executors_returns_the_registry_and_its_totals() {
             registered_executors: 0,
             pending_executors: 4,
             next_offset: None,
+            driver: Some(crate::protocol::DriverInfo {
+                driver_instance: InstanceId::from_u128(super::DRIVER),
+                epoch: 0,
+            }),
         })
     );
     add(&mut core, "b", 2, 10);
