@@ -90,7 +90,7 @@ impl EmberClient {
             async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(REQUEST_TIMEOUT),
             _ => ClientError::Request(e.to_string()),
         })?;
-        if !self.epochs.admit(epoch::of(&reply)) {
+        if !self.epochs.hears(&reply) {
             return Err(ClientError::Deposed(epoch::of(&reply)));
         }
         match decode::<ApiReply>(&reply.payload, usize::MAX) {
@@ -309,7 +309,7 @@ impl EmberClient {
         loop {
             tokio::select! {
                 Some(message) = ends.next() => {
-                    if !self.epochs.admit(epoch::of(&message)) {
+                    if !self.epochs.hears(&message) {
                         continue;
                     }
                     if let Ok(Event::JobEnd { job_id: id, .. }) = decode::<Event>(&message.payload, usize::MAX) {

@@ -74,6 +74,22 @@ impl Newest {
         true
     }
 
+    /// Whether `message` is to be acted on ([`Newest::admit`] of its epoch); one that is not
+    /// is logged with its epoch and the newest.
+    pub fn hears(&self, message: &Message) -> bool {
+        let epoch = of(message);
+        let heard = self.admit(epoch);
+        if !heard {
+            tracing::warn!(
+                epoch,
+                newest = self.get(),
+                subject = %message.subject,
+                "ignored a message from a driver that no longer leads"
+            );
+        }
+        heard
+    }
+
     /// The newest epoch seen.
     pub fn get(&self) -> u64 {
         self.epoch.load(SeqCst)

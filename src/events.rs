@@ -21,7 +21,7 @@ pub fn decoded(
 ) -> impl Stream<Item = (bytes::Bytes, Result<Event, String>)> {
     let epochs = crate::epoch::Newest::new(crate::client::FAILOVER_PATIENCE);
     subscriber.filter_map(move |message| {
-        let current = epochs.admit(crate::epoch::of(&message));
+        let current = epochs.hears(&message);
         let event = decode::<Event>(&message.payload, usize::MAX).map_err(|e| e.to_string());
         std::future::ready(current.then_some((message.payload, event)))
     })

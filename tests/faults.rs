@@ -468,8 +468,9 @@ async fn a_nats_server_restart_mid_job_loses_nothing() {
     drop(executors);
 }
 
-#[tokio::test]
-async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
+/// Three nats-servers routed into one cluster named `name`, node i started with `extra(i)`
+/// beside the cluster flags: their client ports and the servers, in order.
+fn three_nodes(name: &str, extra: impl Fn(usize) -> Vec<String>) -> (Vec<u16>, Vec<NatsServer>) {
     let ports: Vec<u16> = (0..3)
         .map(|_| ember::server::free_port().unwrap())
         .collect();
@@ -481,26 +482,29 @@ async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
         .map(|p| format!("nats://127.0.0.1:{p}"))
         .collect::<Vec<_>>()
         .join(",");
-    let mut nodes: Vec<NatsServer> = (0..3)
+    let nodes = (0..3)
         .map(|i| {
-            let cluster_listen = format!("nats://127.0.0.1:{}", routes_ports[i]);
-            let name = format!("n{i}");
-            NatsServer::start_on(
-                ports[i],
-                &[
-                    "--cluster_name",
-                    "ember-test",
-                    "--cluster",
-                    &cluster_listen,
-                    "--routes",
-                    &routes,
-                    "-n",
-                    &name,
-                ],
-            )
-            .unwrap()
+            let mut args = extra(i);
+            args.extend([
+                "--cluster_name".into(),
+                name.into(),
+                "--cluster".into(),
+                format!("nats://127.0.0.1:{}", routes_ports[i]),
+                "--routes".into(),
+                routes.clone(),
+                "-n".into(),
+                format!("n{i}"),
+            ]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            NatsServer::start_on(ports[i], &args).unwrap()
         })
         .collect();
+    (ports, nodes)
+}
+
+#[tokio::test]
+async fn losing_one_node_of_a_three_node_nats_cluster_loses_nothing() {
+    let (ports, mut nodes) = three_nodes("ember-test", |_| Vec::new());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let urls = ports
         .iter()
@@ -840,22 +844,25 @@ async fn leader_among(cluster: &TestCluster, drivers: &[&Child], not: Option<u32
     .await
 }
 
+/// The flags of the failover tests' drivers: a 1 s lease, a journal, a quick verdict on a
+/// silent executor.
+const FAILOVER_DRIVER: [&str; 6] = [
+    "--executor-timeout",
+    "2s",
+    "--journal",
+    "on",
+    "--lease",
+    "1s",
+];
+
 /// Two driver processes with a 1 s lease and three executors, once the executors have
 /// registered: the drivers, the executors, an api client and which driver leads.
 async fn two_drivers(
     cluster: &TestCluster,
 ) -> (Vec<Child>, Vec<Child>, ember::client::EmberClient, usize) {
-    let flags = [
-        "--executor-timeout",
-        "2s",
-        "--journal",
-        "on",
-        "--lease",
-        "1s",
-    ];
     let drivers = vec![
-        cluster.driver_process(&flags).spawn().unwrap(),
-        cluster.driver_process(&flags).spawn().unwrap(),
+        cluster.driver_process(&FAILOVER_DRIVER).spawn().unwrap(),
+        cluster.driver_process(&FAILOVER_DRIVER).spawn().unwrap(),
     ];
     let executors = spawn_executors(cluster, 3).await;
     let api = cluster.api(cluster.client().await);
@@ -1116,14 +1123,6 @@ async fn a_rolling_restart_of_every_driver_mid_job_loses_nothing() {
     let cluster = TestCluster::start_with_jetstream("failover-rolling");
     let (ledger, stop) = follow(&cluster).await;
     let (mut drivers, executors, api, _) = two_drivers(&cluster).await;
-    let flags = [
-        "--executor-timeout",
-        "2s",
-        "--journal",
-        "on",
-        "--lease",
-        "1s",
-    ];
     // 60 tasks of 300 ms on 6 cores: about 3 s of work, through three restarts.
     let job_id = api.submit(sleepers(60, 300)).await.unwrap();
     for restart in 0..3 {
@@ -1138,7 +1137,7 @@ async fn a_rolling_restart_of_every_driver_mid_job_loses_nothing() {
         signal(&stopping, Signal::SIGTERM);
         let exited = within(LIMIT, stopping.wait()).await.unwrap();
         assert!(exited.success(), "a driver stopped with {exited:?}");
-        drivers.push(cluster.driver_process(&flags).spawn().unwrap());
+        drivers.push(cluster.driver_process(&FAILOVER_DRIVER).spawn().unwrap());
     }
     let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
     assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
@@ -1153,40 +1152,15 @@ async fn a_rolling_restart_of_every_driver_mid_job_loses_nothing() {
 
 #[tokio::test]
 async fn losing_the_leaders_node_of_a_three_node_jetstream_cluster_loses_nothing() {
-    let ports: Vec<u16> = (0..3)
-        .map(|_| ember::server::free_port().unwrap())
-        .collect();
-    let routes_ports: Vec<u16> = (0..3)
-        .map(|_| ember::server::free_port().unwrap())
-        .collect();
-    let routes = routes_ports
-        .iter()
-        .map(|p| format!("nats://127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
     let store = std::env::temp_dir().join(format!("ember-r3-{}", std::process::id()));
-    let mut nodes: Vec<NatsServer> = (0..3)
-        .map(|i| {
-            let dir = store.join(format!("n{i}"));
-            NatsServer::start_on(
-                ports[i],
-                &[
-                    "-js",
-                    "--store_dir",
-                    dir.to_str().unwrap(),
-                    "--cluster_name",
-                    "ember-r3",
-                    "--cluster",
-                    &format!("nats://127.0.0.1:{}", routes_ports[i]),
-                    "--routes",
-                    &routes,
-                    "-n",
-                    &format!("n{i}"),
-                ],
-            )
-            .unwrap()
-        })
-        .collect();
+    let (ports, mut nodes) = three_nodes("ember-r3", |i| {
+        let dir = store.join(format!("n{i}"));
+        vec![
+            "-js".into(),
+            "--store_dir".into(),
+            dir.display().to_string(),
+        ]
+    });
     // Node i first, then the others: where a process connects, and where it goes next.
     let urls_from = |i: usize| {
         (0..3)

@@ -152,7 +152,7 @@ async fn lead(
     // The same for the group of task ends that waits to be written.
     let commit_due = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(commit_due);
-    let guard = shell.guard.clone();
+    let guard = shell.guard().cloned();
     let lost = async {
         match &guard {
             Some(guard) => guard.lost().await,
@@ -268,7 +268,7 @@ async fn start(
             driver_instance,
             time_ms: now_ms(),
         };
-        journal.lead(taken.guard(), mark).await?;
+        journal.lead(taken.guard().clone(), mark).await?;
         tenure = Some(taken);
     }
     let mut core = Core::new(CoreConfig {
@@ -308,7 +308,6 @@ async fn start(
     };
     flush(client).await.map_err(DriverError::NotSubscribed)?;
     let shell = Shell {
-        guard: tenure.as_ref().map(Tenure::guard),
         headers: tenure
             .as_ref()
             .and_then(|t| crate::epoch::headers(t.epoch())),
@@ -381,10 +380,8 @@ pub(super) fn fit<T: Batch + Serialize>(
 
 /// The thin NATS layer around the core: decoding, reply checks, sending.
 struct Shell {
-    /// This driver's leadership, with a journal.
+    /// This driver's leadership, with a journal: nothing is sent once it is lost.
     tenure: Option<Tenure>,
-    /// Whether it still leads: nothing is sent once it does not.
-    guard: Option<Guard>,
     /// What everything sent carries: the leadership's epoch.
     headers: Option<async_nats::HeaderMap>,
     client: Client,
@@ -606,7 +603,7 @@ impl Shell {
     ) {
         let (client, guard, headers) = (
             self.client.clone(),
-            self.guard.clone(),
+            self.guard().cloned(),
             self.headers.clone(),
         );
         tokio::spawn(async move {
@@ -620,6 +617,11 @@ impl Shell {
             )
             .await;
         });
+    }
+
+    /// Whether this driver still leads, when it has a lease.
+    fn guard(&self) -> Option<&Guard> {
+        self.tenure.as_ref().map(Tenure::guard)
     }
 
     async fn answer(&self, reply: Subject, payload: bytes::Bytes) {
@@ -805,7 +807,7 @@ impl Shell {
     async fn publish(&self, subject: Subject, payload: bytes::Bytes) {
         send(
             &self.client,
-            self.guard.as_ref(),
+            self.guard(),
             self.headers.as_ref(),
             subject,
             payload,

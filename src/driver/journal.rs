@@ -422,7 +422,8 @@ fn joined(write: tokio::task::JoinHandle<()>) -> BoxFuture<'static, ()> {
 
 /// Stores `payload` once the journal's last sequence is `expected`, trying again until it is
 /// stored. A refusal because the journal is past `expected` means another driver wrote it:
-/// this one no longer leads, and the write never completes, so nothing waiting on it leaves.
+/// this one no longer leads, and gives the write up. What waited on it is not sent, as
+/// nothing is once the leadership is lost (the shell's sends check it).
 async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload: bytes::Bytes) {
     let id = format!("{}.{}", turns.guard.epoch(), expected + 1);
     let mut retry = Retry::new();
@@ -449,14 +450,14 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
                     turns
                         .guard
                         .depose("another driver wrote the journal after this one");
-                    return std::future::pending().await;
+                    return;
                 }
                 Ok(last) if last < turns.mark => {
                     // What this leader read is gone: it starts again from what is left.
                     turns
                         .guard
                         .depose("the journal was deleted or purged under this driver");
-                    return std::future::pending().await;
+                    return;
                 }
                 // The write before this one is not stored yet: it goes first.
                 _ => tokio::time::sleep(TURN_DELAY).await,
@@ -464,8 +465,8 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
             continue;
         }
         if !turns.guard.is_current() {
-            // No longer leading: nothing waits on this write any more.
-            return std::future::pending().await;
+            // No longer leading: nothing may be sent after this write any more.
+            return;
         }
         retry.failed(&error).await;
     }

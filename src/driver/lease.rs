@@ -231,7 +231,7 @@ enum Taken {
 
 /// One leadership: its epoch, until when it holds, and whether it was lost.
 pub struct Tenure {
-    shared: Arc<Shared>,
+    guard: Guard,
     renewing: tokio::task::JoinHandle<()>,
     lease: Lease,
     me: Holder,
@@ -284,7 +284,7 @@ impl Tenure {
         shared.extend(sent, lease.lease);
         let renewing = tokio::spawn(renew(lease.clone(), me.clone(), shared.clone()));
         Self {
-            shared,
+            guard: Guard(shared),
             renewing,
             lease,
             me,
@@ -293,30 +293,25 @@ impl Tenure {
 
     /// The epoch of this leadership: the lease key's revision when it was taken.
     pub fn epoch(&self) -> u64 {
-        self.shared.epoch
+        self.guard.epoch()
     }
 
-    /// A handle that says whether this leadership still holds, for whatever sends.
-    pub fn guard(&self) -> Guard {
-        Guard(self.shared.clone())
-    }
-
-    /// Completes once the leadership is lost: the lease could not be renewed in time, another
-    /// driver holds it, or the journal refused a write because another driver wrote first.
-    pub async fn lost(&self) {
-        self.guard().lost().await
+    /// What says whether this leadership still holds, for whatever sends (clone it for a
+    /// task of its own).
+    pub fn guard(&self) -> &Guard {
+        &self.guard
     }
 
     /// Gives the lease up, so that a standby takes over at once: a compare-and-set on the
     /// revision this driver last wrote, which fails harmlessly if it no longer holds it.
     pub async fn release(self) {
         self.renewing.abort();
-        self.shared.lose("released");
+        self.guard.0.lose("released");
         let released = Holder {
             released: true,
             ..self.me.clone()
         };
-        let revision = self.shared.revision.load(SeqCst);
+        let revision = self.guard.0.revision.load(SeqCst);
         let released = self.lease.store.update(KEY, released.encode(), revision);
         match tokio::time::timeout(self.lease.lease, released).await {
             Ok(Ok(_)) => info!(epoch = self.epoch(), "lease released"),

@@ -7,7 +7,7 @@ use super::machine::{Backoff, Machine, MachineConfig, Registered, Request};
 use super::runner::Runner;
 use super::tasks::Handlers;
 use crate::connect::flush;
-use crate::epoch::{self, Newest};
+use crate::epoch::Newest;
 use crate::ids::{ExecutorId, InstanceId};
 use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
@@ -172,13 +172,8 @@ async fn register(
     loop {
         let attempt = client.request(subject.clone(), payload.clone());
         match tokio::time::timeout(REQUEST_TIMEOUT, attempt).await {
-            Ok(Ok(reply)) if !epochs.admit(epoch::of(&reply)) => {
-                warn!(
-                    epoch = epoch::of(&reply),
-                    newest = epochs.get(),
-                    "ignored a registration answer from a deposed driver; retrying"
-                )
-            }
+            // An answer from a driver that no longer leads is no answer: it goes again.
+            Ok(Ok(reply)) if !epochs.hears(&reply) => {}
             Ok(Ok(reply)) => match decode::<RegisterReply>(&reply.payload, usize::MAX) {
                 Ok(RegisterReply::RegisteredExecutor {
                     driver_instance, ..
@@ -204,8 +199,8 @@ fn millis(duration: Duration) -> u64 {
 
 /// A request answered or not within [`REQUEST_TIMEOUT`], whatever the client's own request
 /// timeout, and counting the wait to hand the request to the client's connection (which the
-/// client's timeout does not).
-/// An answer from an older epoch than the newest seen is no answer.
+/// client's timeout does not). An answer from an older epoch than the newest seen is no
+/// answer.
 fn request<T: serde::de::DeserializeOwned + 'static>(
     client: &Client,
     subject: Subject,
@@ -217,10 +212,9 @@ fn request<T: serde::de::DeserializeOwned + 'static>(
         // No timeout of the client's own beside this one: one timer per request is enough.
         let request = async_nats::Request::new().payload(payload).timeout(None);
         match tokio::time::timeout(REQUEST_TIMEOUT, client.send_request(subject, request)).await {
-            Ok(Ok(reply)) if !epochs.admit(epoch::of(&reply)) => Err(format!(
-                "answered by a deposed driver (epoch {})",
-                epoch::of(&reply)
-            )),
+            Ok(Ok(reply)) if !epochs.hears(&reply) => {
+                Err("answered by a driver that no longer leads".into())
+            }
             Ok(Ok(reply)) => decode(&reply.payload, usize::MAX).map_err(|e| e.to_string()),
             Ok(Err(error)) => Err(error.to_string()),
             Err(_) => Err("timed out".into()),
@@ -428,13 +422,8 @@ impl Backend {
             debug!(subject = %message.subject, "answer to a status batch no longer in flight dropped");
             return;
         };
-        if !self.epochs.admit(epoch::of(&message)) {
+        if !self.epochs.hears(&message) {
             // The batch goes again once its wait is over, to whoever leads now.
-            warn!(
-                epoch = epoch::of(&message),
-                newest = self.epochs.get(),
-                "ignored a status answer from a deposed driver"
-            );
             return;
         }
         let answer = if message.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
@@ -499,12 +488,7 @@ impl Backend {
     }
 
     fn on_inbox(&mut self, message: Message) {
-        if !self.epochs.admit(epoch::of(&message)) {
-            warn!(
-                epoch = epoch::of(&message),
-                newest = self.epochs.get(),
-                "ignored a message from a deposed driver"
-            );
+        if !self.epochs.hears(&message) {
             return;
         }
         let limit = self.machine.statuses().limit + PAYLOAD_HEADROOM;
