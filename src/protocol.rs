@@ -466,6 +466,11 @@ pub enum HeartbeatRequest {
         executor_id: ExecutorId,
         instance_id: InstanceId,
         running: Vec<RunningAttempt>,
+        /// The driver instance this executor registered with: a driver that is not that one
+        /// answers `reregister` (it registered the executor from a request whose answer never
+        /// arrived, after the executor had registered with a driver before it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        driver_instance: Option<InstanceId>,
     },
     /// The executor is draining: it takes no new tasks (Spark's `DecommissionExecutor`).
     DecommissionExecutor {

@@ -301,6 +301,7 @@ impl<H: Cancel> Machine<H> {
                     executor_id: self.config.executor_id.clone(),
                     instance_id: self.config.instance,
                     running,
+                    driver_instance: self.driver,
                 }));
         }
         Ok(())

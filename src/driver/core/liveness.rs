@@ -71,6 +71,17 @@ impl Core {
         if !self.is_registered_instance(&executor_id, instance_id) {
             return HeartbeatReply::HeartbeatResponse { reregister: true };
         }
+        // Registered here, but registered with another driver in its own eyes: the answer to
+        // its registration here never reached it. It registers again, and learns this one.
+        if let HeartbeatRequest::Heartbeat {
+            driver_instance: Some(theirs),
+            ..
+        } = &request
+        {
+            if *theirs != self.config.driver_instance {
+                return HeartbeatReply::HeartbeatResponse { reregister: true };
+            }
+        }
         match request {
             HeartbeatRequest::Heartbeat { running, .. } => {
                 self.reconcile(&executor_id, &running, now)

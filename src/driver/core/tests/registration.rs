@@ -1,7 +1,9 @@
 //! Registration of executors, and listing them.
 
 use super::*;
-use crate::protocol::{ExecutorInfo, ExecutorSummary, ExecutorsSnapshot};
+use crate::protocol::{
+    ExecutorInfo, ExecutorSummary, ExecutorsSnapshot, HeartbeatReply, HeartbeatRequest,
+};
 
 #[test]
 fn a_new_executor_is_registered_and_announced() {
@@ -340,4 +342,37 @@ fn list_executors_returns_the_registry_and_its_totals() {
         .collect();
     // One task each, round-robin; ordered by id.
     assert_eq!(rows, [("a".into(), 2, 3, 20), ("b".into(), 1, 2, 10)]);
+}
+
+/// An executor registered here whose answer never reached it (it registered with the driver
+/// before this one meanwhile) says so in its heartbeat, and is told to register again; its
+/// registering again is accepted, and then its heartbeats are.
+#[test]
+fn a_heartbeat_from_an_executor_registered_with_another_driver_asks_it_to_register_again() {
+    let mut core = new_core(0);
+    add(&mut core, "exec-1", 2, 10);
+    let beat = |driver: Option<u128>| HeartbeatRequest::Heartbeat {
+        executor_id: eid("exec-1"),
+        instance_id: instance_of("exec-1"),
+        running: Vec::new(),
+        driver_instance: driver.map(InstanceId::from_u128),
+    };
+    let answer = |reregister| HeartbeatReply::HeartbeatResponse { reregister };
+    let elsewhere = unchanged(&mut core, |core| {
+        core.heartbeat("exec-1", beat(Some(7)), 20)
+    });
+    assert_eq!(elsewhere, answer(true));
+    assert_eq!(core.heartbeat("exec-1", beat(None), 30), answer(false));
+    assert_eq!(
+        core.heartbeat("exec-1", beat(Some(DRIVER)), 40),
+        answer(false)
+    );
+    assert_eq!(
+        core.register("exec-1", registration("exec-1", 2), 50),
+        registered("exec-1")
+    );
+    assert_eq!(
+        core.heartbeat("exec-1", beat(Some(DRIVER)), 60),
+        answer(false)
+    );
 }
