@@ -6,7 +6,7 @@
 //! A driver without a journal has no lease and sends no epoch (epoch 0).
 
 use async_nats::{HeaderMap, Message};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The header that carries the epoch.
@@ -32,46 +32,73 @@ pub fn of(message: &Message) -> u64 {
         .unwrap_or(0)
 }
 
-/// The newest epoch seen, shared by whatever reads the driver's messages.
+/// The rule every receiver applies, on a clock of its own in milliseconds: a message of an
+/// epoch older than the newest seen is refused, unless the newest has been silent past the
+/// patience (a leader whose lease bucket was made anew counts its epochs from 1 again, and a
+/// leader of the newest epoch that said nothing for that long is gone). [`Newest`] runs it on
+/// the wall clock; the simulation runs it on its virtual one.
+#[derive(Debug, Clone, Copy)]
+pub struct Fence {
+    epoch: u64,
+    /// When a message of the newest epoch was last admitted.
+    heard_ms: u64,
+    patience_ms: u64,
+}
+
+impl Fence {
+    pub fn new(patience_ms: u64) -> Self {
+        Self {
+            epoch: 0,
+            heard_ms: 0,
+            patience_ms,
+        }
+    }
+
+    /// Whether a message of `epoch` arriving at `now_ms` is to be acted on: it is not older
+    /// than the newest seen (which it becomes if it is newer), or the newest has been silent
+    /// past the patience.
+    pub fn admit(&mut self, epoch: u64, now_ms: u64) -> bool {
+        if epoch >= self.epoch {
+            self.epoch = epoch;
+            self.heard_ms = self.heard_ms.max(now_ms);
+            return true;
+        }
+        if now_ms.saturating_sub(self.heard_ms) < self.patience_ms {
+            return false;
+        }
+        self.epoch = epoch;
+        self.heard_ms = now_ms;
+        true
+    }
+
+    /// The newest epoch seen.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+/// The newest epoch seen, shared by whatever reads the driver's messages: a [`Fence`] on the
+/// wall clock.
 #[derive(Debug)]
 pub struct Newest {
-    epoch: AtomicU64,
-    /// When a message of the newest epoch was last admitted, in milliseconds after `origin`.
-    heard_ms: AtomicU64,
+    fence: Mutex<Fence>,
     origin: Instant,
-    /// How long the newest epoch may be silent before an older one is heard again.
-    patience: Duration,
 }
 
 impl Newest {
     /// A tracker that hears an older epoch again once the newest has been silent for
-    /// `patience`: a leader whose lease bucket was made anew counts its epochs from 1 again,
-    /// and a leader of the newest epoch that said nothing for that long is gone.
+    /// `patience` (see [`Fence`]).
     pub fn new(patience: Duration) -> Self {
         Self {
-            epoch: AtomicU64::new(0),
-            heard_ms: AtomicU64::new(0),
+            fence: Mutex::new(Fence::new(patience.as_millis() as u64)),
             origin: Instant::now(),
-            patience,
         }
     }
 
-    /// Whether a message of `epoch` is to be acted on: it is not older than the newest seen
-    /// (which it becomes if it is newer), or the newest has been silent past the patience.
+    /// Whether a message of `epoch` is to be acted on ([`Fence::admit`] now).
     pub fn admit(&self, epoch: u64) -> bool {
         let now = self.origin.elapsed().as_millis() as u64;
-        let newest = self.epoch.fetch_max(epoch, SeqCst);
-        if newest <= epoch {
-            self.heard_ms.fetch_max(now, SeqCst);
-            return true;
-        }
-        let silent = now.saturating_sub(self.heard_ms.load(SeqCst));
-        if silent < self.patience.as_millis() as u64 {
-            return false;
-        }
-        self.epoch.store(epoch, SeqCst);
-        self.heard_ms.store(now, SeqCst);
-        true
+        self.fence().admit(epoch, now)
     }
 
     /// Whether `message` is to be acted on ([`Newest::admit`] of its epoch); one that is not
@@ -92,7 +119,14 @@ impl Newest {
 
     /// The newest epoch seen.
     pub fn get(&self) -> u64 {
-        self.epoch.load(SeqCst)
+        self.fence().epoch()
+    }
+
+    fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
+        // The fence is two numbers, always consistent: a panic elsewhere cannot break it.
+        self.fence
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

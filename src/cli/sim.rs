@@ -30,6 +30,22 @@ pub struct SimArgs {
     #[arg(long, env = "EMBER_SIM_TASK_FAILURE", default_value_t = SimConfig::default().task_failure)]
     pub task_failure: f64,
     /// The chance that a message is lost.
+    /// Driver processes: one leads, the others stand by (needs the journal beyond one).
+    #[arg(long, env = "EMBER_SIM_DRIVERS", default_value_t = SimConfig::default().drivers)]
+    pub drivers: u32,
+    /// Whether the drivers keep a journal and take a lease (`false`: one driver that forgets
+    /// everything when killed, and a client that submits its jobs again).
+    #[arg(long, env = "EMBER_SIM_JOURNAL", action = clap::ArgAction::Set,
+          default_value_t = SimConfig::default().journal)]
+    pub journal: bool,
+    /// The drivers' lease, in virtual ms.
+    #[arg(long, env = "EMBER_SIM_LEASE_MS", default_value_t = SimConfig::default().lease_ms)]
+    pub lease_ms: u64,
+    /// Whether the fences are up (epochs, the journal's sequence check, a leader stopping when
+    /// its lease runs out); `false` shows what the invariants catch without them.
+    #[arg(long, env = "EMBER_SIM_FENCING", action = clap::ArgAction::Set,
+          default_value_t = SimConfig::default().fencing)]
+    pub fencing: bool,
     #[arg(long, env = "EMBER_SIM_DROP", default_value_t = Faults::default().drop)]
     pub drop: f64,
     /// The chance that a message arrives twice.
@@ -59,6 +75,12 @@ pub struct SimArgs {
     #[arg(long, env = "EMBER_SIM_DRIVER_RESTART", default_value_t = Faults::default().driver_restart)]
     pub driver_restart: f64,
     /// How long faults go on, in virtual ms; then every job must end.
+    /// Pauses of the leading driver per virtual minute (as SIGSTOP, then SIGCONT).
+    #[arg(long, env = "EMBER_SIM_DRIVER_PAUSE", default_value_t = Faults::default().driver_pause)]
+    pub driver_pause: f64,
+    /// The longest pause, in virtual ms.
+    #[arg(long, env = "EMBER_SIM_PAUSE_MS", default_value_t = Faults::default().pause_ms)]
+    pub pause_ms: u64,
     #[arg(long, env = "EMBER_SIM_FAULTS_FOR_MS", default_value_t = Faults::default().for_ms)]
     pub faults_for_ms: u64,
     /// Print every step of the run.
@@ -77,6 +99,10 @@ impl SimArgs {
             jobs: self.jobs,
             task_ms: self.task_ms,
             task_failure: self.task_failure,
+            drivers: self.drivers,
+            journal: self.journal,
+            lease_ms: self.lease_ms,
+            fencing: self.fencing,
             faults: Faults {
                 drop: self.drop,
                 duplicate: self.duplicate,
@@ -88,6 +114,8 @@ impl SimArgs {
                 restart_ms: self.restart_ms,
                 stop: self.stop,
                 driver_restart: self.driver_restart,
+                driver_pause: self.driver_pause,
+                pause_ms: self.pause_ms,
                 for_ms: self.faults_for_ms,
             },
         }
@@ -97,6 +125,10 @@ impl SimArgs {
 /// Runs the seeds; false once one breaks an invariant (the rest are not run).
 pub fn sim(args: &SimArgs) -> bool {
     let started = Instant::now();
+    if let Err(error) = args.config(args.seed).check() {
+        eprintln!("error: {error}");
+        return false;
+    }
     for seed in args.seed..args.seed.saturating_add(args.seeds) {
         let config = args.config(seed);
         let run_started = Instant::now();
@@ -123,7 +155,7 @@ fn summary(report: &Report, secs: f64) -> String {
     format!(
         "seed {}: {} steps, {:.1} s virtual, {} tasks finished, {} jobs ended; faults: {} \
          (dropped {}, duplicated {}, delayed {}, partitions {}, kills {}, stops {}, driver \
-         restarts {}); trace {:016x}; {secs:.2} s",
+         kills {}, driver pauses {}, failovers {}); trace {:016x}; {secs:.2} s",
         report.seed,
         report.steps,
         report.virtual_ms as f64 / 1000.0,
@@ -137,6 +169,8 @@ fn summary(report: &Report, secs: f64) -> String {
         f.kills,
         f.stops,
         f.driver_restarts,
+        f.driver_pauses,
+        report.leaderships.saturating_sub(1),
         report.trace
     )
 }

@@ -34,17 +34,17 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(3);
 
 /// What a standby adds to its holder's lease before it takes over: room for clocks that run at
 /// slightly different rates, and for a renewal on its way.
-fn grace(lease: Duration) -> Duration {
+pub(crate) fn grace(lease: Duration) -> Duration {
     (lease / 5).max(Duration::from_millis(100))
 }
 
 /// How often a standby reads the key.
-fn poll_interval(lease: Duration) -> Duration {
+pub(crate) fn poll_interval(lease: Duration) -> Duration {
     (lease / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
 }
 
 /// How often the leader renews: three tries within one lease.
-fn renew_interval(lease: Duration) -> Duration {
+pub(crate) fn renew_interval(lease: Duration) -> Duration {
     lease / 3
 }
 

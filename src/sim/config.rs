@@ -13,6 +13,18 @@ pub struct SimConfig {
     pub task_ms: u64,
     /// The chance that an attempt fails (the driver retries it up to `max_failures`).
     pub task_failure: f64,
+    /// Driver processes: one leads, the others stand by (with the journal only).
+    pub drivers: u32,
+    /// Whether the drivers keep a journal and take a lease, as the product does by default.
+    /// Without it there is one driver, and the client submits again what a killed one held.
+    pub journal: bool,
+    /// The drivers' `--lease`, in ms.
+    pub lease_ms: u64,
+    /// Whether the fences are up: a leader stops sending when its lease runs out in its own
+    /// eyes, the journal refuses a write that does not follow the last one its writer saw, and
+    /// executors ignore older epochs. Off only to show that the invariants catch what they
+    /// keep out.
+    pub fencing: bool,
     pub faults: Faults,
 }
 
@@ -34,9 +46,14 @@ pub struct Faults {
     pub restart_ms: u64,
     /// Decommissions an executor (as `ember stop-executor` would); a new one starts later.
     pub stop: f64,
-    /// Kills the driver; a new driver instance starts `restart_ms` later. Jobs do not survive it
-    /// (the driver keeps them in memory only), so the client submits the unfinished ones again.
+    /// Kills the leading driver; the process starts again `restart_ms` later (a new instance,
+    /// standing by). Without the journal jobs do not survive it, so the client submits the
+    /// unfinished ones again.
     pub driver_restart: f64,
+    /// Stops the leading driver (as SIGSTOP) for up to `pause_ms`, then lets it run on as if
+    /// nothing happened, while what it had sent just before waits in its connection.
+    pub driver_pause: f64,
+    pub pause_ms: u64,
     pub for_ms: u64,
 }
 
@@ -53,6 +70,8 @@ impl Default for Faults {
             restart_ms: 5_000,
             stop: 0.005,
             driver_restart: 0.0,
+            driver_pause: 0.0,
+            pause_ms: 10_000,
             for_ms: 60_000,
         }
     }
@@ -69,6 +88,7 @@ impl Faults {
             kill: 0.0,
             stop: 0.0,
             driver_restart: 0.0,
+            driver_pause: 0.0,
             ..Self::default()
         }
     }
@@ -84,20 +104,42 @@ impl Default for SimConfig {
             jobs: 4,
             task_ms: 2_000,
             task_failure: 0.01,
+            drivers: 1,
+            journal: true,
+            lease_ms: crate::driver::lease::DEFAULT_LEASE.as_millis() as u64,
+            fencing: true,
             faults: Faults::default(),
         }
     }
 }
 
 impl SimConfig {
+    /// Why this configuration cannot run, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.drivers == 0 {
+            return Err("--drivers must be at least 1".into());
+        }
+        if !self.journal && self.drivers > 1 {
+            return Err("more than one driver needs the journal (--journal true)".into());
+        }
+        if !self.journal && self.faults.driver_pause > 0.0 {
+            return Err("--driver-pause needs the journal: without it there is no lease".into());
+        }
+        if self.journal && self.lease_ms < 200 {
+            return Err("--lease-ms must be at least 200, as the driver's --lease".into());
+        }
+        Ok(())
+    }
+
     /// The `ember sim` command that runs exactly this configuration.
     pub fn command(&self) -> String {
         let f = &self.faults;
         format!(
             "ember sim --seed {} --executors {} --cores {} --tasks {} --jobs {} --task-ms {} \
-             --task-failure {} --drop {} --duplicate {} --delay {} --delay-ms {} --partition {} \
+             --task-failure {} --drivers {} --journal {} --lease-ms {} --fencing {} \
+             --drop {} --duplicate {} --delay {} --delay-ms {} --partition {} \
              --partition-ms {} --kill {} --restart-ms {} --stop {} --driver-restart {} \
-             --faults-for-ms {}",
+             --driver-pause {} --pause-ms {} --faults-for-ms {}",
             self.seed,
             self.executors,
             self.cores,
@@ -105,6 +147,10 @@ impl SimConfig {
             self.jobs,
             self.task_ms,
             self.task_failure,
+            self.drivers,
+            self.journal,
+            self.lease_ms,
+            self.fencing,
             f.drop,
             f.duplicate,
             f.delay,
@@ -115,6 +161,8 @@ impl SimConfig {
             f.restart_ms,
             f.stop,
             f.driver_restart,
+            f.driver_pause,
+            f.pause_ms,
             f.for_ms
         )
     }

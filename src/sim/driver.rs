@@ -1,73 +1,444 @@
-//! The driver node: the real driver core, fed what arrives from the network with the virtual
-//! time, its effects sent back through the network and its events checked by the ledger; the
-//! revive timer; and the client, which submits the workload's jobs (in process: the client's
-//! own link to the driver is not what is under test).
+//! The driver processes: each runs the real driver core when it leads, fed what arrives from
+//! the network with the virtual time, its effects sent back through the network and its
+//! events delivered to the ledger, which listens as `ember events` does.
+//!
+//! With the journal (the product's default), any number of driver processes run, and they do
+//! what `driver::lease` and `driver::journal` do, on the same timings: a standby reads the
+//! lease key every poll interval and takes it by compare-and-set once its revision has stood
+//! for the lease and a grace; the leader marks the journal, replays it into a new core,
+//! renews the lease every third of it (counted from when the renewal was sent), stops the
+//! moment its lease runs out in its own eyes, and writes its records with the
+//! expected-last-sequence check, one group at a time. What the core publishes waits behind
+//! the writes before it (as the shell's outbox holds it); what goes to executors leaves at
+//! once. Everything a leader sends carries its epoch.
+//!
+//! Without the journal there is one driver and no lease: a killed one starts empty, and the
+//! client submits again what had not ended.
 
-use super::network::{Message, Pid, Reply, Request};
+use super::broker::WrongLast;
+use super::network::{Message, Pid, Reply, Request, Sender};
 use super::{Event, World};
-use crate::driver::core::{Core, CoreConfig, Effect};
-use crate::ids::{ExecutorId, InstanceId};
-use crate::protocol::{ApiReply, ApiRequest, StatusRequest, SubmitJob, TaskSpec};
+use crate::driver::core::{Core, CoreConfig, Effect, Retention};
+use crate::driver::lease;
+use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
+use crate::protocol::{
+    ApiReply, ApiRequest, Event as DriverEvent, JobState, JournalRecord, StatusRequest, SubmitJob,
+    TaskSpec, TaskState,
+};
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
 
 const TICK_MS: u64 = crate::DEFAULT_REVIVE_INTERVAL.as_millis() as u64;
 
-/// The driver process: its core, or none while it is down.
+/// One driver process.
 pub struct DriverNode {
-    core: Option<Core>,
-    /// Which driver instance this is: 0 for the first, one more for each restart.
-    pub number: u32,
+    pub alive: bool,
+    /// Until when it is stopped (SIGSTOP): what is due to it, and what it had sent that still
+    /// sat in its connection, waits until then.
+    pub paused_until: u64,
+    /// Counts its lives and leaderships: whatever was due to an earlier one is dropped.
+    pub turn: u64,
+    pub role: Role,
+}
+
+pub enum Role {
+    Down,
+    /// Standing by, with the lease revision it last saw and since when.
+    Standby {
+        seen: Option<(u64, u64)>,
+    },
+    Leading(Box<Leader>),
+}
+
+/// One leadership of a driver process.
+pub struct Leader {
+    core: Core,
+    pub epoch: u64,
+    /// Which leadership of the run this is, counting from 0.
+    pub leadership: u32,
+    /// The lease revision it last wrote.
+    revision: u64,
+    /// Until when it may send: its last renewal's send time plus the lease.
+    valid_until: u64,
+    outbox: Outbox,
+}
+
+/// What the leader's records and outputs wait for: the journal writes, one in flight at a time.
+#[derive(Default)]
+struct Outbox {
+    /// The journal sequence the next write expects to be last (its mark's, at first).
+    last: u64,
+    /// How many writes have started; the one in flight is the last of them.
+    writes: u64,
+    in_flight: bool,
+    /// Records for the next write.
+    gathering: Vec<JournalRecord>,
+    /// Outputs waiting for the write of that number to be stored, in order.
+    held: VecDeque<(u64, Held)>,
+}
+
+enum Held {
+    Publish(DriverEvent),
+    /// The client's `JobAccepted`.
+    Accepted {
+        origin: usize,
+        job_id: JobId,
+    },
+}
+
+/// What is due to a driver process.
+#[derive(Debug)]
+pub enum AtDriver {
+    /// A standby reads the lease.
+    Poll,
+    /// The leader's renewal timer.
+    Renew,
+    /// The answer to a renewal sent at `sent`: the new revision, or none if another wrote.
+    Renewed {
+        sent: u64,
+        revision: Option<u64>,
+    },
+    /// The leader's lease may have run out.
+    Expire,
+    /// The answer to journal write number `write`.
+    Stored {
+        write: u64,
+        result: Result<u64, WrongLast>,
+    },
+    Request {
+        from: Pid,
+        id: u64,
+        body: Request,
+    },
+    Tick,
+}
+
+/// What reaches the broker from a driver process.
+#[derive(Debug)]
+pub enum ToBroker {
+    /// A renewal sent at `sent`, a compare-and-set on `expected`.
+    Renew { expected: u64, sent: u64 },
+    Write {
+        epoch: u64,
+        expected: u64,
+        write: u64,
+        records: Vec<JournalRecord>,
+    },
 }
 
 impl DriverNode {
-    pub fn new(instance: InstanceId) -> Self {
-        Self {
-            core: Some(new_core(instance)),
-            number: 0,
-        }
-    }
-
     /// How long after an executor goes away the driver is sure to have removed it: its last
     /// messages may still arrive up to `delay_ms` later, and each refreshes it.
     pub fn removal_delay(delay_ms: u64) -> u64 {
         crate::DEFAULT_EXECUTOR_TIMEOUT.as_millis() as u64 + delay_ms + 2 * TICK_MS
     }
+
+    fn leader(&mut self) -> Option<&mut Leader> {
+        match &mut self.role {
+            Role::Leading(leader) => Some(leader),
+            _ => None,
+        }
+    }
+
+    pub fn leads(&self) -> bool {
+        matches!(self.role, Role::Leading(_))
+    }
 }
 
-fn new_core(driver_instance: InstanceId) -> Core {
+fn new_core(driver_instance: InstanceId, epoch: u64, journal: bool) -> Core {
     Core::new(CoreConfig {
         driver_instance,
-        epoch: 0,
+        epoch,
         expect_executors: 0,
         max_reply_bytes: crate::DEFAULT_MAX_PAYLOAD,
-        // The simulated driver keeps no journal: a restarted one starts empty and the
-        // simulated client submits the unfinished jobs again.
-        journal: false,
+        journal,
         results_bucket: false,
-        // One finished job kept: every job is forgotten as the next one ends, while late
-        // statuses of its attempts may still arrive.
-        retention: crate::driver::core::Retention {
-            jobs: 1,
-            ..Default::default()
+        retention: if journal {
+            Retention::default()
+        } else {
+            // One finished job kept: every job is forgotten as the next one ends, while late
+            // statuses of its attempts may still arrive.
+            Retention {
+                jobs: 1,
+                ..Default::default()
+            }
         },
     })
 }
 
+/// The tasks of job `job_id` that `core` has finished, read a page at a time as a client does.
+fn finished_tasks(core: &mut Core, job_id: JobId, now: u64) -> BTreeSet<TaskId> {
+    let mut finished = BTreeSet::new();
+    let mut offset = 0;
+    loop {
+        let page = core.api(
+            ApiRequest::GetResults {
+                job_id,
+                offset,
+                limit: u32::MAX,
+            },
+            now,
+        );
+        let ApiReply::Results(page) = page else {
+            return finished;
+        };
+        let ended = page
+            .results
+            .iter()
+            .filter(|t| t.state == TaskState::Finished);
+        finished.extend(ended.map(|t| t.task_id));
+        match page.next_offset {
+            Some(next) => offset = next,
+            None => return finished,
+        }
+    }
+}
+
 impl World {
-    /// Submits the workload's jobs that have not ended: all of them at the start, and again to
-    /// a new driver, which knows nothing of the old one's.
-    pub(super) fn submit_all(&mut self) {
+    fn lease(&self) -> Duration {
+        Duration::from_millis(self.config.lease_ms)
+    }
+
+    fn ms(duration: Duration) -> u64 {
+        duration.as_millis() as u64
+    }
+
+    /// The driver processes at the start: with the journal, all stand by and the first poll
+    /// finds the lease free; without, the one driver leads at once.
+    pub(super) fn start_drivers(&mut self) -> Result<(), String> {
+        for node in 0..self.config.drivers {
+            self.drivers.push(DriverNode {
+                alive: true,
+                paused_until: 0,
+                turn: 0,
+                role: Role::Standby { seen: None },
+            });
+            if self.config.journal {
+                self.due(node, 0, AtDriver::Poll);
+            }
+        }
+        if !self.config.journal {
+            self.lead(0, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Schedules `what` for driver `node`'s current turn, `after` ms from now.
+    fn due(&mut self, node: u32, after: u64, what: AtDriver) {
+        let turn = self.drivers[node as usize].turn;
+        self.queue.after(after, Event::Driver { node, turn, what });
+    }
+
+    /// When what driver `node` sent may leave its connection: now, or when it wakes.
+    pub(super) fn held_until(&self, node: u32) -> Option<u64> {
+        let driver = &self.drivers[node as usize];
+        (driver.alive && driver.paused_until > self.queue.now()).then_some(driver.paused_until)
+    }
+
+    /// Something due to driver `node` in `turn`: dropped if that turn is over, put off while
+    /// the process is stopped.
+    pub(super) fn at_driver(&mut self, node: u32, turn: u64, what: AtDriver) -> Result<(), String> {
+        let driver = &self.drivers[node as usize];
+        if !driver.alive || driver.turn != turn {
+            return Ok(());
+        }
+        if let Some(wake) = self.held_until(node) {
+            self.queue.at(wake, Event::Driver { node, turn, what });
+            return Ok(());
+        }
+        // The actor's biased first branch: a leader whose lease ran out stops before it
+        // handles anything.
+        if !self.current(node) {
+            return Ok(());
+        }
+        match what {
+            AtDriver::Poll => self.poll(node),
+            AtDriver::Renew => self.renew(node),
+            AtDriver::Renewed { sent, revision } => self.renewed(node, sent, revision),
+            AtDriver::Expire => Ok(()),
+            AtDriver::Stored { write, result } => self.stored(node, write, result),
+            AtDriver::Request { from, id, body } => self.driver_receives(node, from, id, body),
+            AtDriver::Tick => self.driver_tick(node),
+        }
+    }
+
+    /// Whether driver `node` may act: not a leader whose lease ran out (which it then stops
+    /// being, as `Guard::is_current` decides).
+    fn current(&mut self, node: u32) -> bool {
+        if !self.config.fencing {
+            return true;
+        }
+        let now = self.queue.now();
+        let expired = self.drivers[node as usize]
+            .leader()
+            .is_some_and(|l| now >= l.valid_until);
+        if expired {
+            self.depose(node, "the lease ran out before it could be renewed");
+        }
+        !expired
+    }
+
+    /// Leadership lost: the process goes back to standing by, its state gone.
+    fn depose(&mut self, node: u32, why: &str) {
+        let now = self.queue.now();
+        let driver = &mut self.drivers[node as usize];
+        driver.turn += 1;
+        driver.role = Role::Standby { seen: None };
+        self.trace
+            .line(now, format_args!("d{node} stops leading: {why}"));
+        let poll = Self::ms(lease::poll_interval(self.lease()));
+        self.due(node, poll, AtDriver::Poll);
+    }
+
+    /// A standby's look at the lease key, and a compare-and-set if it is free or lapsed.
+    fn poll(&mut self, node: u32) -> Result<(), String> {
+        let now = self.queue.now();
+        let lease = self.lease();
+        let Role::Standby { seen } = &mut self.drivers[node as usize].role else {
+            return Ok(());
+        };
+        let key = &self.broker.lease;
+        let lapsed = match (key.holder, *seen) {
+            (None, _) => true,
+            (Some(_), Some((revision, since))) if revision == key.revision => {
+                now - since >= Self::ms(lease + lease::grace(lease))
+            }
+            (Some(_), _) => {
+                *seen = Some((key.revision, now));
+                false
+            }
+        };
+        let revision = key.revision;
+        if lapsed {
+            if let Some(epoch) = self.broker.write_lease(node, revision) {
+                return self.lead(node, epoch);
+            }
+        }
+        self.due(node, Self::ms(lease::poll_interval(lease)), AtDriver::Poll);
+        Ok(())
+    }
+
+    /// Driver `node` leads from now, in `epoch` (0 without the journal): it marks the journal,
+    /// restores what it holds, and the client submits what the new leader does not know.
+    fn lead(&mut self, node: u32, epoch: u64) -> Result<(), String> {
+        let now = self.queue.now();
+        let instance = self.rng.uuid();
+        let journal = self.config.journal;
+        let mut core = new_core(instance, epoch, journal);
+        let mut outbox = Outbox::default();
+        if journal {
+            let mark = JournalRecord::Leader {
+                epoch,
+                driver_instance: instance,
+                time_ms: now,
+            };
+            outbox.last = self.broker.mark(epoch, mark)?;
+            for stored in &self.broker.journal {
+                for record in stored {
+                    core.replay(record.clone())
+                        .map_err(|e| format!("d{node} could not restore the journal: {e}"))?;
+                }
+            }
+            core.resume();
+        }
+        let leadership = self.leaderships;
+        self.leaderships += 1;
+        self.trace.line(
+            now,
+            format_args!("d{node} leads, epoch {epoch}, leadership {leadership}"),
+        );
+        let driver = &mut self.drivers[node as usize];
+        driver.turn += 1;
+        driver.role = Role::Leading(Box::new(Leader {
+            core,
+            epoch,
+            leadership,
+            revision: epoch,
+            valid_until: if journal {
+                now + self.config.lease_ms
+            } else {
+                u64::MAX
+            },
+            outbox,
+        }));
+        self.ledger.new_leadership(leadership);
+        if journal {
+            self.check_restored(node)?;
+            let renew = Self::ms(lease::renew_interval(self.lease()));
+            self.due(node, renew, AtDriver::Renew);
+            self.due(node, self.config.lease_ms, AtDriver::Expire);
+        }
+        self.due(node, 0, AtDriver::Tick);
+        self.submit_all(node)
+    }
+
+    /// What a new leader restored holds everything acknowledged before: every job the client
+    /// was told was accepted, every success a listener saw. And a job the client waits on
+    /// that ended unseen (its end stored, its event lost with the old leader) is learned by
+    /// asking, as `ember submit` does through a failover.
+    fn check_restored(&mut self, node: u32) -> Result<(), String> {
+        let now = self.queue.now();
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        let core = &mut leader.core;
+        for (job_id, acknowledged) in self.ledger.acknowledged() {
+            let summary = match core.api(ApiRequest::GetJob { job_id }, now) {
+                ApiReply::Job { job } => job,
+                // Submitted, but never stored and so never acknowledged: lost, and submitted
+                // again below.
+                _ if !acknowledged.any() => continue,
+                other => {
+                    return Err(format!(
+                        "job {job_id} was acknowledged, but the new leader answers {other:?}"
+                    ))
+                }
+            };
+            if acknowledged.succeeded && summary.state != JobState::Succeeded {
+                return Err(format!(
+                    "job {job_id} was seen to succeed, but the new leader has it {}",
+                    summary.state
+                ));
+            }
+            let finished = finished_tasks(core, job_id, now);
+            if let Some(lost) = acknowledged.finished.iter().find(|t| !finished.contains(t)) {
+                return Err(format!(
+                    "task {lost} of job {job_id} was seen to finish, but the new leader has it \
+                     unfinished"
+                ));
+            }
+            self.ledger.restored(job_id, &finished);
+            if summary.state != JobState::Running {
+                self.ledger.ended_unseen(job_id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits the workload's jobs that have not ended and that the leader `node` does not
+    /// know: all of them at the start, and after a failover those whose submission was lost.
+    fn submit_all(&mut self, node: u32) -> Result<(), String> {
         let now = self.queue.now();
         let jobs = self.config.jobs.max(1) as u64;
         let origins: Vec<usize> = self.ledger.unfinished().collect();
-        let Some(core) = self.driver.core.as_mut() else {
-            return;
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
         };
+        let known: BTreeSet<String> = match leader.core.api(ApiRequest::list_jobs(), now) {
+            ApiReply::Jobs { jobs, .. } => jobs.into_iter().map(|j| j.name).collect(),
+            _ => BTreeSet::new(),
+        };
+        let mut accepted = Vec::new();
         for origin in origins {
+            let name = format!("sim-{origin}");
+            if known.contains(&name) {
+                continue;
+            }
             let tasks = (self.config.tasks / jobs
                 + u64::from((origin as u64) < self.config.tasks % jobs))
                 as u32;
             let job = SubmitJob {
-                name: format!("sim-{origin}"),
+                name,
                 tasks: vec![TaskSpec::Handler {
                     name: "sim".into(),
                     arg: serde_json::Value::Null,
@@ -76,85 +447,104 @@ impl World {
                 max_failures: crate::DEFAULT_MAX_FAILURES,
                 cpus_per_task: 1,
             };
-            if let ApiReply::JobAccepted { job_id } = core.api(ApiRequest::SubmitJob(job), now) {
+            let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
+            if let ApiReply::JobAccepted { job_id } = reply {
                 self.ledger.submitted(job_id, origin, tasks.max(1));
+                accepted.push(Held::Accepted { origin, job_id });
             }
         }
-        self.driver_effects(None)
-            .expect("submitting jobs breaks no invariant");
+        self.driver_effects(node, None)?;
+        for answer in accepted {
+            self.output(node, answer);
+        }
+        Ok(())
     }
 
-    pub(super) fn driver_receives(
+    fn driver_receives(
         &mut self,
+        node: u32,
         from: Pid,
         id: u64,
         request: Request,
     ) -> Result<(), String> {
         let now = self.queue.now();
-        let Some(core) = self.driver.core.as_mut() else {
+        let executor_id = match &request {
+            Request::Register(registration) => registration.executor_id.clone(),
+            Request::Lifecycle(_) => self.procs[from as usize]
+                .machine
+                .config()
+                .executor_id
+                .clone(),
+            Request::Status(StatusRequest::StatusUpdates { executor_id, .. }) => {
+                executor_id.clone()
+            }
+        };
+        let Some(leader) = self.drivers[node as usize].leader() else {
             return Ok(());
         };
-        let (executor_id, reply) = match request {
+        let core = &mut leader.core;
+        let reply = match request {
             Request::Register(registration) => {
-                let executor_id = registration.executor_id.clone();
-                let reply = core.register(executor_id.as_str(), *registration, now);
-                (executor_id, Reply::Register(reply))
+                Reply::Register(core.register(executor_id.as_str(), *registration, now))
             }
             Request::Lifecycle(request) => {
-                let executor_id = self.procs[from as usize]
-                    .machine
-                    .config()
-                    .executor_id
-                    .clone();
-                let reply = core.heartbeat(executor_id.as_str(), request, now);
-                (executor_id, Reply::Lifecycle(reply))
+                Reply::Lifecycle(core.heartbeat(executor_id.as_str(), request, now))
             }
             Request::Status(request) => {
-                let StatusRequest::StatusUpdates { executor_id, .. } = &request;
-                let executor_id = executor_id.clone();
-                let reply = core.status_request(executor_id.as_str(), request, now);
-                (executor_id, Reply::Status(reply))
+                Reply::Status(core.status_request(executor_id.as_str(), request, now))
             }
         };
-        let driver = self.driver.number;
+        let sender = self.sender(node)?;
         self.send(Message::Reply {
             to: from,
             id,
-            driver,
+            sender,
             body: reply,
         });
-        self.driver_effects(Some(&executor_id))
+        self.driver_effects(node, Some(&executor_id))
+    }
+
+    /// Who a message from leader `node` is from; a broken invariant if `node` sends while it
+    /// does not hold the lease.
+    fn sender(&self, node: u32) -> Result<Sender, String> {
+        let driver = &self.drivers[node as usize];
+        let Role::Leading(leader) = &driver.role else {
+            return Err(format!("d{node} sent while it does not lead"));
+        };
+        if self.config.journal && self.broker.lease.holder != Some(node) {
+            let holder = match self.broker.lease.holder {
+                Some(other) => format!("d{other} holds the lease"),
+                None => "no driver holds the lease".into(),
+            };
+            return Err(format!(
+                "d{node} sent in epoch {} while {holder}",
+                leader.epoch
+            ));
+        }
+        Ok(Sender {
+            node,
+            leadership: leader.leadership,
+            epoch: leader.epoch,
+        })
     }
 
     /// Sends the core's effects and checks its events, and the cores of `touched` (or of every
     /// executor).
-    fn driver_effects(&mut self, touched: Option<&ExecutorId>) -> Result<(), String> {
-        let Some(core) = self.driver.core.as_mut() else {
+    fn driver_effects(&mut self, node: u32, touched: Option<&ExecutorId>) -> Result<(), String> {
+        let journal = self.config.journal;
+        let Some(leader) = self.drivers[node as usize].leader() else {
             return Ok(());
         };
-        let effects = core.take_effects();
-        for effect in effects {
+        // As the shell does: a step's records join the group gathering first, and then its
+        // outputs leave or wait behind the writes.
+        let (records, effects): (Vec<_>, Vec<_>) = leader
+            .core
+            .take_effects()
+            .into_iter()
+            .partition(Effect::is_write);
+        for effect in records {
             match effect {
-                Effect::Publish(event) => {
-                    let pids = &self.pids;
-                    self.trace.fold(&super::trace::event_words(&event));
-                    if self.trace.printing() {
-                        self.trace
-                            .line(self.queue.now(), format_args!("event {event:?}"));
-                    }
-                    self.ledger.on_event(&event, |id| pids.get(id).copied())?;
-                }
-                Effect::Send { to, message } => {
-                    let Some(&pid) = self.pids.get(&to) else {
-                        continue;
-                    };
-                    let driver = self.driver.number;
-                    self.send(Message::Inbox {
-                        to: pid,
-                        driver,
-                        body: message,
-                    });
-                }
+                Effect::Journal(record) if journal => leader.outbox.gathering.push(record),
                 Effect::Journal(record) => {
                     return Err(format!("a core without a journal wrote {record:?}"));
                 }
@@ -163,9 +553,34 @@ impl World {
                         "a core without a results bucket stored job {job_id}'s result {index}"
                     ));
                 }
+                _ => unreachable!("partitioned by is_write"),
             }
         }
-        let core = self.driver.core.as_ref().expect("checked above");
+        for effect in effects {
+            match effect {
+                Effect::Publish(event) => {
+                    self.trace.fold(&super::trace::event_words(&event));
+                    self.output(node, Held::Publish(event));
+                }
+                Effect::Send { to, message } => {
+                    let Some(&pid) = self.pids.get(&to) else {
+                        continue;
+                    };
+                    let sender = self.sender(node)?;
+                    self.send(Message::Inbox {
+                        to: pid,
+                        sender,
+                        body: message,
+                    });
+                }
+                _ => unreachable!("partitioned by is_write"),
+            }
+        }
+        self.write_next(node)?;
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        let core = &leader.core;
         match touched {
             Some(id) => super::ledger::Ledger::check_cores(core, id),
             None => core
@@ -175,33 +590,247 @@ impl World {
         }
     }
 
-    pub(super) fn driver_tick(&mut self) -> Result<(), String> {
-        let now = self.queue.now();
-        self.queue.after(TICK_MS, Event::DriverTick);
-        let Some(core) = self.driver.core.as_mut() else {
-            return Ok(());
+    /// An output of leader `node`: it waits behind the journal writes before it, or goes now.
+    fn output(&mut self, node: u32, output: Held) {
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return;
         };
-        core.tick(now);
-        self.driver_effects(None)
+        let outbox = &mut leader.outbox;
+        let barrier = if !outbox.gathering.is_empty() {
+            Some(outbox.writes + 1)
+        } else {
+            outbox.in_flight.then_some(outbox.writes)
+        };
+        match barrier {
+            Some(write) => outbox.held.push_back((write, output)),
+            None => self.release(node, output),
+        }
     }
 
-    /// The driver process dies, if it runs: everything it held is gone. Whether it ran.
-    pub(super) fn driver_down(&mut self) -> bool {
-        if self.driver.core.take().is_none() {
-            return false;
+    /// Tells what an output says: an event to the listener, an answer to the client.
+    fn release(&mut self, node: u32, output: Held) {
+        match output {
+            Held::Publish(event) => {
+                let Ok(sender) = self.sender(node) else {
+                    return;
+                };
+                self.queue.after(1, Event::Listen { sender, event });
+            }
+            Held::Accepted { origin, job_id } => self.ledger.accepted(origin, job_id),
         }
+    }
+
+    /// Starts the next journal write of leader `node`, if one is gathered and none is in flight.
+    fn write_next(&mut self, node: u32) -> Result<(), String> {
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        let outbox = &mut leader.outbox;
+        if outbox.in_flight || outbox.gathering.is_empty() {
+            return Ok(());
+        }
+        outbox.in_flight = true;
+        outbox.writes += 1;
+        let write = ToBroker::Write {
+            epoch: leader.epoch,
+            expected: outbox.last,
+            write: outbox.writes,
+            records: std::mem::take(&mut outbox.gathering),
+        };
+        self.to_broker(node, write)
+    }
+
+    fn to_broker(&mut self, node: u32, what: ToBroker) -> Result<(), String> {
+        let sender = self.sender(node)?;
+        let now = self.queue.now();
+        let at = self.network.to_broker(&mut self.rng, now);
+        let turn = self.drivers[node as usize].turn;
+        self.queue.at(at, Event::AtBroker { sender, turn, what });
+        Ok(())
+    }
+
+    /// A driver's request reaches the broker, which answers at once.
+    pub(super) fn at_broker(
+        &mut self,
+        sender: Sender,
+        turn: u64,
+        what: ToBroker,
+    ) -> Result<(), String> {
+        let node = sender.node;
+        let answer = match what {
+            ToBroker::Renew { expected, sent } => AtDriver::Renewed {
+                sent,
+                revision: self.broker.write_lease(node, expected),
+            },
+            ToBroker::Write {
+                epoch,
+                expected,
+                write,
+                records,
+            } => AtDriver::Stored {
+                write,
+                result: self
+                    .broker
+                    .write(epoch, expected, records, !self.config.fencing)?,
+            },
+        };
+        let now = self.queue.now();
+        let at = self.network.to_broker(&mut self.rng, now);
+        self.queue.at(
+            at,
+            Event::Driver {
+                node,
+                turn,
+                what: answer,
+            },
+        );
+        Ok(())
+    }
+
+    fn renew(&mut self, node: u32) -> Result<(), String> {
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        let (expected, sent) = (leader.revision, self.queue.now());
+        self.to_broker(node, ToBroker::Renew { expected, sent })
+    }
+
+    fn renewed(&mut self, node: u32, sent: u64, revision: Option<u64>) -> Result<(), String> {
+        let lease_ms = self.config.lease_ms;
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        let Some(revision) = revision else {
+            self.depose(node, "another driver took the lease");
+            return Ok(());
+        };
+        leader.revision = revision;
+        leader.valid_until = leader.valid_until.max(sent + lease_ms);
+        let now = self.queue.now();
+        let (expire, next) = (
+            leader.valid_until - now,
+            (sent + Self::ms(lease::renew_interval(self.lease()))).saturating_sub(now),
+        );
+        self.due(node, expire, AtDriver::Expire);
+        self.due(node, next, AtDriver::Renew);
+        Ok(())
+    }
+
+    /// The answer to a journal write: what waited for it goes; a refused write deposes.
+    fn stored(
+        &mut self,
+        node: u32,
+        write: u64,
+        result: Result<u64, WrongLast>,
+    ) -> Result<(), String> {
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        let outbox = &mut leader.outbox;
+        if !outbox.in_flight || write != outbox.writes {
+            return Err(format!(
+                "d{node} got the answer to write {write}, not in flight"
+            ));
+        }
+        let last = match result {
+            Ok(last) => last,
+            Err(WrongLast(last)) => {
+                self.depose(
+                    node,
+                    &format!("another driver wrote the journal (its last is {last})"),
+                );
+                return Ok(());
+            }
+        };
+        outbox.last = last;
+        outbox.in_flight = false;
+        let mut ready = Vec::new();
+        while outbox.held.front().is_some_and(|(w, _)| *w <= write) {
+            ready.push(outbox.held.pop_front().expect("checked").1);
+        }
+        for output in ready {
+            self.release(node, output);
+        }
+        self.write_next(node)
+    }
+
+    fn driver_tick(&mut self, node: u32) -> Result<(), String> {
+        let now = self.queue.now();
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        leader.core.tick(now);
+        self.due(node, TICK_MS, AtDriver::Tick);
+        self.driver_effects(node, None)
+    }
+
+    /// The leading driver process dies (`graceful`: as on SIGTERM, letting the lease go first),
+    /// if one runs; everything it held is gone. Whether one did.
+    pub(super) fn driver_down(&mut self, graceful: bool) -> bool {
+        let Some(node) = self.leading() else {
+            return false;
+        };
+        if graceful && self.config.journal {
+            let revision = self.drivers[node as usize]
+                .leader()
+                .map_or(0, |l| l.revision);
+            self.broker.release_lease(node, revision);
+        }
+        let driver = &mut self.drivers[node as usize];
+        driver.alive = false;
+        driver.turn += 1;
+        driver.role = Role::Down;
         let restart = self.config.faults.restart_ms;
-        self.queue.after(restart, Event::DriverUp);
+        self.queue.after(restart, Event::DriverUp { node });
         true
     }
 
-    /// A new driver process starts, and the client submits again what had not ended.
-    pub(super) fn driver_up(&mut self) -> Result<(), String> {
-        let instance = self.rng.uuid();
-        self.driver.core = Some(new_core(instance));
-        self.driver.number += 1;
-        self.ledger.new_driver();
-        self.submit_all();
-        Ok(())
+    /// Stops the leading driver process for `for_ms` (SIGSTOP, then SIGCONT). Whether one ran.
+    pub(super) fn driver_pause(&mut self, for_ms: u64) -> bool {
+        let Some(node) = self.leading() else {
+            return false;
+        };
+        let now = self.queue.now();
+        let driver = &mut self.drivers[node as usize];
+        driver.paused_until = driver.paused_until.max(now + for_ms);
+        self.trace
+            .line(now, format_args!("d{node} is stopped for {for_ms} ms"));
+        true
+    }
+
+    /// A live driver process that leads in its own eyes, not stopped.
+    fn leading(&self) -> Option<u32> {
+        let now = self.queue.now();
+        (0..self.drivers.len() as u32).find(|n| {
+            let d = &self.drivers[*n as usize];
+            d.alive && d.leads() && d.paused_until <= now
+        })
+    }
+
+    /// The processes an executor's request reaches: every live one that leads in its own eyes
+    /// (a standby does not listen on the executors' subjects).
+    pub(super) fn listening(&self) -> Vec<(u32, u64)> {
+        (0..self.drivers.len() as u32)
+            .filter(|n| self.drivers[*n as usize].alive && self.drivers[*n as usize].leads())
+            .map(|n| (n, self.drivers[n as usize].turn))
+            .collect()
+    }
+
+    /// A killed driver process starts again: with the journal it stands by; without, it leads
+    /// at once, empty, and the client submits again what had not ended.
+    pub(super) fn driver_up(&mut self, node: u32) -> Result<(), String> {
+        let driver = &mut self.drivers[node as usize];
+        driver.alive = true;
+        driver.paused_until = 0;
+        driver.turn += 1;
+        driver.role = Role::Standby { seen: None };
+        self.trace
+            .line(self.queue.now(), format_args!("d{node} starts again"));
+        if self.config.journal {
+            self.due(node, 0, AtDriver::Poll);
+            Ok(())
+        } else {
+            self.lead(node, 0)
+        }
     }
 }

@@ -3,8 +3,9 @@
 //! requests (a late answer to a request already given up is dropped, as NATS drops a reply
 //! nobody waits for), times requests out, runs its timers, and stands in for task work.
 
-use super::network::{Message, Pid, Reply, Request};
+use super::network::{Message, Pid, Reply, Request, Sender};
 use super::{Event, SimMachine, World};
+use crate::epoch::Fence;
 use crate::executor::machine::{
     Backoff, Cancel, MachineConfig, Registered, Request as Ask, Started,
 };
@@ -30,6 +31,8 @@ const REQUEST_TIMEOUT: u64 = crate::REQUEST_TIMEOUT.as_millis() as u64;
 /// The shell's pause before a status batch that had no answer goes again.
 const STATUS_RETRY_PAUSE: u64 = 200;
 const HEARTBEAT_MS: u64 = crate::DEFAULT_HEARTBEAT_INTERVAL.as_millis() as u64;
+/// What the shell makes of an answer from a driver that no longer leads.
+const DEPOSED: &str = "answered by a driver that no longer leads";
 /// The chance that a task is done at once (as the inline built-ins are) rather than later.
 const INSTANT_TASKS: f64 = 0.1;
 
@@ -39,6 +42,10 @@ pub struct Process {
     pub alive: bool,
     registration: Box<RegisterExecutor>,
     backoff: Backoff,
+    /// The shell's epoch filter, on the virtual clock.
+    fence: Fence,
+    /// The newest epoch whose message this process acted on.
+    acted: u64,
     /// The requests waiting for an answer, by kind.
     register: Option<u64>,
     heartbeat: Option<u64>,
@@ -74,6 +81,8 @@ impl World {
             alive: true,
             registration,
             backoff: Backoff::new(Some(deadline)),
+            fence: Fence::new(crate::DEFAULT_EXECUTOR_TIMEOUT.as_millis() as u64),
+            acted: 0,
             register: None,
             heartbeat: None,
             status: None,
@@ -114,16 +123,29 @@ impl World {
         &mut self,
         pid: Pid,
         id: u64,
-        driver: u32,
+        sender: Sender,
         reply: Reply,
     ) -> Result<(), String> {
         let now = self.queue.now();
         let process = &mut self.procs[pid as usize];
-        if !process.alive {
+        let waited = match reply {
+            Reply::Register(_) => process.register,
+            Reply::Lifecycle(_) => process.heartbeat,
+            Reply::Status(_) => process.status,
+        };
+        // An answer nobody waits for any more goes nowhere, as over NATS.
+        if !process.alive || waited != Some(id) {
             return Ok(());
         }
+        // An answer from a driver that no longer leads is no answer.
+        let heard = self.hears(pid, sender)?;
+        let process = &mut self.procs[pid as usize];
         match reply {
-            Reply::Register(answer) if process.register == Some(id) => {
+            Reply::Register(_) if !heard => {
+                process.register = None;
+                return self.register_again(pid);
+            }
+            Reply::Register(answer) => {
                 process.register = None;
                 match answer {
                     RegisterReply::RegisteredExecutor {
@@ -140,18 +162,60 @@ impl World {
                     }
                 }
             }
-            Reply::Lifecycle(answer) if process.heartbeat == Some(id) => {
+            Reply::Lifecycle(answer) => {
                 process.heartbeat = None;
-                process.machine.on_heartbeat(Ok(answer), now);
+                let answer = if heard {
+                    Ok(answer)
+                } else {
+                    Err(DEPOSED.into())
+                };
+                process.machine.on_heartbeat(answer, now);
             }
-            Reply::Status(answer) if process.status == Some(id) => {
+            Reply::Status(answer) => {
                 process.status = None;
-                let launch = process.machine.on_status(Ok(answer), now);
-                self.launch_all(pid, driver, &launch);
+                let answer = if heard {
+                    Ok(answer)
+                } else {
+                    Err(DEPOSED.into())
+                };
+                let launch = process.machine.on_status(answer, now);
+                self.launch_all(pid, sender, &launch);
             }
-            _ => return Ok(()),
         }
         self.executor_stepped(pid)
+    }
+
+    /// Whether `pid` acts on a message from `sender`, by its epoch filter; a broken invariant
+    /// if it acts on an older epoch than one it acted on before.
+    fn hears(&mut self, pid: Pid, sender: Sender) -> Result<bool, String> {
+        let now = self.queue.now();
+        let process = &mut self.procs[pid as usize];
+        if !process.fence.admit(sender.epoch, now) && self.config.fencing {
+            return Ok(false);
+        }
+        if sender.epoch < process.acted {
+            return Err(format!(
+                "e{pid} acted on a message of epoch {} after one of epoch {}",
+                sender.epoch, process.acted
+            ));
+        }
+        process.acted = sender.epoch;
+        Ok(true)
+    }
+
+    /// A registration that had no answer (or one from a deposed driver) goes again after the
+    /// backoff's pause, or the process gives up.
+    fn register_again(&mut self, pid: Pid) -> Result<(), String> {
+        let now = self.queue.now();
+        match self.procs[pid as usize].backoff.next_pause(now) {
+            Some(pause) => self.queue.after(pause, Event::RegisterRetry { pid }),
+            None => {
+                self.trace
+                    .line(now, format_args!("e{pid} gives up registering"));
+                self.leave(pid);
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn timed_out(&mut self, pid: Pid, id: u64) -> Result<(), String> {
@@ -162,15 +226,7 @@ impl World {
         }
         if process.register == Some(id) {
             process.register = None;
-            match process.backoff.next_pause(now) {
-                Some(pause) => self.queue.after(pause, Event::RegisterRetry { pid }),
-                None => {
-                    self.trace
-                        .line(now, format_args!("e{pid} gives up registering"));
-                    self.leave(pid);
-                }
-            }
-            return Ok(());
+            return self.register_again(pid);
         }
         if process.heartbeat == Some(id) {
             process.heartbeat = None;
@@ -200,11 +256,11 @@ impl World {
     pub(super) fn executor_inbox(
         &mut self,
         pid: Pid,
-        driver: u32,
+        sender: Sender,
         message: ExecutorMessage,
     ) -> Result<(), String> {
         let now = self.queue.now();
-        if !self.procs[pid as usize].alive {
+        if !self.procs[pid as usize].alive || !self.hears(pid, sender)? {
             return Ok(());
         }
         match message {
@@ -216,7 +272,7 @@ impl World {
                     .machine
                     .sent_by_my_driver(driver_instance)
                 {
-                    self.launch_all(pid, driver, &tasks);
+                    self.launch_all(pid, sender, &tasks);
                 }
             }
             ExecutorMessage::KillTask {
@@ -235,12 +291,12 @@ impl World {
         self.executor_stepped(pid)
     }
 
-    /// Starts tasks that driver instance `driver` launched on `pid`.
-    fn launch_all(&mut self, pid: Pid, driver: u32, tasks: &[TaskDescription]) {
+    /// Starts tasks that `sender` launched on `pid`.
+    fn launch_all(&mut self, pid: Pid, sender: Sender, tasks: &[TaskDescription]) {
         for task in tasks {
-            if driver == self.driver.number {
-                self.ledger.launched(task.task_id, task.attempt, pid);
-            }
+            let leadership = sender.leadership;
+            self.ledger
+                .launched(leadership, task.task_id, task.attempt, pid);
             self.launch(pid, task);
         }
     }

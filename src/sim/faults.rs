@@ -12,6 +12,7 @@ pub enum Kind {
     Stop,
     Partition,
     DriverRestart,
+    DriverPause,
 }
 
 /// How many faults a run injected.
@@ -24,6 +25,7 @@ pub struct Counts {
     pub kills: u64,
     pub stops: u64,
     pub driver_restarts: u64,
+    pub driver_pauses: u64,
 }
 
 impl Counts {
@@ -35,6 +37,7 @@ impl Counts {
             + self.kills
             + self.stops
             + self.driver_restarts
+            + self.driver_pauses
     }
 }
 
@@ -43,7 +46,13 @@ const MINUTE: f64 = 60_000.0;
 impl World {
     /// Schedules the first fault of each kind.
     pub(super) fn schedule_faults(&mut self) {
-        for kind in [Kind::Kill, Kind::Stop, Kind::Partition, Kind::DriverRestart] {
+        for kind in [
+            Kind::Kill,
+            Kind::Stop,
+            Kind::Partition,
+            Kind::DriverRestart,
+            Kind::DriverPause,
+        ] {
             self.schedule_fault(kind);
         }
     }
@@ -58,6 +67,7 @@ impl World {
             Kind::Stop => f.stop * executors,
             Kind::Partition => f.partition * executors,
             Kind::DriverRestart => f.driver_restart,
+            Kind::DriverPause => f.driver_pause,
         };
         if per_minute <= 0.0 {
             return;
@@ -71,12 +81,26 @@ impl World {
     pub(super) fn fault(&mut self, kind: Kind) -> Result<(), String> {
         self.schedule_fault(kind);
         let now = self.queue.now();
-        if kind == Kind::DriverRestart {
-            if self.driver_down() {
-                self.counts.driver_restarts += 1;
-                self.trace.line(now, "the driver is killed");
+        match kind {
+            Kind::DriverRestart => {
+                // Half the time a SIGTERM, which lets the lease go; else a SIGKILL.
+                let graceful = self.rng.chance(0.5);
+                if self.driver_down(graceful) {
+                    self.counts.driver_restarts += 1;
+                    let how = if graceful { "stopped" } else { "killed" };
+                    self.trace
+                        .line(now, format_args!("the leading driver is {how}"));
+                }
+                return Ok(());
             }
-            return Ok(());
+            Kind::DriverPause => {
+                let for_ms = self.rng.between(1, self.config.faults.pause_ms);
+                if self.driver_pause(for_ms) {
+                    self.counts.driver_pauses += 1;
+                }
+                return Ok(());
+            }
+            _ => {}
         }
         let Some(pid) = self.live_victim() else {
             return Ok(());
@@ -100,7 +124,7 @@ impl World {
                 self.network.partition(pid, until);
                 Ok(())
             }
-            Kind::DriverRestart => unreachable!("handled above"),
+            Kind::DriverRestart | Kind::DriverPause => unreachable!("handled above"),
         }
     }
 

@@ -6,66 +6,161 @@
 //! - a job ends at most once, and every job ends once the faults stop;
 //! - an attempt's end (other than LOST, which the driver decides) counts only from the executor
 //!   the attempt was sent to;
-//! - `ExecutorAdded` and `ExecutorRemoved` alternate for each id, starting with an add, and an
-//!   executor that is gone has been removed.
+//! - `ExecutorAdded` and `ExecutorRemoved` alternate for each id within one leadership,
+//!   starting with an add, and an executor that is gone has been removed by the last leader.
+//!
+//! With the journal and the lease, across leaderships (checked here and where they happen):
+//!
+//! - no task finishes twice, whichever leaders published its ends;
+//! - no acknowledged success is lost: a new leader restores every job the client was told was
+//!   accepted and every success a listener saw, job or task;
+//! - at most one epoch's messages are acted on at a time: a driver sends only while it holds
+//!   the lease, the journal stores writes only of the newest mark's epoch, and no executor
+//!   acts on a message of an older epoch than one it has acted on.
 
-use super::network::Pid;
+use super::network::{Pid, Sender};
 use crate::driver::core::Core;
+use crate::epoch::Fence;
 use crate::ids::{ExecutorId, JobId, TaskId};
 use crate::protocol::{Event, JobState, TaskEnded, TaskState};
 use crate::FixedHasher;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 /// What one job of the workload has come to.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 struct JobEntry {
     /// The workload's job this is (submitted again under a new id after a driver restart).
     origin: usize,
     tasks: u32,
-    finished: u32,
+    /// Tasks whose FINISHED end was published, by whichever leader.
+    published: HashSet<TaskId, FixedHasher>,
+    /// Those, and those a new leader restored finished (their events lost with the leader
+    /// that stored them, and no later leader runs them again).
+    finished: HashSet<TaskId, FixedHasher>,
+    /// Whether a `JobEnd` was published for it.
     ended: bool,
+    /// Whether the client was told it was accepted.
+    accepted: bool,
+    /// Whether the listener saw it succeed, and which of its tasks finish.
+    seen_succeeded: bool,
+    seen_finished: Vec<TaskId>,
 }
 
-/// The ledger of one driver instance's lifetime, and the workload's jobs across them.
-#[derive(Default)]
+/// What a listener or the client was told of a job, which no later leader may take back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acknowledged {
+    pub accepted: bool,
+    pub succeeded: bool,
+    pub finished: Vec<TaskId>,
+}
+
+impl Acknowledged {
+    /// Whether anyone was told anything of the job.
+    pub fn any(&self) -> bool {
+        self.accepted || self.succeeded || !self.finished.is_empty()
+    }
+}
+
+/// The ledger of the whole run. Without the journal every leadership starts its job and task
+/// ids anew, so they are told apart by leadership (the era); with it they carry on.
 pub struct Ledger {
-    /// Per executor id: whether the driver counts it added now.
-    present: BTreeMap<ExecutorId, bool>,
-    /// FINISHED ends per task id.
-    finished: Vec<u8>,
-    /// Which processes each attempt was sent to by this driver instance (a duplicated or
-    /// delayed launch may reach more than one).
-    launched: HashSet<(TaskId, u32, Pid), FixedHasher>,
-    jobs: BTreeMap<JobId, JobEntry>,
+    journal: bool,
+    leadership: u32,
+    /// Per leadership and executor id: whether that leadership counts it added now.
+    present: BTreeMap<(u32, ExecutorId), bool>,
+    /// Which processes each attempt was sent to, by which leadership (a duplicated or delayed
+    /// launch may reach more than one).
+    launched: HashSet<(u32, TaskId, u32, Pid), FixedHasher>,
+    jobs: BTreeMap<(u32, JobId), JobEntry>,
+    /// The listener's epoch filter, as `ember events` applies it.
+    fence: Fence,
     /// Which of the workload's jobs have ended (under any driver).
     pub origins_ended: Vec<bool>,
     pub tasks_finished: u64,
 }
 
 impl Ledger {
-    pub fn new(jobs: usize) -> Self {
+    pub fn new(jobs: usize, journal: bool) -> Self {
+        let patience = crate::DEFAULT_EXECUTOR_TIMEOUT.as_millis() as u64;
         Self {
+            journal,
+            leadership: 0,
+            present: BTreeMap::new(),
+            launched: HashSet::default(),
+            jobs: BTreeMap::new(),
+            fence: Fence::new(patience),
             origins_ended: vec![false; jobs],
-            ..Self::default()
+            tasks_finished: 0,
         }
     }
 
-    /// A new driver instance: it knows nothing of the old one's executors, tasks or jobs.
-    pub fn new_driver(&mut self) {
-        self.present.clear();
-        self.finished.clear();
-        self.launched.clear();
-        self.jobs.clear();
+    fn era(&self, leadership: u32) -> u32 {
+        if self.journal {
+            0
+        } else {
+            leadership
+        }
+    }
+
+    /// A new leadership: it knows nothing of the old one's executors; without the journal,
+    /// nothing of its tasks or jobs either.
+    pub fn new_leadership(&mut self, leadership: u32) {
+        self.leadership = leadership;
     }
 
     pub fn submitted(&mut self, job_id: JobId, origin: usize, tasks: u32) {
         let entry = JobEntry {
             origin,
             tasks,
-            finished: 0,
-            ended: false,
+            ..JobEntry::default()
         };
-        self.jobs.insert(job_id, entry);
+        self.jobs.insert((self.era(self.leadership), job_id), entry);
+    }
+
+    /// The client was told job `job_id` was accepted.
+    pub fn accepted(&mut self, origin: usize, job_id: JobId) {
+        let era = self.era(self.leadership);
+        if let Some(job) = self.jobs.get_mut(&(era, job_id)) {
+            debug_assert_eq!(job.origin, origin);
+            job.accepted = true;
+        }
+    }
+
+    /// The jobs of the current era, and what anyone was told of each.
+    pub fn acknowledged(&self) -> Vec<(JobId, Acknowledged)> {
+        let era = self.era(self.leadership);
+        self.jobs
+            .range((era, 0)..=(era, JobId::MAX))
+            .map(|(&(_, id), job)| {
+                let told = Acknowledged {
+                    accepted: job.accepted,
+                    succeeded: job.seen_succeeded,
+                    finished: job.seen_finished.clone(),
+                };
+                (id, told)
+            })
+            .collect()
+    }
+
+    /// A new leader restored job `job_id` with the tasks `finished` finished.
+    pub fn restored(&mut self, job_id: JobId, finished: &BTreeSet<TaskId>) {
+        let era = self.era(self.leadership);
+        let Some(job) = self.jobs.get_mut(&(era, job_id)) else {
+            return;
+        };
+        for task in finished {
+            if job.finished.insert(*task) {
+                self.tasks_finished += 1;
+            }
+        }
+    }
+
+    /// The client learned by asking that job `job_id` ended.
+    pub fn ended_unseen(&mut self, job_id: JobId) {
+        let era = self.era(self.leadership);
+        if let Some(job) = self.jobs.get(&(era, job_id)) {
+            self.origins_ended[job.origin] = true;
+        }
     }
 
     /// The workload's jobs that have not ended.
@@ -81,38 +176,45 @@ impl Ledger {
         self.origins_ended.iter().all(|e| *e)
     }
 
-    /// The current driver's launch of an attempt reached executor process `pid`.
-    pub fn launched(&mut self, task_id: TaskId, attempt: u32, pid: Pid) {
-        self.launched.insert((task_id, attempt, pid));
+    /// Leadership `leadership`'s launch of an attempt reached executor process `pid`.
+    pub fn launched(&mut self, leadership: u32, task_id: TaskId, attempt: u32, pid: Pid) {
+        self.launched.insert((leadership, task_id, attempt, pid));
     }
 
-    /// Checks one event the driver published; `pid_of` names the process an id belongs to.
+    /// Checks one event a driver published, as it reaches the listener at `now`; `pid_of`
+    /// names the process an id belongs to.
     pub fn on_event(
         &mut self,
+        sender: Sender,
+        now: u64,
         event: &Event,
         pid_of: impl Fn(&ExecutorId) -> Option<Pid>,
     ) -> Result<(), String> {
+        let seen = self.fence.admit(sender.epoch, now);
+        let leadership = sender.leadership;
         match event {
-            Event::ExecutorAdded { executor_id, .. } => self.added(executor_id),
-            Event::ExecutorRemoved { executor_id, .. } => self.removed(executor_id),
-            Event::TaskEnd { job_id, .. } => event
-                .ended()
-                .try_for_each(|(from, end)| self.task_ended(*job_id, from, end, &pid_of)),
-            Event::JobEnd { job_id, state, .. } => self.job_ended(*job_id, *state),
+            Event::ExecutorAdded { executor_id, .. } => self.added(leadership, executor_id),
+            Event::ExecutorRemoved { executor_id, .. } => self.removed(leadership, executor_id),
+            Event::TaskEnd { job_id, .. } => event.ended().try_for_each(|(from, end)| {
+                self.task_ended(leadership, *job_id, from, end, seen, &pid_of)
+            }),
+            Event::JobEnd { job_id, state, .. } => {
+                self.job_ended(leadership, *job_id, *state, seen)
+            }
             Event::JobStart { .. } | Event::TaskStart { .. } => Ok(()),
         }
     }
 
-    fn added(&mut self, id: &ExecutorId) -> Result<(), String> {
-        let present = self.present.entry(id.clone()).or_default();
+    fn added(&mut self, leadership: u32, id: &ExecutorId) -> Result<(), String> {
+        let present = self.present.entry((leadership, id.clone())).or_default();
         if std::mem::replace(present, true) {
             return Err(format!("ExecutorAdded twice for {id} without a removal"));
         }
         Ok(())
     }
 
-    fn removed(&mut self, id: &ExecutorId) -> Result<(), String> {
-        match self.present.get_mut(id) {
+    fn removed(&mut self, leadership: u32, id: &ExecutorId) -> Result<(), String> {
+        match self.present.get_mut(&(leadership, id.clone())) {
             Some(present) if *present => {
                 *present = false;
                 Ok(())
@@ -123,15 +225,17 @@ impl Ledger {
 
     fn task_ended(
         &mut self,
+        leadership: u32,
         job_id: JobId,
         from: &ExecutorId,
         end: &TaskEnded,
+        seen: bool,
         pid_of: &impl Fn(&ExecutorId) -> Option<Pid>,
     ) -> Result<(), String> {
         let (task, attempt) = (end.task_id, end.attempt);
         if end.state != TaskState::Lost {
-            let sent =
-                pid_of(from).is_some_and(|pid| self.launched.contains(&(task, attempt, pid)));
+            let sent = pid_of(from)
+                .is_some_and(|pid| self.launched.contains(&(leadership, task, attempt, pid)));
             if !sent {
                 return Err(format!(
                     "task {task} attempt {attempt} ended {:?} from {}, which was not running it",
@@ -142,34 +246,46 @@ impl Ledger {
         if end.state != TaskState::Finished {
             return Ok(());
         }
-        let index = task as usize;
-        if self.finished.len() <= index {
-            self.finished.resize(index + 1, 0);
-        }
-        self.finished[index] += 1;
-        if self.finished[index] > 1 {
+        let era = self.era(leadership);
+        let Some(job) = self.jobs.get_mut(&(era, job_id)) else {
+            return Err(format!(
+                "task {task} of job {job_id}, which was not submitted"
+            ));
+        };
+        if !job.published.insert(task) {
             return Err(format!("task {task} finished twice (attempt {attempt})"));
         }
-        self.tasks_finished += 1;
-        if let Some(job) = self.jobs.get_mut(&job_id) {
-            job.finished += 1;
+        if job.finished.insert(task) {
+            self.tasks_finished += 1;
+        }
+        if seen {
+            job.seen_finished.push(task);
         }
         Ok(())
     }
 
-    fn job_ended(&mut self, job_id: JobId, state: JobState) -> Result<(), String> {
-        let Some(job) = self.jobs.get_mut(&job_id) else {
+    fn job_ended(
+        &mut self,
+        leadership: u32,
+        job_id: JobId,
+        state: JobState,
+        seen: bool,
+    ) -> Result<(), String> {
+        let era = self.era(leadership);
+        let Some(job) = self.jobs.get_mut(&(era, job_id)) else {
             return Err(format!("JobEnd for job {job_id}, which was not submitted"));
         };
         if std::mem::replace(&mut job.ended, true) {
             return Err(format!("job {job_id} ended twice"));
         }
-        if state == JobState::Succeeded && job.finished != job.tasks {
+        if state == JobState::Succeeded && job.finished.len() != job.tasks as usize {
             return Err(format!(
                 "job {job_id} succeeded with {} of its {} tasks finished",
-                job.finished, job.tasks
+                job.finished.len(),
+                job.tasks
             ));
         }
+        job.seen_succeeded = seen && state == JobState::Succeeded;
         self.origins_ended[job.origin] = true;
         Ok(())
     }
@@ -197,10 +313,12 @@ impl Ledger {
         Ok(())
     }
 
-    /// At the end of a run: every executor that is gone has been removed.
+    /// At the end of a run: every executor that is gone has been removed by the last leader.
     pub fn check_gone(&self, gone: impl Iterator<Item = ExecutorId>) -> Result<(), String> {
         for id in gone {
-            if self.present.get(&id).copied().unwrap_or(false) {
+            let key = (self.leadership, id);
+            if self.present.get(&key).copied().unwrap_or(false) {
+                let id = key.1;
                 return Err(format!("executor {id} is gone but was never removed"));
             }
         }

@@ -1,13 +1,16 @@
 //! A deterministic simulation of a whole cluster: the real driver core, executors running the
 //! real executor machine, and an in-memory network that drops, duplicates, delays and reorders
 //! messages and partitions nodes, with executors (and, optionally, the driver) killed and
-//! restarted, all on a virtual clock. Everything random comes from one seed, so a seed replays a
+//! restarted, and driver processes that lead by a lease, keep a journal, fence their messages
+//! with epochs, and are killed, stopped and restarted, all on a virtual clock. Everything random comes from one seed, so a seed replays a
 //! run step for step; the invariants in [`ledger`] are checked after every step.
 //!
 //! Split by concern: [`rng`] (the seed's numbers), [`queue`] (the clock and its events),
-//! [`network`], [`executors`] (the executor processes), [`driver`] (the driver node and the
-//! client), [`faults`] (injecting them), [`ledger`] (the invariants), [`trace`].
+//! [`network`], [`broker`] (the lease key and the journal stream), [`executors`] (the executor
+//! processes), [`driver`] (the driver processes and the client), [`faults`] (injecting them),
+//! [`ledger`] (the invariants), [`trace`].
 
+mod broker;
 pub mod config;
 mod driver;
 mod executors;
@@ -24,7 +27,7 @@ use crate::executor::machine::Machine;
 use crate::ids::ExecutorId;
 use crate::ids::TaskId;
 use executors::{Process, Work};
-use network::{Message, Network, Pid};
+use network::{Message, Network, Pid, Sender};
 use queue::Queue;
 use rng::Rng;
 use std::collections::HashMap;
@@ -58,8 +61,26 @@ enum Event {
         pid: Pid,
     },
     StartExecutor,
-    DriverTick,
-    DriverUp,
+    /// Something due to driver process `node` in its `turn`.
+    Driver {
+        node: u32,
+        turn: u64,
+        what: driver::AtDriver,
+    },
+    /// A driver's request reaches JetStream; its answer goes to the sender's `turn`.
+    AtBroker {
+        sender: Sender,
+        turn: u64,
+        what: driver::ToBroker,
+    },
+    /// An event reaches the listener.
+    Listen {
+        sender: Sender,
+        event: crate::protocol::Event,
+    },
+    DriverUp {
+        node: u32,
+    },
     Fault(faults::Kind),
 }
 
@@ -82,6 +103,8 @@ pub struct Report {
     pub tasks_finished: u64,
     pub jobs_ended: usize,
     pub faults: faults::Counts,
+    /// How many leaderships the run saw (1 without a failover).
+    pub leaderships: u32,
     pub violation: Option<Violation>,
 }
 
@@ -94,7 +117,9 @@ struct World {
     procs: Vec<Process>,
     /// Which process each executor id belongs to.
     pids: HashMap<ExecutorId, Pid, crate::FixedHasher>,
-    driver: driver::DriverNode,
+    drivers: Vec<driver::DriverNode>,
+    broker: broker::Broker,
+    leaderships: u32,
     ledger: ledger::Ledger,
     trace: Trace,
     counts: faults::Counts,
@@ -116,17 +141,16 @@ pub fn run(config: SimConfig, print_trace: bool) -> Report {
         tasks_finished: world.ledger.tasks_finished,
         jobs_ended: world.ledger.origins_ended.iter().filter(|e| **e).count(),
         faults: world.counts_with_network(),
+        leaderships: world.leaderships,
         violation,
     }
 }
 
 impl World {
     fn new(config: SimConfig, print_trace: bool) -> Self {
-        let mut rng = Rng::new(config.seed);
-        let driver = driver::DriverNode::new(rng.uuid());
         Self {
             network: Network::new(config.faults.clone()),
-            ledger: ledger::Ledger::new(config.jobs as usize),
+            ledger: ledger::Ledger::new(config.jobs as usize, config.journal),
             queue: Queue::default(),
             procs: Vec::with_capacity(config.executors as usize),
             pids: HashMap::default(),
@@ -135,19 +159,23 @@ impl World {
             next_request: 0,
             steps: 0,
             last_loss: 0,
-            driver,
-            rng,
+            drivers: Vec::new(),
+            broker: broker::Broker::default(),
+            leaderships: 0,
+            rng: Rng::new(config.seed),
             config,
         }
     }
 
     fn run_to_end(&mut self) -> Result<(), Violation> {
-        self.submit_all();
+        if let Err(what) = self.config.check() {
+            return Err(self.violation(format!("the configuration cannot run: {what}")));
+        }
+        self.start_drivers().map_err(|what| self.violation(what))?;
         for _ in 0..self.config.executors {
             let at = self.rng.below(1_000);
             self.queue.at(at, Event::StartExecutor);
         }
-        self.queue.at(0, Event::DriverTick);
         self.schedule_faults();
         while let Some(event) = self.queue.pop() {
             self.steps += 1;
@@ -201,8 +229,22 @@ impl World {
             } => self.task_done(pid, task_id, attempt, ok),
             Event::HandBack { pid } => self.hand_back(pid),
             Event::StartExecutor => self.start_executor(),
-            Event::DriverTick => self.driver_tick(),
-            Event::DriverUp => self.driver_up(),
+            Event::Driver { node, turn, what } => self.at_driver(node, turn, what),
+            Event::AtBroker { sender, turn, what } => match self.held_until(sender.node) {
+                Some(wake) => {
+                    self.queue.at(wake, Event::AtBroker { sender, turn, what });
+                    Ok(())
+                }
+                None => self.at_broker(sender, turn, what),
+            },
+            Event::Listen { sender, event } => match self.held_until(sender.node) {
+                Some(wake) => {
+                    self.queue.at(wake, Event::Listen { sender, event });
+                    Ok(())
+                }
+                None => self.listen(sender, &event),
+            },
+            Event::DriverUp { node } => self.driver_up(node),
             Event::Fault(kind) => self.fault(kind),
         }?;
         self.trace.fold(&[now, self.steps]);
@@ -222,17 +264,44 @@ impl World {
         }
     }
 
+    /// A message arrives; one from a stopped driver still sits in its connection until it
+    /// wakes.
     fn arrive(&mut self, message: Message) -> Result<(), String> {
+        if let Some(wake) = message.sender().and_then(|s| self.held_until(s.node)) {
+            self.queue.at(wake, Event::Arrive(message));
+            return Ok(());
+        }
         match message {
-            Message::Request { from, id, body } => self.driver_receives(from, id, body),
+            Message::Request { from, id, body } => {
+                // Every driver that leads in its own eyes hears it; the first answer counts.
+                for (node, turn) in self.listening() {
+                    let body = body.clone();
+                    let what = driver::AtDriver::Request { from, id, body };
+                    self.at_driver(node, turn, what)?;
+                }
+                Ok(())
+            }
             Message::Reply {
                 to,
                 id,
-                driver,
+                sender,
                 body,
-            } => self.executor_answered(to, id, driver, body),
-            Message::Inbox { to, driver, body } => self.executor_inbox(to, driver, body),
+            } => self.executor_answered(to, id, sender, body),
+            Message::Inbox { to, sender, body } => self.executor_inbox(to, sender, body),
         }
+    }
+
+    /// An event reaches the listener, which checks it.
+    fn listen(&mut self, sender: Sender, event: &crate::protocol::Event) -> Result<(), String> {
+        let now = self.queue.now();
+        if self.trace.printing() {
+            let (node, leadership) = (sender.node, sender.leadership);
+            let line = format_args!("event from d{node} (leadership {leadership}): {event:?}");
+            self.trace.line(now, line);
+        }
+        let pids = &self.pids;
+        self.ledger
+            .on_event(sender, now, event, |id| pids.get(id).copied())
     }
 
     fn gone_ids(&self) -> impl Iterator<Item = ExecutorId> + '_ {

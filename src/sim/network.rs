@@ -13,24 +13,32 @@ use crate::protocol::{
 /// An executor process, by its number in the run (a restarted executor is a new process).
 pub type Pid = u32;
 
+/// Which driver sent a message: the process, its leadership's number in the run, and its
+/// epoch (the executor sees only the epoch; the ledger sees all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sender {
+    pub node: u32,
+    pub leadership: u32,
+    pub epoch: u64,
+}
+
 /// What travels between the nodes.
 #[derive(Debug, Clone)]
 pub enum Message {
     /// A request from executor `from`, numbered by it so its answer can be matched.
     Request { from: Pid, id: u64, body: Request },
-    /// The answer to request `id` of executor `to`, from the driver instance numbered
-    /// `driver` (a status acknowledgement may launch tasks).
+    /// The answer to request `id` of executor `to` (a status acknowledgement may launch
+    /// tasks).
     Reply {
         to: Pid,
         id: u64,
-        driver: u32,
+        sender: Sender,
         body: Reply,
     },
-    /// A message to executor `to`'s inbox from the driver instance numbered `driver` (the
-    /// executor cannot tell which sent it; the ledger can).
+    /// A message to executor `to`'s inbox.
     Inbox {
         to: Pid,
-        driver: u32,
+        sender: Sender,
         body: ExecutorMessage,
     },
 }
@@ -55,6 +63,14 @@ impl Message {
         match self {
             Message::Request { from, .. } => *from,
             Message::Reply { to, .. } | Message::Inbox { to, .. } => *to,
+        }
+    }
+
+    /// The driver that sent it, unless an executor did.
+    pub fn sender(&self) -> Option<Sender> {
+        match self {
+            Message::Request { .. } => None,
+            Message::Reply { sender, .. } | Message::Inbox { sender, .. } => Some(*sender),
         }
     }
 }
@@ -113,6 +129,16 @@ impl Network {
             return [first, Some(self.latency(rng, now))];
         }
         [first, None]
+    }
+
+    /// When a message sent at `now` between a driver and JetStream arrives. Never lost (a
+    /// JetStream request is retried until answered, and the retries are idempotent), but held
+    /// up as any other.
+    pub fn to_broker(&mut self, rng: &mut Rng, now: u64) -> u64 {
+        if now >= self.faults.for_ms {
+            return now + 1 + rng.below(2);
+        }
+        self.latency(rng, now)
     }
 
     fn latency(&mut self, rng: &mut Rng, now: u64) -> u64 {

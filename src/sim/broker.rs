@@ -1,0 +1,93 @@
+//! What JetStream holds for the drivers: the lease key, with its revision and compare-and-set,
+//! and the journal stream, with the expected-last-sequence check that fences a deposed leader.
+//! Both act at once when a request reaches them; the network decides when that is.
+//!
+//! The journal also checks an invariant of its own: a write is stored only from the epoch of
+//! the newest leader mark, so that at most one leadership's records go in at a time.
+
+use crate::protocol::JournalRecord;
+
+/// The lease key: its revision counts every write, as a KV key's does.
+#[derive(Debug, Default)]
+pub struct LeaseKey {
+    pub revision: u64,
+    /// The driver node that last wrote it, unless none has or it let go.
+    pub holder: Option<u32>,
+}
+
+/// Why a journal write was not stored: the stream's last sequence was not the one expected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrongLast(pub u64);
+
+#[derive(Debug, Default)]
+pub struct Broker {
+    pub lease: LeaseKey,
+    /// The journal's messages, each a group of records; a message's sequence is its index
+    /// plus one.
+    pub journal: Vec<Vec<JournalRecord>>,
+    /// The epoch of the newest leader mark in the journal.
+    mark_epoch: u64,
+}
+
+impl Broker {
+    /// A compare-and-set of the lease by `node` on `expected` (the revision it read, or last
+    /// wrote): the new revision, or none if another write came first.
+    pub fn write_lease(&mut self, node: u32, expected: u64) -> Option<u64> {
+        if self.lease.revision != expected {
+            return None;
+        }
+        self.lease.revision += 1;
+        self.lease.holder = Some(node);
+        Some(self.lease.revision)
+    }
+
+    /// Lets the lease go, if `node` still holds it at `expected`: a standby may take it at once.
+    pub fn release_lease(&mut self, node: u32, expected: u64) {
+        if self.lease.revision == expected && self.lease.holder == Some(node) {
+            self.lease.revision += 1;
+            self.lease.holder = None;
+        }
+    }
+
+    /// The journal's last sequence.
+    pub fn last(&self) -> u64 {
+        self.journal.len() as u64
+    }
+
+    /// Stores a new leader's mark, unconditionally (a mark fences whatever comes after it);
+    /// returns its sequence.
+    pub fn mark(&mut self, epoch: u64, mark: JournalRecord) -> Result<u64, String> {
+        if epoch <= self.mark_epoch {
+            return Err(format!(
+                "a leader of epoch {epoch} marked the journal after epoch {}",
+                self.mark_epoch
+            ));
+        }
+        self.mark_epoch = epoch;
+        self.journal.push(vec![mark]);
+        Ok(self.last())
+    }
+
+    /// Stores one group of records written by the leader of `epoch`, if the journal's last
+    /// sequence is `expected` (or whatever it is, `unfenced`); the outer error is a broken
+    /// invariant.
+    pub fn write(
+        &mut self,
+        epoch: u64,
+        expected: u64,
+        records: Vec<JournalRecord>,
+        unfenced: bool,
+    ) -> Result<Result<u64, WrongLast>, String> {
+        if expected != self.last() && !unfenced {
+            return Ok(Err(WrongLast(self.last())));
+        }
+        if epoch != self.mark_epoch {
+            return Err(format!(
+                "the journal stored a write of epoch {epoch} after the mark of epoch {}",
+                self.mark_epoch
+            ));
+        }
+        self.journal.push(records);
+        Ok(Ok(self.last()))
+    }
+}
