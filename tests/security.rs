@@ -1005,3 +1005,30 @@ async fn the_binaries_log_in_from_the_environment() {
         1
     );
 }
+
+/// Under `ember creds`' permissions the driver answers NATS service discovery, and a client
+/// may ask for it; a listener, which may publish nothing, may not.
+#[tokio::test]
+async fn a_client_finds_the_driver_by_its_nats_service_and_a_listener_may_not_ask() {
+    use futures::StreamExt;
+    let secure = Secure::start("discovery");
+    let (_driver, _exec1, _api) = secure.running().await;
+    let client = secure.login("client").await;
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply("$SRV.PING.ember-driver", inbox, bytes::Bytes::new())
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(5), replies.next())
+        .await
+        .expect("the driver answers $SRV.PING.ember-driver")
+        .unwrap();
+    let ping: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(ping["name"], "ember-driver");
+    assert_eq!(ping["metadata"]["leader"], "true");
+    let mut listener = secure.watched("listener").await;
+    let subject = "$SRV.PING.ember-driver".to_string();
+    listener.send(subject.clone(), bytes::Bytes::new()).await;
+    listener.violation("Publish", &subject).await;
+}

@@ -362,3 +362,109 @@ async fn a_driver_whose_journal_another_leader_marked_stops_before_telling_anyon
     .await;
     assert_eq!(ended.state, JobState::Succeeded);
 }
+
+/// Every reply to one request on `subject` that arrives within half a second, as JSON.
+async fn gather(client: &async_nats::Client, subject: String) -> Vec<serde_json::Value> {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply(subject, inbox, bytes::Bytes::new())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let mut out = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(Some(reply)) = tokio::time::timeout_at(until, replies.next()).await {
+        out.push(serde_json::from_slice(&reply.payload).expect("a JSON reply"));
+    }
+    out
+}
+
+/// A plain NATS client finds both drivers of a cluster by `$SRV.PING.ember-driver`, tells the
+/// leader from the standby by their metadata, reads the leader's api endpoint from
+/// `$SRV.INFO`, and sees the api's requests counted in `$SRV.STATS`, error answers apart.
+#[tokio::test]
+async fn nats_service_discovery_finds_every_driver_and_counts_the_api() {
+    let cluster = TestCluster::start_with_jetstream("discovery");
+    let name = cluster
+        .subjects
+        .prefix()
+        .trim_start_matches("ember.")
+        .to_string();
+    let short_lease = |config: &mut ember::driver::actor::DriverConfig| {
+        config.lease = Duration::from_secs(1);
+    };
+    let first = cluster.driver_configured(short_lease).await;
+    let second = cluster.driver_configured(short_lease).await;
+    let client = cluster.client().await;
+    let ours = common::eventually(LIMIT, "a leader and a standby", || async {
+        let ours: Vec<_> = gather(&client, "$SRV.PING.ember-driver".into())
+            .await
+            .into_iter()
+            .filter(|r| r["metadata"]["cluster"] == name.as_str())
+            .collect();
+        let leaders = ours
+            .iter()
+            .filter(|r| r["metadata"]["leader"] == "true")
+            .count();
+        (ours.len() == 2 && leaders == 1).then_some(ours)
+    })
+    .await;
+    let leader = ours
+        .iter()
+        .find(|r| r["metadata"]["leader"] == "true")
+        .unwrap();
+    let standby = ours
+        .iter()
+        .find(|r| r["metadata"]["leader"] == "false")
+        .unwrap();
+    assert_eq!(leader["name"], "ember-driver");
+    assert_eq!(leader["version"], env!("CARGO_PKG_VERSION"));
+    assert_ne!(
+        leader["metadata"]["driver_instance"],
+        standby["metadata"]["driver_instance"]
+    );
+    assert!(
+        leader["metadata"]["epoch"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    assert!(standby["metadata"].get("epoch").is_none());
+
+    let info = |id: &serde_json::Value| format!("$SRV.INFO.ember-driver.{}", id.as_str().unwrap());
+    let leader_info = gather(&client, info(&leader["id"])).await;
+    let endpoints = &leader_info[0]["endpoints"];
+    assert_eq!(endpoints[0]["name"], "api");
+    assert_eq!(endpoints[0]["subject"], cluster.subjects.api());
+    let standby_info = gather(&client, info(&standby["id"])).await;
+    let none = standby_info[0]["endpoints"].as_array().map_or(0, Vec::len);
+    assert_eq!(none, 0, "a standby serves no api: {standby_info:?}");
+
+    let api = cluster.api(client.clone());
+    for _ in 0..3 {
+        api.jobs().await.unwrap();
+    }
+    assert!(api.job(999).await.is_err(), "no job 999");
+    let raw = client
+        .request(cluster.subjects.api(), "not json".into())
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&raw.payload).contains("could not decode"));
+
+    let id = leader["id"].as_str().unwrap();
+    let stats = gather(&client, format!("$SRV.STATS.ember-driver.{id}")).await;
+    let api_stats = &stats[0]["endpoints"][0];
+    assert_eq!(api_stats["name"], "api");
+    assert_eq!(api_stats["num_requests"], 5, "{api_stats}");
+    assert!(
+        api_stats["processing_time"].as_u64().unwrap() > 0,
+        "{api_stats}"
+    );
+    assert_eq!(api_stats["data"]["error_answers"], 2, "{api_stats}");
+    first.stop().await.unwrap();
+    second.stop().await.unwrap();
+}

@@ -32,24 +32,18 @@ fn small(seed: u64) -> SimConfig {
 /// SIGTERM, which lets the lease go) or stopped for up to 10 s about 3 times a virtual minute
 /// each, beside the executor and message faults.
 fn failover(seed: u64) -> SimConfig {
+    let heavy = small(seed);
     SimConfig {
-        seed,
         executors: 5,
         tasks: 500,
         drivers: 2 + (seed % 2) as u32,
         faults: Faults {
-            drop: 0.05,
-            duplicate: 0.05,
-            delay: 0.1,
-            partition: 0.5,
-            kill: 0.5,
-            stop: 0.2,
             driver_restart: 3.0,
             driver_pause: 3.0,
             for_ms: 40_000,
-            ..Faults::default()
+            ..heavy.faults.clone()
         },
-        ..SimConfig::default()
+        ..heavy
     }
 }
 

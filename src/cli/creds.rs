@@ -118,8 +118,9 @@ impl Role {
                     journal_rights(subjects),
                 ]
                 .concat(),
-                // Replies to its JetStream requests (stream setup, replay, write acks).
-                subscribe_allow: vec![format!("{p}.driver.>"), "_INBOX.>".into()],
+                // Replies to its JetStream requests (stream setup, replay, write acks), and
+                // the discovery requests of its NATS service.
+                subscribe_allow: vec![format!("{p}.driver.>"), "_INBOX.>".into(), "$SRV.>".into()],
                 allow_responses: true,
                 ..Permissions::default()
             },
@@ -131,7 +132,12 @@ impl Role {
                 ..Permissions::default()
             },
             Role::Client => Permissions {
-                publish_allow: vec![subjects.api()],
+                // The api, and finding the drivers by their NATS service.
+                publish_allow: vec![
+                    subjects.api(),
+                    format!("$SRV.*.{}", crate::driver::discovery::NAME),
+                    format!("$SRV.*.{}.>", crate::driver::discovery::NAME),
+                ],
                 subscribe_allow: vec!["_INBOX.>".into(), subjects.events_all()],
                 subscribe_deny: executors.iter().map(executor_replies).collect(),
                 ..Permissions::default()
@@ -466,7 +472,14 @@ mod tests {
         let s = Subjects::new("prod").unwrap();
         let p = Role::Client.permissions(&s, &[id("e1"), id("e2")]);
         assert_eq!(p.subscribe_deny, ["_INBOX.e1.>", "_INBOX.e2.>"]);
-        assert_eq!(p.publish_allow, ["ember.prod.driver.api"]);
+        assert_eq!(
+            p.publish_allow,
+            [
+                "ember.prod.driver.api",
+                "$SRV.*.ember-driver",
+                "$SRV.*.ember-driver.>"
+            ]
+        );
     }
 
     #[test]

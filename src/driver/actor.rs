@@ -5,9 +5,10 @@
 
 use super::coalesce::TaskEvents;
 use super::core::{Core, CoreConfig, Effect, Liveness, Retention};
+use super::discovery::{self, ApiCounts, Identity};
 use super::journal::{Journal, JournalError, JournalMode, Replicas};
 use super::lease::{Guard, Lease, LeaseError, Tenure};
-use super::outbox::{Outbox, Output};
+use super::outbox::{Outbox, Output, ReplyTo};
 use super::results::ResultsBucket;
 use super::snapshots::{Encoded, Schedule, Stored};
 use crate::connect::{flush, Unsent};
@@ -24,6 +25,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
@@ -91,6 +93,8 @@ pub enum DriverError {
     Journal(#[from] JournalError),
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    #[error("could not start the driver's NATS service (ember-driver): {0}")]
+    Service(async_nats::Error),
 }
 
 /// How long a stopping driver waits for its last journal writes.
@@ -174,13 +178,14 @@ async fn lead(
             _ = &mut lost => {
                 // What waits behind the journal is dropped, unsent: a successor may lead.
                 warn!("leadership lost: the driver stops acting and stands by");
+                discovery::stop(inputs.service).await;
                 return Ok(Ended::Deposed);
             }
             _ = &mut *shutdown => break,
             Some(message) = inputs.register.next() => shell.on_register(&mut core, message),
             Some(message) = inputs.status.next() => shell.on_status(&mut core, message),
             Some(message) = inputs.heartbeat.next() => shell.on_heartbeat(&mut core, message),
-            Some(message) = inputs.api.next() => shell.on_api(&mut core, message),
+            Some(request) = inputs.api.next() => shell.on_api(&mut core, request),
             _ = revive.tick() => {
                 core.tick(now_ms());
                 shell.refusals.report();
@@ -211,7 +216,8 @@ async fn lead(
     shell.drain(&mut outbox).await;
     shell.refusals.report();
     info!("driver stopping");
-    drop(inputs);
+    discovery::stop(inputs.service).await;
+    drop((inputs.register, inputs.status, inputs.heartbeat, inputs.api));
     let flushed = flush(client).await.map_err(DriverError::LastMessages);
     if let Some(tenure) = shell.tenure.take() {
         tenure.release().await;
@@ -224,7 +230,10 @@ struct Inputs {
     register: Subscriber,
     status: Subscriber,
     heartbeat: Subscriber,
-    api: Subscriber,
+    /// The api's requests, from the service's endpoint.
+    api: async_nats::service::endpoint::Endpoint,
+    /// The NATS service the api endpoint belongs to (`$SRV`).
+    service: async_nats::service::Service,
 }
 
 /// Opens the journal and replays it into a new core, then subscribes, and returns once the
@@ -262,7 +271,16 @@ async fn start(
     if let Some(journal) = journal.as_mut() {
         let lease =
             Lease::open(journal.context(), &subjects, config.lease, journal.replicas).await?;
+        let who = Identity {
+            subjects: &subjects,
+            driver_instance,
+            leading: None,
+        };
+        let standby = discovery::standby(client, who)
+            .await
+            .map_err(DriverError::Service)?;
         let taken = lease.acquire(driver_instance).await;
+        discovery::stop(standby).await;
         let mark = JournalRecord::Leader {
             epoch: taken.epoch(),
             driver_instance,
@@ -300,11 +318,21 @@ async fn start(
             config.journal_max_age,
         ));
     }
+    let api_counts = Arc::new(ApiCounts::default());
+    let who = Identity {
+        subjects: &subjects,
+        driver_instance,
+        leading: Some(tenure.as_ref().map_or(0, Tenure::epoch)),
+    };
+    let (service, api) = discovery::leading(client, who, api_counts.clone())
+        .await
+        .map_err(DriverError::Service)?;
     let inputs = Inputs {
         register: subscribe(client, subjects.register_all()).await?,
         status: subscribe(client, subjects.status_all()).await?,
         heartbeat: subscribe(client, subjects.heartbeat_all()).await?,
-        api: subscribe(client, subjects.api()).await?,
+        api,
+        service,
     };
     flush(client).await.map_err(DriverError::NotSubscribed)?;
     let shell = Shell {
@@ -317,6 +345,7 @@ async fn start(
         limit,
         task_events: TaskEvents::default(),
         refusals: Refusals::default(),
+        api_counts,
         journal,
         schedule,
         results,
@@ -390,6 +419,8 @@ struct Shell {
     limit: usize,
     task_events: TaskEvents,
     refusals: Refusals,
+    /// What the api endpoint counts for `$SRV.STATS`.
+    api_counts: Arc<ApiCounts>,
     /// Where the core's journal records are stored, if anywhere.
     journal: Option<Journal>,
     /// When the journal is next snapshotted, with a journal.
@@ -509,15 +540,18 @@ impl Shell {
         Some(Output::ExecutorReply(reply, encode(&answer)))
     }
 
-    fn on_api(&self, core: &mut Core, message: Message) -> Option<Output> {
+    fn on_api(&self, core: &mut Core, request: async_nats::service::Request) -> Option<Output> {
+        let message = &request.message;
         let Some(reply) = message.reply.clone() else {
             debug!("api message without a reply subject dropped");
             Refusals::count(&self.refusals.no_reply);
+            Refusals::count(&self.api_counts.no_reply);
             return None;
         };
         if let Err(why) = api_reply_allowed(&reply, core) {
             debug!(reply = %reply, why, "api request refused");
             Refusals::count(&self.refusals.foreign_reply);
+            Refusals::count(&self.api_counts.foreign_reply);
             return None;
         }
         let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
@@ -529,6 +563,10 @@ impl Shell {
                 }
             }
         };
+        if matches!(answer, ApiReply::Error { .. }) {
+            Refusals::count(&self.api_counts.errors);
+        }
+        let reply: ReplyTo = Box::new(request);
         if let (
             ApiReply::ResultChunk {
                 job_id,
@@ -578,7 +616,7 @@ impl Shell {
 
     /// Reads `indices` of `page` from the results bucket and answers with the page, off the
     /// actor's loop: the reads take round trips, and need nothing of the core.
-    fn answer_with_results(&self, reply: Subject, page: ResultsPage, indices: Vec<u32>) {
+    fn answer_with_results(&self, reply: ReplyTo, page: ResultsPage, indices: Vec<u32>) {
         if let Some(results) = self.results.clone() {
             let max_bytes = self.limit - PAYLOAD_HEADROOM;
             self.answer_off_loop(reply, async move {
@@ -589,43 +627,24 @@ impl Shell {
 
     /// Reads a result's chunk from the results bucket and answers with it, off the actor's
     /// loop as [`Shell::answer_with_results`] does.
-    fn answer_with_chunk(&self, reply: Subject, answer: ApiReply, key: String) {
+    fn answer_with_chunk(&self, reply: ReplyTo, answer: ApiReply, key: String) {
         if let Some(results) = self.results.clone() {
             self.answer_off_loop(reply, async move { results.fill_chunk(answer, key).await });
         }
     }
 
-    /// Sends what `answer` comes to, from a task of its own.
-    fn answer_off_loop(
-        &self,
-        reply: Subject,
-        answer: impl Future<Output = ApiReply> + Send + 'static,
-    ) {
-        let (client, guard, headers) = (
-            self.client.clone(),
-            self.guard().cloned(),
-            self.headers.clone(),
-        );
+    /// Sends what `reply` comes to, from a task of its own.
+    fn answer_off_loop(&self, to: ReplyTo, reply: impl Future<Output = ApiReply> + Send + 'static) {
+        let (guard, headers) = (self.guard().cloned(), self.headers.clone());
         tokio::spawn(async move {
-            let answer = answer.await;
-            send(
-                &client,
-                guard.as_ref(),
-                headers.as_ref(),
-                reply,
-                encode(&answer),
-            )
-            .await;
+            let payload = encode(&reply.await);
+            answer(guard.as_ref(), headers.as_ref(), to, payload).await;
         });
     }
 
     /// Whether this driver still leads, when it has a lease.
     fn guard(&self) -> Option<&Guard> {
         self.tenure.as_ref().map(Tenure::guard)
-    }
-
-    async fn answer(&self, reply: Subject, payload: bytes::Bytes) {
-        self.publish(reply, payload).await
     }
 
     /// Sends what one step produced: its journal records join the group gathering for the
@@ -700,9 +719,11 @@ impl Shell {
 
     async fn send(&mut self, output: Output) {
         match output {
-            Output::Reply(reply, payload) | Output::ExecutorReply(reply, payload) => {
-                self.answer(reply, payload).await
+            Output::Reply(to, payload) => {
+                let (guard, headers) = (self.guard(), self.headers.as_ref());
+                answer(guard, headers, to, payload).await
             }
+            Output::ExecutorReply(reply, payload) => self.publish(reply, payload).await,
             Output::Effect(Effect::Publish(event)) => {
                 if let Some(event) = self.task_events.absorb(event) {
                     // Any other event follows the task events before it.
@@ -813,6 +834,22 @@ impl Shell {
             payload,
         )
         .await
+    }
+}
+
+/// Sends a client's answer as [`send`] does, through the service endpoint it came from.
+async fn answer(
+    guard: Option<&Guard>,
+    headers: Option<&async_nats::HeaderMap>,
+    to: ReplyTo,
+    payload: bytes::Bytes,
+) {
+    if !guard.map_or(true, Guard::is_current) {
+        return;
+    }
+    let headers = headers.cloned().unwrap_or_default();
+    if let Err(error) = to.respond_with_headers(Ok(payload), headers).await {
+        warn!(%error, "could not answer an api request");
     }
 }
 

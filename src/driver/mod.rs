@@ -4,6 +4,7 @@
 pub mod actor;
 mod coalesce;
 pub mod core;
+pub mod discovery;
 pub mod journal;
 pub mod lease;
 mod outbox;

@@ -43,24 +43,28 @@ pub const GROUP_INTERVAL: Duration = Duration::from_millis(1);
 /// How many outputs may wait behind the journal before executors' messages wait too.
 const MAX_HELD: usize = 8192;
 
+/// An api request taken from the driver's NATS service endpoint, to be answered through it so
+/// that `$SRV.STATS` counts it.
+pub type ReplyTo = Box<async_nats::service::Request>;
+
 /// One thing to send.
 pub enum Output {
-    /// The answer to a client's request: (reply subject, payload).
-    Reply(async_nats::Subject, bytes::Bytes),
+    /// The answer to a client's request: (where it goes, payload).
+    Reply(ReplyTo, bytes::Bytes),
     /// The answer to an executor's request: (reply subject, payload).
     ExecutorReply(async_nats::Subject, bytes::Bytes),
     /// An event or an executor's message.
     Effect(Effect),
     /// A page of results to read from the results bucket (`indices`) before it is sent.
     Results {
-        reply: async_nats::Subject,
+        reply: ReplyTo,
         page: crate::protocol::ResultsPage,
         indices: Vec<u32>,
     },
     /// A `ResultChunk` answer whose data is read from the results bucket (`key`) before it is
     /// sent.
     Chunk {
-        reply: async_nats::Subject,
+        reply: ReplyTo,
         answer: crate::protocol::ApiReply,
         key: String,
     },
@@ -224,8 +228,14 @@ mod tests {
     use std::time::Duration;
     use tokio::sync::oneshot;
 
+    /// Something told to clients, named `r<n>` (an event; an api answer waits the same way).
     fn reply(n: u8) -> Output {
-        Output::Reply(format!("r{n}").into(), bytes::Bytes::new())
+        Output::Effect(Effect::Publish(Event::JobStart {
+            time_ms: 0,
+            job_id: u64::from(n),
+            name: format!("r{n}"),
+            tasks: 1,
+        }))
     }
 
     fn to_executor(n: u8) -> Output {
@@ -248,9 +258,9 @@ mod tests {
         outputs
             .iter()
             .map(|o| match o {
-                Output::Reply(subject, _) | Output::ExecutorReply(subject, _) => {
-                    subject.to_string()
-                }
+                Output::ExecutorReply(subject, _) => subject.to_string(),
+                Output::Reply(..) => "reply".into(),
+                Output::Effect(Effect::Publish(Event::JobStart { name, .. })) => name.clone(),
                 Output::Effect(_) => "effect".into(),
                 Output::Results { .. } => "results".into(),
                 Output::Chunk { .. } => "chunk".into(),
