@@ -21,6 +21,7 @@ pub mod epoch;
 pub mod events;
 pub mod executor;
 pub mod ids;
+pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod sim;

@@ -78,6 +78,12 @@ struct Args {
     /// cluster cannot place 3) and 1 on a lone server.
     #[arg(long, env = "EMBER_REPLICAS", default_value = "auto", value_parser = Replicas::parse)]
     replicas: Replicas,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (OpenMetrics text): executors,
+    /// cores, jobs by state, tasks waiting, running, launched and ended, request handling
+    /// times, status batch sizes, refused requests, and whether this driver leads. Off unless
+    /// given (port 0 picks a free port and logs it).
+    #[arg(long, env = "EMBER_METRICS_ADDR", value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -89,6 +95,12 @@ fn main() -> ExitCode {
     let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
         rt.block_on(async {
             let subjects = args.nats.subjects()?;
+            let metrics = std::sync::Arc::new(ember::metrics::DriverMetrics::new());
+            if let Some(addr) = args.metrics_addr {
+                ember::metrics::serve(addr, metrics.clone())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("could not serve metrics on {addr}: {e}"))?;
+            }
             let client = args.nats.connect("ember-driver", None).await?;
             let config = DriverConfig {
                 subjects,
@@ -111,6 +123,7 @@ fn main() -> ExitCode {
                 results_max_bytes: args.results_max_bytes,
                 lease: args.lease,
                 replicas: args.replicas,
+                metrics,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

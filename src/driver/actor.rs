@@ -12,9 +12,11 @@ use super::outbox::{Outbox, Output, ReplyTo};
 use super::results::ResultsBucket;
 use super::snapshots::{Encoded, Schedule, Stored};
 use crate::connect::{flush, Unsent};
+use crate::metrics::{DriverMetrics, RequestKind};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Batch, Event, HeartbeatReply, HeartbeatRequest,
     JournalRecord, RegisterReply, RegisterRequest, ResultsPage, StatusReply, StatusRequest,
+    TaskState,
 };
 use crate::subjects::Subjects;
 use crate::{now_ms, PAYLOAD_HEADROOM};
@@ -26,7 +28,7 @@ use serde::Serialize;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 /// How the driver runs.
@@ -56,6 +58,8 @@ pub struct DriverConfig {
     pub lease: Duration,
     /// How many copies a clustered server keeps of the journal, results and lease.
     pub replicas: Replicas,
+    /// What the driver counts, for `--metrics-addr`.
+    pub metrics: Arc<DriverMetrics>,
 }
 
 impl DriverConfig {
@@ -74,6 +78,7 @@ impl DriverConfig {
             results_max_bytes: super::results::DEFAULT_RESULTS_MAX_BYTES,
             lease: super::lease::DEFAULT_LEASE,
             replicas: Replicas::Auto,
+            metrics: Arc::new(DriverMetrics::new()),
         }
     }
 }
@@ -143,6 +148,12 @@ async fn lead(
     shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Ended, DriverError> {
     info!(cluster = shell.subjects.prefix(), "driver ready");
+    shell.metrics.leader.set(1);
+    shell
+        .metrics
+        .epoch
+        .set(shell.tenure.as_ref().map_or(0, |t| t.epoch() as i64));
+    shell.metrics.set_core(core.gauges());
     // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
     let mut outbox = Outbox::default();
     // The snapshot being stored, if one is: at most one at a time.
@@ -179,15 +190,37 @@ async fn lead(
                 // What waits behind the journal is dropped, unsent: a successor may lead.
                 warn!("leadership lost: the driver stops acting and stands by");
                 discovery::stop(inputs.service).await;
+                shell.metrics.stood_down();
                 return Ok(Ended::Deposed);
             }
             _ = &mut *shutdown => break,
-            Some(message) = inputs.register.next() => shell.on_register(&mut core, message),
-            Some(message) = inputs.status.next() => shell.on_status(&mut core, message),
-            Some(message) = inputs.heartbeat.next() => shell.on_heartbeat(&mut core, message),
-            Some(request) = inputs.api.next() => shell.on_api(&mut core, request),
+            Some(message) = inputs.register.next() => {
+                let started = Instant::now();
+                let reply = shell.on_register(&mut core, message);
+                shell.metrics.request(RequestKind::Register, started.elapsed());
+                reply
+            }
+            Some(message) = inputs.status.next() => {
+                let started = Instant::now();
+                let reply = shell.on_status(&mut core, message);
+                shell.metrics.request(RequestKind::Status, started.elapsed());
+                reply
+            }
+            Some(message) = inputs.heartbeat.next() => {
+                let started = Instant::now();
+                let reply = shell.on_heartbeat(&mut core, message);
+                shell.metrics.request(RequestKind::Heartbeat, started.elapsed());
+                reply
+            }
+            Some(request) = inputs.api.next() => {
+                let started = Instant::now();
+                let reply = shell.on_api(&mut core, request);
+                shell.metrics.request(RequestKind::Api, started.elapsed());
+                reply
+            }
             _ = revive.tick() => {
                 core.tick(now_ms());
+                shell.metrics.set_core(core.gauges());
                 shell.refusals.report();
                 shell.ticked = true;
                 None
@@ -216,6 +249,7 @@ async fn lead(
     shell.drain(&mut outbox).await;
     shell.refusals.report();
     info!("driver stopping");
+    shell.metrics.stood_down();
     discovery::stop(inputs.service).await;
     drop((inputs.register, inputs.status, inputs.heartbeat, inputs.api));
     let flushed = flush(client).await.map_err(DriverError::LastMessages);
@@ -346,6 +380,7 @@ async fn start(
         task_events: TaskEvents::default(),
         refusals: Refusals::default(),
         api_counts,
+        metrics: config.metrics.clone(),
         journal,
         schedule,
         results,
@@ -421,6 +456,7 @@ struct Shell {
     refusals: Refusals,
     /// What the api endpoint counts for `$SRV.STATS`.
     api_counts: Arc<ApiCounts>,
+    metrics: Arc<DriverMetrics>,
     /// Where the core's journal records are stored, if anywhere.
     journal: Option<Journal>,
     /// When the journal is next snapshotted, with a journal.
@@ -466,7 +502,49 @@ impl Refusals {
     }
 }
 
+/// Why a request was refused before the core saw it.
+#[derive(Clone, Copy)]
+enum Refusal {
+    NoReply,
+    ForeignReply,
+    Undecodable,
+}
+
 impl Shell {
+    /// Counts a request refused for `why`, for the log and the metrics.
+    fn refuse(&self, why: Refusal) {
+        let (counter, reason) = match why {
+            Refusal::NoReply => (&self.refusals.no_reply, "no_reply"),
+            Refusal::ForeignReply => (&self.refusals.foreign_reply, "foreign_reply"),
+            Refusal::Undecodable => (&self.refusals.undecodable, "undecodable"),
+        };
+        Refusals::count(counter);
+        self.metrics.refused(reason);
+    }
+
+    /// Counts what an event says was launched or ended.
+    fn count(&self, event: &Event) {
+        match event {
+            Event::TaskStart { executors, .. } => {
+                let launched: usize = executors.iter().map(|e| e.tasks.len()).sum();
+                self.metrics.tasks_launched.inc_by(launched as u64);
+            }
+            Event::TaskEnd { .. } => {
+                for (_, end) in event.ended() {
+                    let state = match end.state {
+                        TaskState::Finished => "finished",
+                        TaskState::Failed => "failed",
+                        TaskState::Killed => "killed",
+                        TaskState::Lost => "lost",
+                        TaskState::Launching | TaskState::Running => continue,
+                    };
+                    self.metrics.ended(state, 1);
+                }
+            }
+            _ => {}
+        }
+    }
+
     fn on_register(&self, core: &mut Core, message: Message) -> Option<Output> {
         let claimed = Subjects::executor_id_of(&message.subject).to_string();
         let reply = self.executor_reply(&message, &claimed)?;
@@ -475,7 +553,7 @@ impl Shell {
                 core.register(&claimed, request, now_ms())
             }
             Err(error) => {
-                Refusals::count(&self.refusals.undecodable);
+                self.refuse(Refusal::Undecodable);
                 RegisterReply::RegisterExecutorFailed {
                     message: format!("could not decode RegisterExecutor: {error}"),
                 }
@@ -496,13 +574,18 @@ impl Shell {
         let (executor_id, mut answer) = match decode::<StatusRequest>(&message.payload, self.limit)
         {
             Ok(request) => {
-                let StatusRequest::StatusUpdates { executor_id, .. } = &request;
+                let StatusRequest::StatusUpdates {
+                    executor_id,
+                    updates,
+                    ..
+                } = &request;
+                self.metrics.status_batch(updates.len());
                 let executor_id = executor_id.clone();
                 let answer = core.status_request(&claimed, request, now_ms());
                 (Some(executor_id), answer)
             }
             Err(error) => {
-                Refusals::count(&self.refusals.undecodable);
+                self.refuse(Refusal::Undecodable);
                 let message = format!("could not decode StatusUpdates: {error}");
                 (None, StatusReply::Error { message })
             }
@@ -531,7 +614,7 @@ impl Shell {
         let answer = match decode::<HeartbeatRequest>(&message.payload, self.limit) {
             Ok(request) => core.heartbeat(&claimed, request, now_ms()),
             Err(error) => {
-                Refusals::count(&self.refusals.undecodable);
+                self.refuse(Refusal::Undecodable);
                 HeartbeatReply::Error {
                     message: format!("could not decode the heartbeat: {error}"),
                 }
@@ -544,20 +627,20 @@ impl Shell {
         let message = &request.message;
         let Some(reply) = message.reply.clone() else {
             debug!("api message without a reply subject dropped");
-            Refusals::count(&self.refusals.no_reply);
+            self.refuse(Refusal::NoReply);
             Refusals::count(&self.api_counts.no_reply);
             return None;
         };
         if let Err(why) = api_reply_allowed(&reply, core) {
             debug!(reply = %reply, why, "api request refused");
-            Refusals::count(&self.refusals.foreign_reply);
+            self.refuse(Refusal::ForeignReply);
             Refusals::count(&self.api_counts.foreign_reply);
             return None;
         }
         let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
             Ok(request) => core.api(request, now_ms()),
             Err(error) => {
-                Refusals::count(&self.refusals.undecodable);
+                self.refuse(Refusal::Undecodable);
                 ApiReply::Error {
                     message: format!("could not decode the api request: {error}"),
                 }
@@ -603,12 +686,12 @@ impl Shell {
     fn executor_reply(&self, message: &Message, claimed: &str) -> Option<Subject> {
         let Some(reply) = &message.reply else {
             debug!(subject = %message.subject, "request without a reply subject dropped");
-            Refusals::count(&self.refusals.no_reply);
+            self.refuse(Refusal::NoReply);
             return None;
         };
         if !Subjects::reply_is_owned_by(reply, claimed) {
             debug!(subject = %message.subject, reply = %reply, "reply subject outside the sender's inbox; refused");
-            Refusals::count(&self.refusals.foreign_reply);
+            self.refuse(Refusal::ForeignReply);
             return None;
         }
         Some(reply.clone())
@@ -725,6 +808,7 @@ impl Shell {
             }
             Output::ExecutorReply(reply, payload) => self.publish(reply, payload).await,
             Output::Effect(Effect::Publish(event)) => {
+                self.count(&event);
                 if let Some(event) = self.task_events.absorb(event) {
                     // Any other event follows the task events before it.
                     self.flush_task_events().await;

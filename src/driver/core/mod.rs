@@ -15,7 +15,7 @@ mod snapshot;
 mod status;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
-use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JournalRecord};
+use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord};
 use std::collections::{BTreeMap, VecDeque};
 
 pub use jobs::Job;
@@ -169,6 +169,33 @@ impl Core {
             ApiRequest::StopExecutor { executor_id } => self.on_stop_executors(Some(executor_id)),
             ApiRequest::StopAllExecutors => self.on_stop_executors(None),
         }
+    }
+
+    /// What the metrics' gauges show of the core now: one pass over the executors and the jobs
+    /// held.
+    pub fn gauges(&self) -> crate::metrics::CoreGauges {
+        let mut g = crate::metrics::CoreGauges {
+            executors: self.executors.len() as u64,
+            total_cores: self.total_cores,
+            ..Default::default()
+        };
+        for data in self.executors.values() {
+            g.free_cores += u64::from(data.free_cores);
+            g.tasks_running += data.running.len() as u64;
+        }
+        for job in self.jobs.values() {
+            let count = match job.state {
+                JobState::Running => &mut g.jobs_running,
+                JobState::Succeeded => &mut g.jobs_succeeded,
+                JobState::Failed => &mut g.jobs_failed,
+                JobState::Killed => &mut g.jobs_killed,
+            };
+            *count += 1;
+            if job.is_active() {
+                g.tasks_waiting += job.pending.len() as u64;
+            }
+        }
+        g
     }
 
     /// The periodic tick: removes silent executors, fails jobs that have had no executor for
