@@ -4,14 +4,13 @@
 
 mod common;
 
-use common::{eventually, sh, within, TestCluster};
+use common::{eventually, sh, sleepers, within, TestCluster};
 use ember::driver::core::Liveness;
-use ember::protocol::{decode, Event, JobState, SubmitJob, TaskSpec, TaskState};
+use ember::protocol::{decode, Event, JobState, SubmitJob, TaskState};
 use ember::server::NatsServer;
 use futures::StreamExt;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,19 +36,6 @@ fn fast_liveness() -> Liveness {
         executor_timeout_ms: 1_500,
         no_executors_timeout_ms: 3_000,
         reconcile_grace_ms: 1_000,
-    }
-}
-
-fn sleepers(tasks: u32, ms: u64) -> SubmitJob {
-    SubmitJob {
-        name: "sleepers".into(),
-        tasks: vec![TaskSpec::Handler {
-            name: "sleep".into(),
-            arg: json!({ "ms": ms }),
-        }],
-        repeat: tasks,
-        max_failures: 4,
-        cpus_per_task: 1,
     }
 }
 

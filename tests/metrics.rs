@@ -3,11 +3,10 @@
 
 mod common;
 
-use common::{eventually, TestCluster};
+use common::{eventually, sleepers, TestCluster};
 use ember::executor::Handlers;
 use ember::metrics::{serve, DriverMetrics};
-use ember::protocol::{JobState, SubmitJob, TaskSpec};
-use serde_json::json;
+use ember::protocol::JobState;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,19 +33,6 @@ fn sample(scrape: &str, name: &str) -> Option<f64> {
         let value = line.strip_prefix(name)?.strip_prefix(' ')?;
         value.trim().parse().ok()
     })
-}
-
-fn sleepers(tasks: u32, ms: u64) -> SubmitJob {
-    SubmitJob {
-        name: "sleepers".into(),
-        tasks: vec![TaskSpec::Handler {
-            name: "sleep".into(),
-            arg: json!({ "ms": ms }),
-        }],
-        repeat: tasks,
-        max_failures: 4,
-        cpus_per_task: 1,
-    }
 }
 
 #[tokio::test]

@@ -195,28 +195,16 @@ async fn lead(
             }
             _ = &mut *shutdown => break,
             Some(message) = inputs.register.next() => {
-                let started = Instant::now();
-                let reply = shell.on_register(&mut core, message);
-                shell.metrics.request(RequestKind::Register, started.elapsed());
-                reply
+                timed(&shell.metrics, RequestKind::Register, || shell.on_register(&mut core, message))
             }
             Some(message) = inputs.status.next() => {
-                let started = Instant::now();
-                let reply = shell.on_status(&mut core, message);
-                shell.metrics.request(RequestKind::Status, started.elapsed());
-                reply
+                timed(&shell.metrics, RequestKind::Status, || shell.on_status(&mut core, message))
             }
             Some(message) = inputs.heartbeat.next() => {
-                let started = Instant::now();
-                let reply = shell.on_heartbeat(&mut core, message);
-                shell.metrics.request(RequestKind::Heartbeat, started.elapsed());
-                reply
+                timed(&shell.metrics, RequestKind::Heartbeat, || shell.on_heartbeat(&mut core, message))
             }
             Some(request) = inputs.api.next() => {
-                let started = Instant::now();
-                let reply = shell.on_api(&mut core, request);
-                shell.metrics.request(RequestKind::Api, started.elapsed());
-                reply
+                timed(&shell.metrics, RequestKind::Api, || shell.on_api(&mut core, request))
             }
             _ = revive.tick() => {
                 core.tick(now_ms());
@@ -257,6 +245,14 @@ async fn lead(
         tenure.release().await;
     }
     flushed.map(|()| Ended::Stopped)
+}
+
+/// Handles one request of `kind`, timed for the metrics.
+fn timed<T>(metrics: &DriverMetrics, kind: RequestKind, handle: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let handled = handle();
+    metrics.request(kind, started.elapsed());
+    handled
 }
 
 /// The driver's subscriptions.

@@ -286,6 +286,20 @@ impl<T> Drop for Running<T> {
     }
 }
 
+/// `tasks` tasks of the built-in `sleep` handler, `ms` each.
+pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
+    ember::protocol::SubmitJob {
+        name: "sleepers".into(),
+        tasks: vec![ember::protocol::TaskSpec::Handler {
+            name: "sleep".into(),
+            arg: serde_json::json!({ "ms": ms }),
+        }],
+        repeat: tasks,
+        max_failures: 4,
+        cpus_per_task: 1,
+    }
+}
+
 /// A task that runs `script` with `sh -c`.
 pub fn sh(script: &str) -> ember::protocol::TaskSpec {
     ember::protocol::TaskSpec::Command {
