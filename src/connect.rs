@@ -78,11 +78,10 @@ pub enum ConnectError {
     Nkey { path: PathBuf, reason: String },
     #[error("--password needs --user (and --user needs --password)")]
     UserPassword,
-    #[error("could not connect to NATS at {url}: {source} (is nats-server running? `ember up` starts one)")]
-    Connect {
-        url: String,
-        source: async_nats::ConnectError,
-    },
+    /// The cause is kept as text, not as the error's source: a source would be printed
+    /// again after the hint by whoever prints the chain.
+    #[error("could not connect to NATS at {url}: {cause} (is nats-server running? `ember up` starts one)")]
+    Connect { url: String, cause: String },
 }
 
 impl NatsArgs {
@@ -109,9 +108,9 @@ impl NatsArgs {
         options
             .connect(servers)
             .await
-            .map_err(|source| ConnectError::Connect {
+            .map_err(|error| ConnectError::Connect {
                 url: self.nats_url.clone(),
-                source,
+                cause: error.to_string(),
             })
     }
 

@@ -321,3 +321,41 @@ async fn send(sender: &async_nats::Client, subject: String, reply: Option<String
 fn id(text: &str) -> ember::ids::ExecutorId {
     ember::ids::ExecutorId::parse(text).expect("valid id")
 }
+
+/// With no server there, every binary says why once, with the hint last.
+#[test]
+fn with_no_server_each_binary_names_the_cause_once_with_the_hint_last() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("nats://127.0.0.1:{port}");
+    for (binary, args) in [
+        (env!("CARGO_BIN_EXE_ember"), vec!["jobs"]),
+        (env!("CARGO_BIN_EXE_ember-driver"), vec![]),
+        (env!("CARGO_BIN_EXE_ember-executor"), vec![]),
+    ] {
+        let out = std::process::Command::new(binary)
+            .args(["--nats-url", &url])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{binary} succeeded with no server");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = stderr.lines().last().unwrap_or_default();
+        assert_eq!(
+            line.matches("Connection refused").count(),
+            1,
+            "{binary}: {line}"
+        );
+        assert!(
+            line.contains(&format!("could not connect to NATS at {url}")),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("(is nats-server running? `ember up` starts one)"),
+            "{line}"
+        );
+    }
+}
