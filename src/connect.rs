@@ -13,35 +13,35 @@ use tracing::{info, warn};
 #[derive(Clone, clap::Args)]
 pub struct NatsArgs {
     /// NATS server URL(s); several, comma-separated, for a cluster.
-    #[arg(long, env = "EMBER_NATS_URL", default_value = DEFAULT_NATS_URL)]
+    #[arg(long, global = true, env = "EMBER_NATS_URL", default_value = DEFAULT_NATS_URL)]
     pub nats_url: String,
     /// Cluster name: subjects live under `ember.<cluster>`, so clusters can share one NATS.
-    #[arg(long, env = "EMBER_CLUSTER", default_value = DEFAULT_CLUSTER)]
+    #[arg(long, global = true, env = "EMBER_CLUSTER", default_value = DEFAULT_CLUSTER)]
     pub cluster: String,
     /// NATS user name (with --password).
-    #[arg(long, env = "EMBER_USER")]
+    #[arg(long, global = true, env = "EMBER_USER")]
     pub user: Option<String>,
     /// NATS password (with --user).
-    #[arg(long, env = "EMBER_PASSWORD", hide_env_values = true)]
+    #[arg(long, global = true, env = "EMBER_PASSWORD", hide_env_values = true)]
     pub password: Option<String>,
     /// NATS token.
-    #[arg(long, env = "EMBER_TOKEN", hide_env_values = true)]
+    #[arg(long, global = true, env = "EMBER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// NATS credentials file (JWT and nkey seed).
-    #[arg(long, env = "EMBER_CREDS")]
+    #[arg(long, global = true, env = "EMBER_CREDS")]
     pub creds: Option<PathBuf>,
     /// File holding an nkey seed (`SU...`) for servers that list users by nkey.
-    #[arg(long, env = "EMBER_NKEY")]
+    #[arg(long, global = true, env = "EMBER_NKEY")]
     pub nkey: Option<PathBuf>,
     /// PEM file of the certificate authorities that signed the server's certificate; makes the
     /// connection require TLS.
-    #[arg(long, env = "EMBER_TLS_CA")]
+    #[arg(long, global = true, env = "EMBER_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
     /// PEM client certificate, for servers that verify clients (with --tls-key).
-    #[arg(long, env = "EMBER_TLS_CERT", requires = "tls_key")]
+    #[arg(long, global = true, env = "EMBER_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
-    #[arg(long, env = "EMBER_TLS_KEY", requires = "tls_cert")]
+    #[arg(long, global = true, env = "EMBER_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 }
 

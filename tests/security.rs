@@ -829,7 +829,6 @@ async fn the_shipped_example_is_what_ember_creds_writes_and_lets_nobody_in() {
     let args = creds::CredsArgs {
         executors: 2,
         executor_ids: vec![],
-        cluster: None,
         password_file: None,
         random: false,
         placeholder: true,

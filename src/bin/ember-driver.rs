@@ -137,3 +137,12 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_passes_clap_s_checks() {
+        use clap::CommandFactory;
+        super::Args::command().debug_assert();
+    }
+}

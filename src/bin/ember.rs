@@ -133,3 +133,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Clap's own checks of the command line: the global NATS flags clash with no
+    /// subcommand's own.
+    #[test]
+    fn the_command_line_passes_clap_s_checks() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

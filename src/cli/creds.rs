@@ -36,9 +36,6 @@ pub struct CredsArgs {
     /// Make a user for this executor id too (repeatable).
     #[arg(long = "executor-id", value_parser = |s: &str| ExecutorId::parse(s))]
     pub executor_ids: Vec<ExecutorId>,
-    /// The cluster the permissions are for [default: ember's --cluster].
-    #[arg(long)]
-    pub cluster: Option<String>,
     /// Keep the passwords in this file, one `user password` line each (written with mode
     /// 0600): users already in it keep theirs, new users get random ones. Hand each process
     /// only its own line.
@@ -373,9 +370,8 @@ fn write_passwords(path: &Path, users: &[User]) -> Result<(), CredsError> {
     file.write_all(text.as_bytes()).map_err(error)
 }
 
-/// Runs `ember creds`: the text to print. `default_cluster` is ember's --cluster.
-pub fn creds(args: &CredsArgs, default_cluster: &str) -> Result<String, CredsError> {
-    let cluster = args.cluster.as_deref().unwrap_or(default_cluster);
+/// Runs `ember creds` for `cluster` (ember's --cluster): the text to print.
+pub fn creds(args: &CredsArgs, cluster: &str) -> Result<String, CredsError> {
     validate_token("cluster name", cluster).map_err(CredsError::Cluster)?;
     let subjects = Subjects::new(cluster).map_err(CredsError::Cluster)?;
     let ids = executor_ids(args)?;
@@ -499,7 +495,6 @@ mod tests {
         let mut args = CredsArgs {
             executors: 1,
             executor_ids: vec![id("driver")],
-            cluster: None,
             password_file: None,
             random: false,
             placeholder: false,
