@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{within, TestCluster};
-use ember::protocol::{JobState, SubmitJob, TaskSpec};
+use common::{eventually, within, TestCluster};
+use ember::protocol::{JobState, SubmitJob, TaskSpec, TaskState};
 use futures::StreamExt;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -358,4 +358,66 @@ fn with_no_server_each_binary_names_the_cause_once_with_the_hint_last() {
             "{line}"
         );
     }
+}
+
+/// The driver's resident memory in bytes, from `/proc`.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// A 100-byte request for ten million tasks costs the driver what those tasks cost while
+/// they wait, not a record each: a job's memory grows with what it launches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_million_task_job_costs_the_driver_little_until_its_tasks_run() {
+    let cluster = TestCluster::start_with_jetstream("big-job");
+    let driver = cluster.driver_process(&[]).spawn().unwrap();
+    let pid = driver.id().unwrap();
+    let api = cluster.api(cluster.client().await);
+    eventually(Duration::from_secs(20), "the driver answers", || async {
+        api.executors().await.ok()
+    })
+    .await;
+    let before = rss_bytes(pid);
+    let job_id = api.submit(noop_job(10_000_000)).await.expect("accepted");
+    let summary = api.job(job_id).await.expect("the job");
+    assert_eq!((summary.tasks, summary.succeeded), (10_000_000, 0));
+    let grown = rss_bytes(pid).saturating_sub(before);
+    assert!(
+        grown < 32 << 20,
+        "the driver grew by {} MiB for a job none of whose tasks has run",
+        grown >> 20
+    );
+    // Killed before any ran: every task counts killed, still without a record each.
+    api.kill(job_id).await.expect("killed");
+    let summary = api.job(job_id).await.expect("the job");
+    assert_eq!(
+        (summary.state, summary.killed),
+        (JobState::Killed, 10_000_000)
+    );
+    let results = api
+        .call(&ember::protocol::ApiRequest::GetResults {
+            job_id,
+            offset: 9_999_998,
+            limit: 5,
+        })
+        .await
+        .expect("a page of results");
+    let ember::protocol::ApiReply::Results(page) = results else {
+        panic!("not a results page: {results:?}");
+    };
+    let states: Vec<_> = page.results.iter().map(|o| (o.index, o.state)).collect();
+    assert_eq!(
+        states,
+        vec![
+            (9_999_998, TaskState::Killed),
+            (9_999_999, TaskState::Killed)
+        ]
+    );
+    assert!(rss_bytes(pid).saturating_sub(before) < 32 << 20);
 }

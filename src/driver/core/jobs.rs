@@ -1,5 +1,7 @@
 //! Jobs and their tasks: submission, kill, results, and the bookkeeping of each task's attempts.
 
+pub use super::tasks::TaskStatus;
+use super::tasks::Tasks;
 use super::Core;
 use crate::ids::{ExecutorId, JobId, TaskId};
 use crate::protocol::{
@@ -8,37 +10,13 @@ use crate::protocol::{
 };
 use crate::IdHasher;
 use serde_json::Value;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The most tasks one job may have.
 pub const MAX_TASKS_PER_JOB: u64 = 10_000_000;
 /// The longest job name, in bytes.
 pub const MAX_NAME_LEN: usize = 256;
-
-/// Where one task stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskStatus {
-    Pending,
-    Running,
-    Finished,
-    Failed,
-    Killed,
-}
-
-/// One task's record; kept small because a job may hold millions.
-#[derive(Debug, Clone)]
-pub struct TaskRecord {
-    pub status: TaskStatus,
-    /// Attempts launched so far; the current attempt is `attempts - 1`.
-    pub attempts: u32,
-    pub failures: u32,
-    /// Whether the last attempt ended FAILED (its retry should prefer another executor).
-    pub last_failed: bool,
-    /// Where the current (or last) attempt ran.
-    pub executor: Option<ExecutorId>,
-    pub started_ms: u64,
-}
 
 /// A job: a set of tasks with a shared failure budget and cores per task.
 #[derive(Debug)]
@@ -49,9 +27,8 @@ pub struct Job {
     pub first_task: TaskId,
     pub max_failures: u32,
     pub cpus_per_task: u32,
-    pub tasks: Vec<TaskRecord>,
-    /// Indexes of tasks waiting for cores; retries go to the front.
-    pub pending: VecDeque<u32>,
+    /// Every task's record and which of them wait for cores.
+    pub tasks: Tasks,
     /// Where superseded attempts ran: (index, attempt) -> executor; for telling a late repeat
     /// from a status that was never ours.
     pub past_attempts: HashMap<(u32, u32), ExecutorId, IdHasher>,
@@ -80,14 +57,6 @@ impl Job {
     /// A job of `submit`'s tasks, all waiting; `submit` has been validated.
     pub fn new(id: JobId, first_task: TaskId, submit: SubmitJob, now: u64) -> Self {
         let count = submit.tasks.len() as u32 * submit.repeat;
-        let task = TaskRecord {
-            status: TaskStatus::Pending,
-            attempts: 0,
-            failures: 0,
-            last_failed: false,
-            executor: None,
-            started_ms: 0,
-        };
         Job {
             id,
             name: submit.name,
@@ -95,8 +64,7 @@ impl Job {
             first_task,
             max_failures: submit.max_failures,
             cpus_per_task: submit.cpus_per_task,
-            tasks: vec![task; count as usize],
-            pending: (0..count).collect(),
+            tasks: Tasks::new(count),
             past_attempts: HashMap::default(),
             results: HashMap::default(),
             result_bytes: 0,
@@ -116,7 +84,7 @@ impl Job {
     }
 
     pub fn len(&self) -> u32 {
-        self.tasks.len() as u32
+        self.tasks.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -172,7 +140,7 @@ impl Job {
 
     /// Which executor ran `attempt` of task `index`, if it was launched at all.
     pub fn executor_of(&self, index: u32, attempt: u32) -> Option<&ExecutorId> {
-        let record = &self.tasks[index as usize];
+        let record = &self.tasks[index];
         if record.attempts.checked_sub(1) == Some(attempt) {
             record.executor.as_ref()
         } else {
@@ -208,7 +176,7 @@ impl Job {
     }
 
     fn outcome(&self, index: u32) -> TaskOutcome {
-        let record = &self.tasks[index as usize];
+        let record = &self.tasks[index];
         let state = match record.status {
             TaskStatus::Pending => TaskState::Launching,
             TaskStatus::Running => TaskState::Running,
@@ -260,7 +228,7 @@ impl Core {
     pub fn result_chunk_key(&self, job_id: JobId, index: u32, chunk: u32) -> Option<String> {
         let job = self.jobs.get(&job_id)?;
         job.chunked.get(&index)?;
-        let record = job.tasks.get(index as usize)?;
+        let record = (index < job.len()).then(|| &job.tasks[index])?;
         let executor = record.executor.as_ref()?;
         let attempt = record.attempts.checked_sub(1)?;
         let task_id = job.first_task + u64::from(index);
@@ -350,11 +318,8 @@ impl Core {
         };
         let mut kills = Vec::new();
         if state != JobState::Succeeded {
-            for index in std::mem::take(&mut job.pending) {
-                job.tasks[index as usize].status = TaskStatus::Killed;
-                job.killed += 1;
-            }
-            for (index, record) in job.tasks.iter().enumerate() {
+            job.killed += job.tasks.close();
+            for (index, record) in job.tasks.launched().iter().enumerate() {
                 if let (TaskStatus::Running, Some(executor)) = (record.status, &record.executor) {
                     let task_id = job.first_task + index as u64;
                     kills.push((executor.clone(), task_id, record.attempts - 1));

@@ -154,7 +154,7 @@ impl Core {
 
     fn started_before(&self, task_id: TaskId, time: u64) -> bool {
         self.locate(task_id)
-            .is_some_and(|(job, index)| self.jobs[&job].tasks[index as usize].started_ms <= time)
+            .is_some_and(|(job, index)| self.jobs[&job].tasks[index].started_ms <= time)
     }
 
     /// Removes an executor (idempotent): its cores leave the totals, its attempts run again
@@ -201,7 +201,7 @@ impl Core {
                 error: Some(reason.to_string()),
                 result_chunks: None,
             };
-            let record = &self.jobs[&job_id].tasks[index as usize];
+            let record = &self.jobs[&job_id].tasks[index];
             let live = record.attempts.checked_sub(1) == Some(attempt)
                 && record.status == super::jobs::TaskStatus::Running;
             if live {

@@ -13,6 +13,7 @@ mod restore;
 mod retention;
 mod snapshot;
 mod status;
+mod tasks;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord};
@@ -192,7 +193,7 @@ impl Core {
             };
             *count += 1;
             if job.is_active() {
-                g.tasks_waiting += job.pending.len() as u64;
+                g.tasks_waiting += u64::from(job.tasks.waiting());
             }
         }
         g

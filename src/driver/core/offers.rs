@@ -18,7 +18,7 @@ impl Core {
         self.queue.retain(|id| {
             self.jobs
                 .get(id)
-                .is_some_and(|job| job.is_active() && !job.pending.is_empty())
+                .is_some_and(|job| job.is_active() && job.tasks.has_waiting())
         });
         if self.queue.is_empty() {
             return;
@@ -51,7 +51,7 @@ impl Core {
             });
         }
         self.queue
-            .retain(|id| self.jobs.get(id).is_some_and(|j| !j.pending.is_empty()));
+            .retain(|id| self.jobs.get(id).is_some_and(|j| j.tasks.has_waiting()));
         offers.retain(|(_, dealt)| !dealt.is_empty());
         let started = started_by_job(&offers);
         for (to, tasks) in offers {
@@ -111,22 +111,22 @@ impl Core {
             if job.cpus_per_task > free {
                 return None;
             }
-            let position = job.pending.iter().take(AVOID_LOOKAHEAD).position(|i| {
-                !last_failed_on(job, *i, executor)
+            let pick = job.tasks.find_waiting(AVOID_LOOKAHEAD, |_, record| {
+                !last_failed_on(record, executor)
                     || !self.another_can_take(executor, job.cpus_per_task)
             })?;
-            Some((*id, position))
+            Some((*id, pick))
         })?;
         let job = self.jobs.get_mut(&job_id)?;
-        let index = job.pending.remove(position)?;
+        let index = job.tasks.take(position)?;
         let cpus = job.cpus_per_task;
         let task_id = job.first_task + u64::from(index);
-        let record = &mut job.tasks[index as usize];
+        let record = &mut job.tasks[index];
         if let (Some(previous), true) = (record.executor.take(), record.attempts > 0) {
             job.past_attempts
                 .insert((index, record.attempts - 1), previous);
         }
-        let record = &mut job.tasks[index as usize];
+        let record = &mut job.tasks[index];
         let attempt = record.attempts;
         record.attempts += 1;
         record.status = TaskStatus::Running;
@@ -187,7 +187,6 @@ fn started_by_job(
 }
 
 /// Whether task `index`'s last attempt failed on `executor` (a retry should prefer another).
-fn last_failed_on(job: &super::Job, index: u32, executor: &ExecutorId) -> bool {
-    let record = &job.tasks[index as usize];
+fn last_failed_on(record: &super::tasks::TaskRecord, executor: &ExecutorId) -> bool {
     record.last_failed && record.executor.as_ref() == Some(executor)
 }

@@ -107,22 +107,15 @@ impl Core {
         };
         self.queue.clear();
         for job in self.jobs.values_mut() {
-            let waiting: Vec<u32> = (0..job.len())
-                .filter(|i| job.tasks[*i as usize].status == TaskStatus::Pending)
-                .collect();
+            let waiting = job.tasks.requeue_pending();
             if job.is_active() {
                 restored.running_jobs += 1;
-                restored.pending_tasks += waiting.len() as u64;
-                job.pending = waiting.into();
-                if !job.pending.is_empty() {
+                restored.pending_tasks += u64::from(waiting);
+                if waiting > 0 {
                     self.queue.push_back(job.id);
                 }
             } else {
-                job.pending.clear();
-                job.killed = waiting.len() as u32;
-                for index in waiting {
-                    job.tasks[index as usize].status = TaskStatus::Killed;
-                }
+                job.killed = job.tasks.close();
             }
         }
         restored
@@ -189,7 +182,7 @@ fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<Option<Value
             })
         }
     };
-    let record = &mut job.tasks[index as usize];
+    let record = &mut job.tasks[index];
     if record.status != TaskStatus::Pending {
         return Ok(None);
     }

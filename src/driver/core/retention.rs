@@ -114,7 +114,7 @@ impl Core {
             return;
         };
         let settled = matches!(
-            job.tasks[index as usize].status,
+            job.tasks[index].status,
             TaskStatus::Finished | TaskStatus::Failed
         );
         if !settled {
@@ -164,7 +164,7 @@ impl Core {
         let size = json_size(&result);
         let to_bucket = self.config.results_bucket && !replaying;
         let settled = matches!(
-            job.tasks[index as usize].status,
+            job.tasks[index].status,
             TaskStatus::Finished | TaskStatus::Failed
         );
         if to_bucket && !settled {

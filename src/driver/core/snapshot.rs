@@ -63,8 +63,9 @@ impl Core {
                 time_ms: job.submitted_at_ms,
                 job: job.submission(),
             });
-            let settled = (0..job.len()).filter_map(|index| {
-                let record = &job.tasks[index as usize];
+            let launched = job.tasks.launched();
+            let settled = (0..launched.len() as u32).filter_map(|index| {
+                let record = &launched[index as usize];
                 let state = match record.status {
                     TaskStatus::Finished => crate::protocol::TaskState::Finished,
                     TaskStatus::Failed => crate::protocol::TaskState::Failed,

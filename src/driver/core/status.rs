@@ -164,7 +164,7 @@ impl Core {
             ));
         };
         let job = &self.jobs[&job_id];
-        let record = &job.tasks[index as usize];
+        let record = &job.tasks[index];
         let current = record.attempts.checked_sub(1);
         if job.executor_of(index, update.attempt) != Some(from) {
             return Err(format!(
@@ -198,7 +198,7 @@ impl Core {
         }
         job.running -= 1;
         let active = job.is_active();
-        let record = &mut job.tasks[index as usize];
+        let record = &mut job.tasks[index];
         record.last_failed = update.state == TaskState::Failed;
         let duration_ms = now.saturating_sub(record.started_ms);
         let mut error = update.error.clone();
@@ -229,13 +229,13 @@ impl Core {
                     ));
                 } else {
                     record.status = TaskStatus::Pending;
-                    job.pending.push_front(index);
+                    job.tasks.wait_again(index);
                 }
             }
             // Killed or lost while the job runs: not the task's fault, so run it again.
             _ => {
                 record.status = TaskStatus::Pending;
-                job.pending.push_front(index);
+                job.tasks.wait_again(index);
             }
         }
         let last_of_ended = !active && job.running == 0;
@@ -244,7 +244,7 @@ impl Core {
             self.keep_chunks(job_id, index, chunks);
         }
         let job = self.jobs.get_mut(&job_id).expect("located above");
-        if active && !job.pending.is_empty() && !self.queue.contains(&job_id) {
+        if active && job.tasks.has_waiting() && !self.queue.contains(&job_id) {
             // Keep the queue in submission order: a retry does not jump ahead of older jobs.
             let position = self.queue.partition_point(|id| *id < job_id);
             self.queue.insert(position, job_id);
@@ -270,7 +270,7 @@ impl Core {
     /// keeps a journal.
     fn settled(&self, job_id: JobId, from: &ExecutorId, end: &TaskEnded) -> Option<JournaledTask> {
         let job = self.jobs.get(&job_id).filter(|_| self.config.journal)?;
-        let status = job.tasks[end.index as usize].status;
+        let status = job.tasks[end.index].status;
         matches!(status, TaskStatus::Finished | TaskStatus::Failed).then(|| JournaledTask {
             task_id: end.task_id,
             attempt: end.attempt,

@@ -507,8 +507,8 @@ fn fingerprint(core: &Core) -> String {
             s,
             "job {:?} tasks={:?} pending={:?} past={past:?} results={results:?} errors={errors:?}",
             job.summary(),
-            job.tasks,
-            job.pending
+            job.tasks.iter().collect::<Vec<_>>(),
+            job.tasks.waiting_order(usize::MAX).collect::<Vec<_>>()
         )
         .unwrap();
     }
@@ -547,7 +547,7 @@ fn check_invariants(core: &Core) {
                     job.succeeded < job.len(),
                     "job {job_id} is done but still runs"
                 );
-                if !job.pending.is_empty() {
+                if job.tasks.has_waiting() {
                     assert!(
                         queue.contains(&job_id),
                         "job {job_id} has waiting tasks but is not in the queue"
@@ -571,7 +571,7 @@ fn check_invariants(core: &Core) {
         if !job.is_active() {
             assert!(job.ended_at_ms.is_some(), "job {job_id}");
             assert!(
-                job.pending.is_empty(),
+                !job.tasks.has_waiting(),
                 "job {job_id} ended with waiting tasks"
             );
             assert!(!queue.contains(&job_id), "job {job_id} ended but is queued");
@@ -636,7 +636,7 @@ fn check_executors(core: &Core) {
                 .locate(task_id)
                 .unwrap_or_else(|| panic!("executor {id} runs unknown task {task_id}"));
             let job = &core.jobs[&job_id];
-            let record = &job.tasks[index as usize];
+            let record = &job.tasks[index];
             assert_eq!(record.status, TaskStatus::Running, "task {task_id} on {id}");
             assert_eq!(record.attempts, attempt + 1, "task {task_id} on {id}");
             assert_eq!(record.executor.as_ref(), Some(id), "task {task_id}");
@@ -672,21 +672,22 @@ fn check_job_counts(job: &super::Job) {
         "job {job_id} running"
     );
     assert_eq!(
-        job.pending.len() as u32,
+        job.tasks.waiting(),
         count(TaskStatus::Pending),
         "job {job_id} pending"
     );
-    let pending: BTreeSet<u32> = job.pending.iter().copied().collect();
+    let waiting: Vec<u32> = job.tasks.waiting_order(usize::MAX).collect();
+    let pending: BTreeSet<u32> = waiting.iter().copied().collect();
     assert_eq!(
         pending.len(),
-        job.pending.len(),
+        waiting.len(),
         "job {job_id}: a task is pending twice"
     );
     for &index in &pending {
-        assert_eq!(job.tasks[index as usize].status, TaskStatus::Pending);
+        assert_eq!(job.tasks[index].status, TaskStatus::Pending);
     }
     assert_eq!(
-        job.succeeded + job.failed + job.killed + job.running + job.pending.len() as u32,
+        job.succeeded + job.failed + job.killed + job.running + job.tasks.waiting(),
         job.len(),
         "job {job_id}: the counts do not add up"
     );

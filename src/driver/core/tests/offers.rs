@@ -144,7 +144,7 @@ fn offers_stop_at_free_cores_and_skip_full_executors() {
     );
     assert_eq!((free(&core, "a"), free(&core, "b")), (0, 0));
     assert_eq!(summary(&mut core, job_id).running, 4);
-    assert_eq!(core.jobs[&job_id].pending.len(), 6);
+    assert_eq!(core.jobs[&job_id].tasks.waiting(), 6);
     unchanged(&mut core, |core| core.tick(3)); // no free cores, nothing to launch
     check_invariants(&core);
 }

@@ -173,7 +173,7 @@ impl Sim {
             assert!(!was_active, "a running job {job_id} was forgotten");
             return;
         };
-        let record = &job.tasks[index as usize];
+        let record = &job.tasks[index];
         assert!(
             record.status != TaskStatus::Running || record.attempts > attempt + 1,
             "the attempt still runs"

@@ -1,0 +1,292 @@
+//! One job's task records, kept only for the tasks that have been launched: a task that has
+//! never run is implied by its index, so a job's memory grows with what it launches, not with
+//! how many tasks it was submitted with.
+
+use crate::ids::ExecutorId;
+use std::collections::VecDeque;
+
+/// Where one task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskStatus {
+    Pending,
+    Running,
+    Finished,
+    Failed,
+    Killed,
+}
+
+/// One task's record; kept small because a job may hold millions.
+#[derive(Debug, Clone)]
+pub struct TaskRecord {
+    pub status: TaskStatus,
+    /// Attempts launched so far; the current attempt is `attempts - 1`.
+    pub attempts: u32,
+    pub failures: u32,
+    /// Whether the last attempt ended FAILED (its retry should prefer another executor).
+    pub last_failed: bool,
+    /// Where the current (or last) attempt ran.
+    pub executor: Option<ExecutorId>,
+    pub started_ms: u64,
+}
+
+impl TaskRecord {
+    const fn never_run(status: TaskStatus) -> Self {
+        TaskRecord {
+            status,
+            attempts: 0,
+            failures: 0,
+            last_failed: false,
+            executor: None,
+            started_ms: 0,
+        }
+    }
+}
+
+/// A task that has never run, while its job waits for it or after the job ended without it.
+static NEVER_RUN: TaskRecord = TaskRecord::never_run(TaskStatus::Pending);
+static NEVER_RUN_KILLED: TaskRecord = TaskRecord::never_run(TaskStatus::Killed);
+
+/// Which waiting task an offer takes: see [`Tasks::find_waiting`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// The one at this position of the tasks waiting to run again.
+    Again(usize),
+    /// The next task that has never run.
+    Fresh,
+}
+
+/// The records of a job's tasks. Tasks `0..frontier` have records; the rest have never run and
+/// are all alike. Tasks wait in two lines: those below the frontier that must run again (retries,
+/// and those a restarted driver found unfinished) first, then the never-run ones in index order.
+#[derive(Debug)]
+pub struct Tasks {
+    launched: Vec<TaskRecord>,
+    count: u32,
+    /// Tasks below the frontier waiting to run again, the next one first.
+    again: VecDeque<u32>,
+    /// Whether the never-run tasks still wait (until the job ends without them).
+    open: bool,
+}
+
+impl Tasks {
+    /// `count` tasks, none of them run yet.
+    pub fn new(count: u32) -> Self {
+        Tasks {
+            launched: Vec::new(),
+            count,
+            again: VecDeque::new(),
+            open: true,
+        }
+    }
+
+    pub fn len(&self) -> u32 {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// How many tasks wait for cores.
+    pub fn waiting(&self) -> u32 {
+        self.again.len() as u32 + self.never_run()
+    }
+
+    pub fn has_waiting(&self) -> bool {
+        self.waiting() > 0
+    }
+
+    /// The records of the tasks that have run (or that a replay named), in index order.
+    pub fn launched(&self) -> &[TaskRecord] {
+        &self.launched
+    }
+
+    /// Every task's record, in index order.
+    pub fn iter(&self) -> impl Iterator<Item = &TaskRecord> {
+        let rest = (self.count as usize).saturating_sub(self.launched.len());
+        self.launched
+            .iter()
+            .chain(std::iter::repeat(self.unlaunched()).take(rest))
+    }
+
+    /// The waiting tasks in the order offers take them, the first `lookahead` at most.
+    pub fn waiting_order(&self, lookahead: usize) -> impl Iterator<Item = u32> + '_ {
+        let frontier = self.launched.len() as u32;
+        let fresh = frontier..frontier + self.never_run();
+        self.again.iter().copied().chain(fresh).take(lookahead)
+    }
+
+    /// The first of the next `lookahead` waiting tasks that `usable` accepts. A never-run task
+    /// is always accepted, so only tasks that must run again are asked about.
+    pub fn find_waiting(
+        &self,
+        lookahead: usize,
+        mut usable: impl FnMut(u32, &TaskRecord) -> bool,
+    ) -> Option<Pick> {
+        let again = self.again.iter().take(lookahead);
+        if let Some(position) = again
+            .clone()
+            .position(|index| usable(*index, &self.launched[*index as usize]))
+        {
+            return Some(Pick::Again(position));
+        }
+        (again.len() < lookahead && self.never_run() > 0).then_some(Pick::Fresh)
+    }
+
+    /// Takes the task `pick` names out of the waiting lines; its record exists from now on.
+    pub fn take(&mut self, pick: Pick) -> Option<u32> {
+        match pick {
+            Pick::Again(position) => self.again.remove(position),
+            Pick::Fresh if self.never_run() > 0 => {
+                self.launched.push(NEVER_RUN.clone());
+                Some(self.launched.len() as u32 - 1)
+            }
+            Pick::Fresh => None,
+        }
+    }
+
+    /// Puts task `index` (below the frontier) first in line to run again.
+    pub fn wait_again(&mut self, index: u32) {
+        self.again.push_front(index);
+    }
+
+    /// Ends the waiting: every waiting task is KILLED. Returns how many there were.
+    pub fn close(&mut self) -> u32 {
+        let waiting = self.waiting();
+        for index in std::mem::take(&mut self.again) {
+            self.launched[index as usize].status = TaskStatus::Killed;
+        }
+        self.open = false;
+        waiting
+    }
+
+    /// Lines up again, in index order, the tasks below the frontier that are `Pending` (as a
+    /// replay leaves those it found unfinished). Returns how many tasks wait in all.
+    pub fn requeue_pending(&mut self) -> u32 {
+        self.again = (0..self.launched.len() as u32)
+            .filter(|index| self.launched[*index as usize].status == TaskStatus::Pending)
+            .collect();
+        self.waiting()
+    }
+
+    fn never_run(&self) -> u32 {
+        if self.open {
+            self.count - self.launched.len() as u32
+        } else {
+            0
+        }
+    }
+
+    fn unlaunched(&self) -> &'static TaskRecord {
+        if self.open {
+            &NEVER_RUN
+        } else {
+            &NEVER_RUN_KILLED
+        }
+    }
+}
+
+impl std::ops::Index<u32> for Tasks {
+    type Output = TaskRecord;
+
+    fn index(&self, index: u32) -> &TaskRecord {
+        assert!(index < self.count, "task {index} of {}", self.count);
+        self.launched
+            .get(index as usize)
+            .unwrap_or_else(|| self.unlaunched())
+    }
+}
+
+/// A record past the frontier comes into being with the ones before it, as never-run records
+/// still waiting (a replay names tasks in any order); the caller then changes it.
+impl std::ops::IndexMut<u32> for Tasks {
+    fn index_mut(&mut self, index: u32) -> &mut TaskRecord {
+        assert!(index < self.count, "task {index} of {}", self.count);
+        while self.launched.len() <= index as usize {
+            self.launched.push(self.unlaunched().clone());
+            let added = self.launched.len() as u32 - 1;
+            if self.open && added < index {
+                self.again.push_back(added);
+            }
+        }
+        &mut self.launched[index as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn take_all(tasks: &mut Tasks) -> Vec<u32> {
+        std::iter::from_fn(|| {
+            let pick = tasks.find_waiting(8, |_, _| true)?;
+            tasks.take(pick)
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_large_job_holds_no_record_until_a_task_runs() {
+        let mut tasks = Tasks::new(10_000_000);
+        assert_eq!(tasks.launched().len(), 0);
+        assert_eq!(tasks.waiting(), 10_000_000);
+        assert_eq!(tasks[9_999_999].status, TaskStatus::Pending);
+        let pick = tasks.find_waiting(8, |_, _| false).unwrap();
+        assert_eq!(tasks.take(pick), Some(0));
+        assert_eq!(tasks.launched().len(), 1);
+        assert_eq!(tasks.waiting(), 9_999_999);
+    }
+
+    #[test]
+    fn retries_go_first_then_never_run_tasks_in_order() {
+        let mut tasks = Tasks::new(5);
+        for _ in 0..3 {
+            let pick = tasks.find_waiting(8, |_, _| true).unwrap();
+            let index = tasks.take(pick).unwrap();
+            tasks[index].status = TaskStatus::Running;
+        }
+        tasks[1].status = TaskStatus::Pending;
+        tasks.wait_again(1);
+        assert_eq!(tasks.waiting_order(8).collect::<Vec<_>>(), vec![1, 3, 4]);
+        assert_eq!(take_all(&mut tasks), vec![1, 3, 4]);
+        assert!(!tasks.has_waiting());
+    }
+
+    #[test]
+    fn a_retry_the_offer_will_not_take_is_passed_over_within_the_lookahead() {
+        let mut tasks = Tasks::new(3);
+        let pick = tasks.find_waiting(8, |_, _| true).unwrap();
+        tasks.take(pick);
+        tasks.wait_again(0);
+        assert_eq!(tasks.find_waiting(8, |_, _| false), Some(Pick::Fresh));
+        assert_eq!(tasks.find_waiting(1, |_, _| false), None);
+        assert_eq!(tasks.find_waiting(1, |_, _| true), Some(Pick::Again(0)));
+    }
+
+    #[test]
+    fn closing_kills_every_waiting_task_without_a_record_for_each() {
+        let mut tasks = Tasks::new(1_000_000);
+        let pick = tasks.find_waiting(8, |_, _| true).unwrap();
+        tasks.take(pick);
+        tasks.wait_again(0);
+        assert_eq!(tasks.close(), 1_000_000);
+        assert_eq!(tasks.launched().len(), 1);
+        assert_eq!(tasks[0].status, TaskStatus::Killed);
+        assert_eq!(tasks[999_999].status, TaskStatus::Killed);
+        assert_eq!(tasks.waiting(), 0);
+        assert_eq!(tasks.find_waiting(8, |_, _| true), None);
+    }
+
+    #[test]
+    fn a_replay_may_name_tasks_out_of_order_and_the_rest_wait() {
+        let mut tasks = Tasks::new(6);
+        tasks[3].status = TaskStatus::Finished;
+        assert_eq!(tasks.launched().len(), 4);
+        tasks[1].status = TaskStatus::Failed;
+        assert_eq!(tasks.requeue_pending(), 4);
+        assert_eq!(take_all(&mut tasks), vec![0, 2, 4, 5]);
+        let statuses: Vec<_> = tasks.iter().map(|r| r.status).collect();
+        assert_eq!(statuses[1], TaskStatus::Failed);
+        assert_eq!(statuses[3], TaskStatus::Finished);
+    }
+}
