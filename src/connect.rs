@@ -4,6 +4,7 @@
 use crate::subjects::Subjects;
 use crate::{DEFAULT_CLUSTER, DEFAULT_NATS_URL, REQUEST_TIMEOUT, SUBSCRIPTION_CAPACITY};
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
+use prometheus_client::metrics::counter::Counter;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tracing::{info, warn};
@@ -96,11 +97,28 @@ impl NatsArgs {
         name: &str,
         inbox_prefix: Option<String>,
     ) -> Result<Client, ConnectError> {
+        self.connect_counting(name, inbox_prefix, Counter::default())
+            .await
+    }
+
+    /// [`Self::connect`], counting the connection's slow-consumer events (each a message the
+    /// client dropped because a subscription's queue was full) in `slow_consumers`.
+    pub async fn connect_counting(
+        &self,
+        name: &str,
+        inbox_prefix: Option<String>,
+        slow_consumers: Counter,
+    ) -> Result<Client, ConnectError> {
         let servers = parse_urls(&self.nats_url)?;
         let mut options = ConnectOptions::new()
             .name(name)
             .subscription_capacity(SUBSCRIPTION_CAPACITY)
-            .event_callback(|event| async move { log_event(event) });
+            .event_callback(move |event| {
+                if let Event::SlowConsumer(_) = event {
+                    slow_consumers.inc();
+                }
+                async move { log_event(event) }
+            });
         if let Some(prefix) = inbox_prefix {
             options = options.custom_inbox_prefix(prefix);
         }

@@ -79,9 +79,10 @@ struct Args {
     #[arg(long, env = "EMBER_REPLICAS", default_value = "auto", value_parser = Replicas::parse)]
     replicas: Replicas,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (OpenMetrics text): executors,
-    /// cores, jobs by state, tasks waiting, running, launched and ended, request handling
-    /// times, status batch sizes, refused requests, and whether this driver leads. Off unless
-    /// given (port 0 picks a free port and logs it).
+    /// cores, jobs by state, tasks waiting, running, launched and ended, offer rounds, request
+    /// handling times, status batch sizes, refused requests, journal write times and retries,
+    /// slow-consumer events, and whether this driver leads. Off unless given (port 0 picks a
+    /// free port and logs it).
     #[arg(long, env = "EMBER_METRICS_ADDR", value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Log as JSON lines instead of text.
@@ -101,7 +102,11 @@ fn main() -> ExitCode {
                     .await
                     .map_err(|e| anyhow::anyhow!("could not serve metrics on {addr}: {e}"))?;
             }
-            let client = args.nats.connect("ember-driver", None).await?;
+            let slow_consumers = metrics.slow_consumers.clone();
+            let client = args
+                .nats
+                .connect_counting("ember-driver", None, slow_consumers)
+                .await?;
             let config = DriverConfig {
                 subjects,
                 expect_executors: args.expect_executors,

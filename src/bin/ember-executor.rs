@@ -6,8 +6,10 @@ use ember::connect::NatsArgs;
 use ember::driver::core::MAX_CORES;
 use ember::executor::{run, ExecutorConfig, ExecutorError, Handlers, EXIT_REGISTRATION_REFUSED};
 use ember::ids::{validate_host_port, ExecutorId};
+use ember::metrics::ExecutorMetrics;
 use ember::subjects::Subjects;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// An Ember executor: subscribes its inbox (ember.<cluster>.executor.<id>), registers with the
@@ -52,6 +54,12 @@ struct Args {
     /// Exit with code 56 when the driver is lost, instead of waiting for the next one.
     #[arg(long, env = "EMBER_EXIT_ON_DRIVER_LOSS")]
     exit_on_driver_loss: bool,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (OpenMetrics text): tasks
+    /// running, cores total and free, tasks launched and ended, task run times, statuses and
+    /// status batches, registrations, and slow-consumer events. Off unless given (port 0 picks
+    /// a free port and logs it).
+    #[arg(long, env = "EMBER_METRICS_ADDR", value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -75,8 +83,18 @@ fn main() -> ExitCode {
     let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
         rt.block_on(async {
             let subjects = args.nats.subjects()?;
+            let metrics = Arc::new(ExecutorMetrics::new());
+            if let Some(addr) = args.metrics_addr {
+                ember::metrics::serve(addr, metrics.clone())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("could not serve metrics on {addr}: {e}"))?;
+            }
             let prefix = Subjects::executor_reply_prefix(&executor_id);
-            let client = args.nats.connect("ember-executor", Some(prefix)).await?;
+            let slow_consumers = metrics.slow_consumers.clone();
+            let client = args
+                .nats
+                .connect_counting("ember-executor", Some(prefix), slow_consumers)
+                .await?;
             let config = ExecutorConfig {
                 log_urls: to_map(&args.log_urls),
                 attributes: to_map(&args.attributes),
@@ -85,6 +103,7 @@ fn main() -> ExitCode {
                 driver_timeout: args.driver_timeout,
                 decommission_timeout: args.decommission_timeout,
                 exit_on_driver_loss: args.exit_on_driver_loss,
+                metrics,
                 ..ExecutorConfig::new(subjects, executor_id, host_port, cores)
             };
             run(client, config, Handlers::builtin(), shutdown_signal()).await?;

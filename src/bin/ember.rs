@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use ember::bench::{bench, BenchArgs};
 use ember::cli::creds::{creds, CredsArgs};
 use ember::cli::sim::{sim, SimArgs};
+use ember::cli::status::{status, StatusArgs};
 use ember::cli::submit::{submit, SubmitArgs};
 use ember::cli::up::{up, UpArgs};
 use ember::cli::view::{follow_events, show_executors, show_jobs};
@@ -42,6 +43,9 @@ enum Command {
     },
     /// Submit a job, show its progress and wait for it; exits 0 only if it succeeded.
     Submit(SubmitArgs),
+    /// The cluster at a glance: driver, executors and cores, running jobs with their
+    /// progress, tasks per second; once, or refreshed in place with --watch.
+    Status(StatusArgs),
     /// List jobs with their state and counts.
     Jobs {
         #[arg(long)]
@@ -117,6 +121,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         }
         Command::Executors { json } => show_executors(&client, json).await?,
         Command::Jobs { json } => show_jobs(&client, json).await?,
+        Command::Status(args) => {
+            status(&client, &cli.nats.cluster, &args, shutdown_signal()).await?
+        }
         Command::Submit(args) => return submit(&client, &args).await,
         Command::Kill { job_id } => {
             client.kill(job_id).await?;

@@ -3,6 +3,7 @@
 
 pub mod creds;
 pub mod sim;
+pub mod status;
 pub mod submit;
 pub mod up;
 pub mod view;

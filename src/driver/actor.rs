@@ -16,7 +16,6 @@ use crate::metrics::{DriverMetrics, RequestKind};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Batch, Event, HeartbeatReply, HeartbeatRequest,
     JournalRecord, RegisterReply, RegisterRequest, ResultsPage, StatusReply, StatusRequest,
-    TaskState,
 };
 use crate::subjects::Subjects;
 use crate::{now_ms, PAYLOAD_HEADROOM};
@@ -229,6 +228,7 @@ async fn lead(
             else => break,
         };
         shell.emit(&mut outbox, reply, core.take_effects()).await;
+        shell.count_offer_rounds(&core);
         shell.commit(&mut outbox, false);
         if let Some(write) = shell.snapshot_if_due(&core) {
             snapshots.push(write);
@@ -280,6 +280,7 @@ async fn start(
         config.journal,
         config.journal_max_age,
         config.replicas,
+        config.metrics.journal.clone(),
     )
     .await?;
     let results = match &journal {
@@ -381,6 +382,7 @@ async fn start(
         schedule,
         results,
         ticked: false,
+        offer_rounds: 0,
     };
     Ok((core, inputs, shell))
 }
@@ -461,6 +463,8 @@ struct Shell {
     results: Option<ResultsBucket>,
     /// Whether a revive tick came since the last look at the snapshot's age.
     ticked: bool,
+    /// The core's offer rounds already counted in the metrics.
+    offer_rounds: u64,
 }
 
 /// Requests the driver refused or dropped before the core saw them, counted; the counts go to
@@ -518,6 +522,15 @@ impl Shell {
         self.metrics.refused(reason);
     }
 
+    /// Counts the offer rounds the core made since the last count.
+    fn count_offer_rounds(&mut self, core: &Core) {
+        let rounds = core.offer_rounds();
+        if rounds > self.offer_rounds {
+            self.metrics.offer_rounds.inc_by(rounds - self.offer_rounds);
+            self.offer_rounds = rounds;
+        }
+    }
+
     /// Counts what an event says was launched or ended.
     fn count(&self, event: &Event) {
         match event {
@@ -527,14 +540,7 @@ impl Shell {
             }
             Event::TaskEnd { .. } => {
                 for (_, end) in event.ended() {
-                    let state = match end.state {
-                        TaskState::Finished => "finished",
-                        TaskState::Failed => "failed",
-                        TaskState::Killed => "killed",
-                        TaskState::Lost => "lost",
-                        TaskState::Launching | TaskState::Running => continue,
-                    };
-                    self.metrics.ended(state, 1);
+                    self.metrics.ended(end.state);
                 }
             }
             _ => {}

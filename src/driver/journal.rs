@@ -6,6 +6,7 @@
 use super::core::{Core, Restored};
 use super::lease::Guard;
 use super::snapshots::Stored;
+use crate::metrics::JournalWrites;
 use crate::protocol::{decode, encode, JournalRecord};
 use crate::subjects::Subjects;
 use async_nats::jetstream::context::{AccountError, AccountErrorKind, PublishErrorKind};
@@ -122,6 +123,8 @@ pub struct Journal {
     turns: Option<Arc<Turns>>,
     /// How many copies the server keeps of it: the lease and the results bucket keep as many.
     pub replicas: usize,
+    /// What its writes are counted in.
+    writes: JournalWrites,
 }
 
 /// The order of one leader's writes. Each write expects the stream's last sequence to be the
@@ -153,13 +156,15 @@ fn says_no_jetstream(error: &AccountError) -> bool {
 
 impl Journal {
     /// Opens (creating it if needed) the journal stream, or `None` if the journal is off, or
-    /// `auto` and the server has no JetStream. Records older than `max_age` are dropped.
+    /// `auto` and the server has no JetStream. Records older than `max_age` are dropped; the
+    /// time each write takes and its retries are counted in `writes`.
     pub async fn open(
         client: &Client,
         subjects: &Subjects,
         mode: JournalMode,
         max_age: Duration,
         replicas: Replicas,
+        writes: JournalWrites,
     ) -> Result<Option<Journal>, JournalError> {
         if mode == JournalMode::Off {
             info!("journal off: jobs live in memory only");
@@ -184,6 +189,7 @@ impl Journal {
             stream: subjects.journal_stream(),
             turns: None,
             replicas: 1,
+            writes,
         };
         let wanted = replicas.wanted(client.server_info().cluster.is_some());
         let made = replicas.make(wanted, "journal", |n| journal.create_stream(max_age, n));
@@ -231,7 +237,7 @@ impl Journal {
                 .message_id(format!("{epoch}.lead"))
         };
         let marked = async {
-            let mut retry = Retry::new();
+            let mut retry = Retry::new(Some(self.writes.clone()));
             loop {
                 let sent = self.context.send_publish(self.subject.clone(), publish());
                 let stored = match sent.await {
@@ -239,7 +245,10 @@ impl Journal {
                     Err(e) => Err(e),
                 };
                 match stored {
-                    Ok(ack) => return ack.sequence,
+                    Ok(ack) => {
+                        retry.stored();
+                        return ack.sequence;
+                    }
                     Err(error) => retry.failed(&error).await,
                 }
             }
@@ -381,10 +390,9 @@ impl Journal {
     /// the write, started at once as a task of its own.
     fn store_in_turn(&self, payload: bytes::Bytes) -> (Option<u64>, BoxFuture<'static, ()>) {
         let Some(turns) = self.turns.clone() else {
-            return (
-                None,
-                store(self.context.clone(), self.subject.clone(), payload),
-            );
+            let writes = Some(self.writes.clone());
+            let write = store(self.context.clone(), self.subject.clone(), payload, writes);
+            return (None, write);
         };
         let expected = turns.next.fetch_add(1, SeqCst);
         let write = tokio::spawn(store_after(self.clone(), turns, expected, payload));
@@ -400,13 +408,17 @@ impl Journal {
 /// Publishes `payload` on `subject` into JetStream, trying again until the server
 /// acknowledges it: what waits behind it must not leave before it is stored. The write runs
 /// as a task of its own, started at once (writes started in turn are sent in turn), rather
-/// than when the returned future is first polled.
+/// than when the returned future is first polled. Its time and retries are counted in
+/// `writes`, if given.
 pub fn store(
     context: jetstream::Context,
     subject: String,
     payload: bytes::Bytes,
+    writes: Option<JournalWrites>,
 ) -> BoxFuture<'static, ()> {
-    joined(tokio::spawn(store_until_stored(context, subject, payload)))
+    joined(tokio::spawn(store_until_stored(
+        context, subject, payload, writes,
+    )))
 }
 
 /// Waits for a write's task.
@@ -426,7 +438,7 @@ fn joined(write: tokio::task::JoinHandle<()>) -> BoxFuture<'static, ()> {
 /// nothing is once the leadership is lost (the shell's sends check it).
 async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload: bytes::Bytes) {
     let id = format!("{}.{}", turns.guard.epoch(), expected + 1);
-    let mut retry = Retry::new();
+    let mut retry = Retry::new(Some(journal.writes.clone()));
     loop {
         let publish = PublishMessage::build()
             .payload(payload.clone())
@@ -472,8 +484,13 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
     }
 }
 
-async fn store_until_stored(context: jetstream::Context, subject: String, payload: bytes::Bytes) {
-    let mut retry = Retry::new();
+async fn store_until_stored(
+    context: jetstream::Context,
+    subject: String,
+    payload: bytes::Bytes,
+    writes: Option<JournalWrites>,
+) {
+    let mut retry = Retry::new(writes);
     loop {
         let stored = match context.publish(subject.clone(), payload.clone()).await {
             Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
@@ -491,18 +508,24 @@ struct Retry {
     delay: Duration,
     first: std::time::Instant,
     attempts: u32,
+    /// Where the write's time and retries are counted, if anywhere.
+    writes: Option<JournalWrites>,
 }
 
 impl Retry {
-    fn new() -> Self {
+    fn new(writes: Option<JournalWrites>) -> Self {
         Self {
             delay: Duration::from_millis(50),
             first: std::time::Instant::now(),
             attempts: 0,
+            writes,
         }
     }
 
     fn stored(&self) {
+        if let Some(writes) = &self.writes {
+            writes.stored(self.first.elapsed());
+        }
         if self.attempts > 0 {
             info!(attempts = self.attempts + 1, after = ?self.first.elapsed(), "JetStream write stored");
         }
@@ -512,6 +535,9 @@ impl Retry {
     /// `MAX_RETRY_DELAY`.
     async fn failed(&mut self, error: &(dyn std::fmt::Display + Sync)) {
         self.attempts += 1;
+        if let Some(writes) = &self.writes {
+            writes.retried();
+        }
         warn!(
             %error,
             attempts = self.attempts,

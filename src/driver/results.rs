@@ -78,7 +78,7 @@ impl ResultsBucket {
     /// Stores the result of task `index` of job `job_id`, trying again until it is stored.
     pub fn put(&self, job_id: JobId, index: u32, payload: bytes::Bytes) -> BoxFuture<'static, ()> {
         let subject = format!("$KV.{}.{job_id}.{index}", self.bucket);
-        store(self.context.clone(), subject, payload)
+        store(self.context.clone(), subject, payload, None)
     }
 
     /// `page` with the results of `indices` read from the bucket, cut short if they no longer

@@ -9,6 +9,7 @@ use super::tasks::Handlers;
 use crate::connect::flush;
 use crate::epoch::Newest;
 use crate::ids::{ExecutorId, InstanceId};
+use crate::metrics::ExecutorMetrics;
 use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
     RegisterReply, RegisterRequest, StatusReply, StatusUpdate, TaskDescription,
@@ -44,6 +45,8 @@ pub struct ExecutorConfig {
     /// Exit (with [`crate::EXIT_DRIVER_LOST`]) when the driver is lost, instead of waiting to
     /// register with the next one.
     pub exit_on_driver_loss: bool,
+    /// What the executor counts, for `--metrics-addr`.
+    pub metrics: Arc<ExecutorMetrics>,
 }
 
 impl ExecutorConfig {
@@ -61,6 +64,7 @@ impl ExecutorConfig {
             driver_timeout: crate::DEFAULT_EXECUTOR_TIMEOUT,
             decommission_timeout: crate::DEFAULT_DECOMMISSION_TIMEOUT,
             exit_on_driver_loss: false,
+            metrics: Arc::new(ExecutorMetrics::new()),
         }
     }
 }
@@ -100,6 +104,7 @@ pub async fn run(
         _ = &mut shutdown => return Ok(()),
     };
     info!(executor = %config.executor_id, cores = config.cores, "registered");
+    config.metrics.registered(false);
     Backend::new(
         client,
         config,
@@ -296,7 +301,7 @@ impl Backend {
     ) -> Self {
         let status_limit =
             client.server_info().max_payload.max(2 * PAYLOAD_HEADROOM) - PAYLOAD_HEADROOM;
-        let (runner, ends) = Runner::new(handlers, status_limit);
+        let (runner, ends) = Runner::new(handlers, status_limit, config.metrics.clone());
         let (stored_in_chunks, chunked) = tokio::sync::mpsc::unbounded_channel();
         let mut machine = Machine::new(
             MachineConfig {
@@ -404,6 +409,10 @@ impl Backend {
             }
             let leave = self.machine.poll(self.now());
             self.send_requests().await;
+            let (running, busy) = (self.machine.running(), self.machine.busy_cores());
+            self.config
+                .metrics
+                .set_load(running, busy, self.config.cores);
             if leave {
                 return self.exit().await;
             }
@@ -451,6 +460,11 @@ impl Backend {
 
     fn settle_status(&mut self, result: Result<StatusReply, String>) {
         self.status = None;
+        let metrics = &self.config.metrics;
+        match &result {
+            Ok(StatusReply::UnknownExecutor { .. }) | Err(_) => metrics.batch_retried(),
+            Ok(_) => metrics.acknowledged(self.machine.statuses().sending()),
+        }
         let now = self.now();
         let launch = self.machine.on_status(result, now);
         self.launch(&launch);
@@ -596,6 +610,7 @@ impl Backend {
     /// Registered again: with a new driver, the old one's attempts and statuses were dropped,
     /// and so is the batch in flight to the old driver.
     fn registered_again(&mut self, driver: InstanceId) {
+        self.config.metrics.registered(true);
         let now = self.now();
         match self.machine.on_registered(driver, now) {
             Registered::Same => info!(executor = %self.config.executor_id, "registered again"),

@@ -156,6 +156,11 @@ impl<H: Cancel> Machine<H> {
         self.running.len()
     }
 
+    /// How many cores the running attempts hold.
+    pub fn busy_cores(&self) -> u32 {
+        self.busy
+    }
+
     /// A driver accepted a registration: with a new driver, the old one's attempts mean
     /// nothing (its task ids will be reused), so they are dropped unreported.
     pub fn on_registered(&mut self, driver: InstanceId, now: u64) -> Registered {

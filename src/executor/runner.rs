@@ -4,9 +4,11 @@
 use super::machine::Started;
 use super::tasks::{run_command, sleep_duration, Handler, Handlers, TaskContext, TaskResult};
 use crate::ids::TaskId;
+use crate::metrics::ExecutorMetrics;
 use crate::protocol::{StatusUpdate, TaskDescription, TaskSpec, TaskState};
 use serde_json::Value;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
@@ -27,6 +29,8 @@ pub(crate) struct Runner {
     /// The largest status batch: a result done at once that would not fit in one goes the
     /// way of work done in the background, for the executor's loop to store in chunks.
     status_limit: usize,
+    /// Where attempts started and their run times are counted.
+    metrics: Arc<ExecutorMetrics>,
 }
 
 impl Done {
@@ -56,12 +60,17 @@ enum Outcome {
 }
 
 impl Runner {
-    pub fn new(handlers: Handlers, status_limit: usize) -> (Self, mpsc::UnboundedReceiver<Done>) {
+    pub fn new(
+        handlers: Handlers,
+        status_limit: usize,
+        metrics: Arc<ExecutorMetrics>,
+    ) -> (Self, mpsc::UnboundedReceiver<Done>) {
         let (done, ends) = mpsc::unbounded_channel();
         let runner = Self {
             handlers,
             done,
             status_limit,
+            metrics,
         };
         (runner, ends)
     }
@@ -76,11 +85,14 @@ impl Runner {
             attempt: task.attempt,
         };
         let (task_id, attempt) = (task.task_id, task.attempt);
+        self.metrics.launched();
+        let started = Instant::now();
         // For work that ends in the background: sends its end to the executor's loop. Built
         // only there, so that work done at once costs no clone of the sender.
         let reporter = || {
-            let done = self.done.clone();
+            let (done, metrics) = (self.done.clone(), self.metrics.clone());
             move |outcome, detail| {
+                metrics.ran(started.elapsed());
                 let _ = done.send(Done {
                     task_id,
                     attempt,
@@ -96,18 +108,19 @@ impl Runner {
                         "no handler named {name:?} on this executor (it has {})",
                         self.handlers.names().join(", ")
                     );
-                    return Started::Ended(status(task_id, attempt, Err(error), None));
+                    return self.ended(started, status(task_id, attempt, Err(error), None));
                 }
                 Some(Handler::Inline(f)) => {
                     let end = status(task_id, attempt, f(&context, arg), None);
                     if !super::chunks::too_large(&end, self.status_limit) {
-                        return Started::Ended(end);
+                        return self.ended(started, end);
                     }
+                    self.metrics.ran(started.elapsed());
                     let _ = self.done.send(Done::from_status(end));
                     None
                 }
                 Some(Handler::Sleep) => match sleep_duration(arg) {
-                    Err(e) => return Started::Ended(status(task_id, attempt, Err(e), None)),
+                    Err(e) => return self.ended(started, status(task_id, attempt, Err(e), None)),
                     Ok(pause) => {
                         let report = reporter();
                         let work = tokio::spawn(async move {
@@ -143,6 +156,12 @@ impl Runner {
             }
         };
         Started::Running(abort)
+    }
+
+    /// An attempt ended as it started, `started` then: counted, and its end.
+    fn ended(&self, started: Instant, end: StatusUpdate) -> Started<Option<AbortHandle>> {
+        self.metrics.ran(started.elapsed());
+        Started::Ended(end)
     }
 }
 

@@ -160,6 +160,20 @@ impl TestCluster {
         Running::spawn(|stop| executor::run(client, config, handlers, stop))
     }
 
+    /// Starts an executor in this process with the test defaults as `configure` changes them.
+    pub async fn executor_configured(
+        &self,
+        id: &str,
+        cores: u32,
+        handlers: Handlers,
+        configure: impl FnOnce(&mut ExecutorConfig),
+    ) -> Running<Result<(), ExecutorError>> {
+        let client = self.executor_client(id).await;
+        let mut config = self.executor_config(id, cores);
+        configure(&mut config);
+        Running::spawn(|stop| executor::run(client, config, handlers, stop))
+    }
+
     pub fn executor_config(&self, id: &str, cores: u32) -> ExecutorConfig {
         let id = ExecutorId::parse(id).expect("valid id");
         ExecutorConfig {

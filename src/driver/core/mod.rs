@@ -104,6 +104,8 @@ pub struct Core {
     staging: Option<Box<snapshot::Staging>>,
     /// Since when no executor has been registered while jobs wait.
     no_executors_since: Option<u64>,
+    /// Offer rounds made while tasks waited, for the metrics.
+    offer_rounds: u64,
     effects: Vec<Effect>,
 }
 
@@ -125,8 +127,14 @@ impl Core {
             liveness: Liveness::default(),
             staging: None,
             no_executors_since: None,
+            offer_rounds: 0,
             effects: Vec::new(),
         }
+    }
+
+    /// How many offer rounds the core has made while tasks waited.
+    pub fn offer_rounds(&self) -> u64 {
+        self.offer_rounds
     }
 
     /// Everything the core has asked to send since the last call, in order.

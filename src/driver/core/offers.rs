@@ -23,6 +23,7 @@ impl Core {
         if self.queue.is_empty() {
             return;
         }
+        self.offer_rounds += 1;
         // Each executor offered, in id order, with what it is dealt.
         let mut offers: Vec<(ExecutorId, Vec<TaskDescription>)> = match only {
             Some(id) => self
