@@ -44,6 +44,7 @@ pub struct DriverMetrics {
     pub leader: Gauge,
     pub epoch: Gauge,
     pub executors: Gauge,
+    pub executors_target: Gauge,
     cores: Family<Labels, Gauge>,
     jobs: Family<Labels, Gauge>,
     pub tasks_waiting: Gauge,
@@ -69,6 +70,7 @@ pub struct CoreGauges {
     pub jobs_succeeded: u64,
     pub jobs_failed: u64,
     pub jobs_killed: u64,
+    pub executors_target: u64,
 }
 
 /// A kind of request the driver handles.
@@ -111,6 +113,7 @@ impl DriverMetrics {
             leader: Gauge::default(),
             epoch: Gauge::default(),
             executors: Gauge::default(),
+            executors_target: Gauge::default(),
             cores: Family::default(),
             jobs: Family::default(),
             tasks_waiting: Gauge::default(),
@@ -135,6 +138,11 @@ impl DriverMetrics {
             m.epoch.clone(),
         );
         registry.register("executors", "Executors registered", m.executors.clone());
+        registry.register(
+            "executors_target",
+            "Executors the dynamic allocation signal asks for (0 when it is off)",
+            m.executors_target.clone(),
+        );
         registry.register(
             "cores",
             "Cores of the registered executors, by state (total, free)",
@@ -199,6 +207,7 @@ impl DriverMetrics {
             gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
         };
         set(&self.executors, g.executors);
+        set(&self.executors_target, g.executors_target);
         set(
             &self.cores.get_or_create(&label("state", "total")),
             g.total_cores,

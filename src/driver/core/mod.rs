@@ -5,6 +5,7 @@
 //! [`Core::take_effects`] and sends. Time comes in as `now` (milliseconds since the epoch), so
 //! tests and simulations drive it with any clock they like.
 
+mod allocation;
 mod jobs;
 mod liveness;
 mod offers;
@@ -18,6 +19,9 @@ use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord};
 use std::collections::{BTreeMap, VecDeque};
 
+pub use allocation::{
+    AllocationConfig, DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MIN_EXECUTORS,
+};
 pub use jobs::Job;
 pub use liveness::Liveness;
 pub use registry::{ExecutorData, MAX_CORES};
@@ -103,6 +107,8 @@ pub struct Core {
     staging: Option<Box<snapshot::Staging>>,
     /// Since when no executor has been registered while jobs wait.
     no_executors_since: Option<u64>,
+    /// The dynamic allocation signal, when on.
+    allocation: Option<allocation::Allocation>,
     effects: Vec<Effect>,
 }
 
@@ -124,6 +130,7 @@ impl Core {
             liveness: Liveness::default(),
             staging: None,
             no_executors_since: None,
+            allocation: None,
             effects: Vec::new(),
         }
     }
@@ -168,6 +175,7 @@ impl Core {
             } => self.result_chunk(job_id, index, chunk),
             ApiRequest::StopExecutor { executor_id } => self.on_stop_executors(Some(executor_id)),
             ApiRequest::StopAllExecutors => self.on_stop_executors(None),
+            ApiRequest::ReleaseExecutor { executor_id } => self.on_release_executor(executor_id),
         }
     }
 
@@ -177,6 +185,7 @@ impl Core {
         let mut g = crate::metrics::CoreGauges {
             executors: self.executors.len() as u64,
             total_cores: self.total_cores,
+            executors_target: self.allocation().map_or(0, |a| a.target_executors),
             ..Default::default()
         };
         for data in self.executors.values() {
