@@ -409,6 +409,8 @@ async fn a_burst_scales_up_then_back_down_to_one_with_every_task_run_once() {
         (target == 1 && snapshot.registered_executors == 1).then_some(())
     })
     .await;
+    // One more sample, so that the trace ends on the scale-down.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     let trace = sampler.await.expect("the sampler");
     println!("scale trace (seconds since submission, target, executors registered):");
