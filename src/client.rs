@@ -189,6 +189,18 @@ impl EmberClient {
         }
     }
 
+    /// Releases executor `executor_id` if it is idle ([`ApiRequest::ReleaseExecutor`]): an
+    /// error says it runs tasks, or is not registered.
+    pub async fn release_executor(&self, executor_id: ExecutorId) -> Result<(), ClientError> {
+        match self
+            .call(&ApiRequest::ReleaseExecutor { executor_id })
+            .await?
+        {
+            ApiReply::Stopping { .. } => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Every task's outcome, in index order, fetched page by page; a result stored in chunks
     /// is read a chunk at a time and put back together.
     pub async fn results(&self, job_id: JobId) -> Result<Vec<TaskOutcome>, ClientError> {

@@ -30,6 +30,12 @@ pub fn decoded(
 /// One readable line for an event.
 pub fn describe(event: &Event) -> String {
     match event {
+        Event::ExecutorTarget {
+            target_executors,
+            previous,
+            reason,
+            ..
+        } => format!("executor target   {previous} -> {target_executors}: {reason}"),
         Event::ExecutorAdded {
             executor_id, info, ..
         } => format!(

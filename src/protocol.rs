@@ -192,6 +192,11 @@ pub enum ApiRequest {
     },
     /// Decommission every executor.
     StopAllExecutors,
+    /// Decommission one executor only if it runs no task (dynamic allocation's release of an
+    /// idle executor): no task is launched on it once this is answered.
+    ReleaseExecutor {
+        executor_id: ExecutorId,
+    },
 }
 
 fn default_page() -> u32 {
@@ -281,6 +286,30 @@ pub struct ExecutorsSnapshot {
     /// The driver that answered: the one that leads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<DriverInfo>,
+    /// The dynamic allocation signal, if the driver computes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<AllocationStatus>,
+}
+
+/// How many executors the driver wants, and why (see docs/protocol.md, dynamic allocation).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationStatus {
+    /// The executors the driver wants now.
+    pub target_executors: u64,
+    pub min_executors: u32,
+    pub max_executors: u32,
+    /// What the tasks waiting and running need, at `cores_per_executor`.
+    pub executors_needed: u64,
+    pub tasks_waiting: u64,
+    pub tasks_running: u64,
+    /// The cores of the largest executor seen (1 before any).
+    pub cores_per_executor: u32,
+    /// Since when tasks have been waiting, if they are.
+    pub backlog_since_ms: Option<u64>,
+    /// Executors idle for the idle timeout that may be released, longest idle first.
+    pub idle: Vec<ExecutorId>,
+    /// Why the target last changed.
+    pub reason: String,
 }
 
 /// Which driver answers, and in which leadership.

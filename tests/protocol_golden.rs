@@ -1069,6 +1069,7 @@ fn api_reply_executors() {
                 driver_instance: uuid::Uuid::from_u128(0x1ead),
                 epoch: 12,
             }),
+            allocation: None,
         }),
         json!({
             "type": "Executors",
@@ -1097,6 +1098,7 @@ fn api_reply_executors() {
             pending_executors: 0,
             next_offset: None,
             driver: None,
+            allocation: None,
         }),
         json!({
             "type": "Executors",
@@ -1104,6 +1106,82 @@ fn api_reply_executors() {
             "total_cores": 0,
             "registered_executors": 0,
             "pending_executors": 0
+        }),
+    );
+}
+
+#[test]
+fn api_reply_executors_with_the_allocation_signal() {
+    golden(
+        &ApiReply::Executors(ExecutorsSnapshot {
+            executors: vec![],
+            total_cores: 4,
+            registered_executors: 2,
+            pending_executors: 0,
+            next_offset: None,
+            driver: None,
+            allocation: Some(ember::protocol::AllocationStatus {
+                target_executors: 4,
+                min_executors: 1,
+                max_executors: 8,
+                executors_needed: 50,
+                tasks_waiting: 96,
+                tasks_running: 4,
+                cores_per_executor: 2,
+                backlog_since_ms: Some(1_700_000_000_000),
+                idle: vec![exec("exec-2")],
+                reason: "96 tasks have waited; 2 more asked for (they need 50)".into(),
+            }),
+        }),
+        json!({
+            "type": "Executors",
+            "executors": [],
+            "total_cores": 4,
+            "registered_executors": 2,
+            "pending_executors": 0,
+            "allocation": {
+                "target_executors": 4,
+                "min_executors": 1,
+                "max_executors": 8,
+                "executors_needed": 50,
+                "tasks_waiting": 96,
+                "tasks_running": 4,
+                "cores_per_executor": 2,
+                "backlog_since_ms": 1_700_000_000_000u64,
+                "idle": ["exec-2"],
+                "reason": "96 tasks have waited; 2 more asked for (they need 50)"
+            }
+        }),
+    );
+}
+
+#[test]
+fn api_request_release_executor() {
+    golden(
+        &ApiRequest::ReleaseExecutor {
+            executor_id: exec("exec-2"),
+        },
+        json!({"type": "ReleaseExecutor", "executor_id": "exec-2"}),
+    );
+}
+
+#[test]
+fn event_executor_target() {
+    let event = Event::ExecutorTarget {
+        time_ms: 1_700_000_000_000,
+        target_executors: 4,
+        previous: 2,
+        reason: "96 tasks have waited; 2 more asked for (they need 50)".into(),
+    };
+    assert_eq!(event.kind(), "executor.target");
+    golden(
+        &event,
+        json!({
+            "type": "ExecutorTarget",
+            "time_ms": 1_700_000_000_000u64,
+            "target_executors": 4,
+            "previous": 2,
+            "reason": "96 tasks have waited; 2 more asked for (they need 50)"
         }),
     );
 }

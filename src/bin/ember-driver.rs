@@ -5,7 +5,9 @@ use ember::cli::{
     init_tracing, parse_bytes, parse_duration, parse_lease, runtime, shutdown_signal,
 };
 use ember::connect::NatsArgs;
-use ember::driver::core::{Liveness, Retention, DEFAULT_RETAIN_JOBS};
+use ember::driver::core::{
+    AllocationConfig, Liveness, Retention, DEFAULT_MIN_EXECUTORS, DEFAULT_RETAIN_JOBS,
+};
 use ember::driver::{run, DriverConfig, JournalMode, Replicas};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -85,6 +87,25 @@ struct Args {
     /// free port and logs it).
     #[arg(long, env = "EMBER_METRICS_ADDR", value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Compute the dynamic allocation signal: how many executors the driver wants, at most
+    /// this many (shown by `ember executors`, published as ExecutorTarget events and the
+    /// executors_target metric, for whatever starts executors to follow). Off unless given.
+    #[arg(long, env = "EMBER_MAX_EXECUTORS", value_parser = clap::value_parser!(u32).range(1..))]
+    max_executors: Option<u32>,
+    /// The fewest executors the signal asks for.
+    #[arg(long, env = "EMBER_MIN_EXECUTORS", default_value_t = DEFAULT_MIN_EXECUTORS,
+          requires = "max_executors")]
+    min_executors: u32,
+    /// Ask for more executors once tasks have waited this long, and again (twice as many)
+    /// each time they wait this long more (Spark's schedulerBacklogTimeout).
+    #[arg(long, env = "EMBER_BACKLOG_TIMEOUT", default_value = "1s", value_parser = parse_duration,
+          requires = "max_executors")]
+    backlog_timeout: Duration,
+    /// An executor that has run nothing for this long may be released (Spark's
+    /// executorIdleTimeout).
+    #[arg(long, env = "EMBER_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration,
+          requires = "max_executors")]
+    idle_timeout: Duration,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -129,6 +150,7 @@ fn main() -> ExitCode {
                 lease: args.lease,
                 replicas: args.replicas,
                 metrics,
+                allocation: allocation(&args)?,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())
@@ -141,6 +163,29 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The dynamic allocation settings, if `--max-executors` turns the signal on.
+fn allocation(args: &Args) -> anyhow::Result<Option<AllocationConfig>> {
+    let Some(max_executors) = args.max_executors else {
+        return Ok(None);
+    };
+    if args.min_executors > max_executors {
+        anyhow::bail!(
+            "--min-executors {} is more than --max-executors {max_executors}",
+            args.min_executors
+        );
+    }
+    let positive = |d: Duration, flag: &str| match d.as_millis() {
+        0 => Err(anyhow::anyhow!("{flag} must be more than 0")),
+        ms => Ok(ms as u64),
+    };
+    Ok(Some(AllocationConfig {
+        min_executors: args.min_executors,
+        max_executors,
+        backlog_timeout_ms: positive(args.backlog_timeout, "--backlog-timeout")?,
+        idle_timeout_ms: positive(args.idle_timeout, "--idle-timeout")?,
+    }))
 }
 
 #[cfg(test)]

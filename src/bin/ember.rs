@@ -62,6 +62,13 @@ enum Command {
         #[arg(value_parser = |s: &str| ExecutorId::parse(s))]
         executor_id: ExecutorId,
     },
+    /// Release an idle executor, as dynamic allocation does: it is decommissioned only if it
+    /// runs no task (else this fails, and it stays).
+    ReleaseExecutor {
+        /// The executor's id.
+        #[arg(value_parser = |s: &str| ExecutorId::parse(s))]
+        executor_id: ExecutorId,
+    },
     /// Decommission every executor of the cluster.
     Shutdown,
     /// Print the users block of a locked-down nats-server (see nats-secure.conf and
@@ -73,8 +80,23 @@ enum Command {
     Sim(SimArgs),
 }
 
+/// The command line; `ember up` joins the server of a `--nats-url` given on it. One from
+/// `EMBER_NATS_URL` does not count: an environment set for the other commands (as the demo's)
+/// may still start a server with `ember up --port`.
+fn parse() -> Cli {
+    use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Command::Up(args) = &mut cli.command {
+        let given =
+            |m: &clap::ArgMatches| m.value_source("nats_url") == Some(ValueSource::CommandLine);
+        args.join = given(&matches) || matches.subcommand_matches("up").is_some_and(given);
+    }
+    cli
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     // A simulation's executors warn as real ones would, thousands of times a run: errors only.
     let log = match cli.command {
         Command::Sim(_) => "error",
@@ -132,6 +154,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         Command::StopExecutor { executor_id } => {
             client.stop_executors(Some(executor_id.clone())).await?;
             println!("executor {executor_id} is decommissioning");
+        }
+        Command::ReleaseExecutor { executor_id } => {
+            client.release_executor(executor_id.clone()).await?;
+            println!("executor {executor_id} is idle and decommissioning");
         }
         Command::Shutdown => {
             let n = client.stop_executors(None).await?;

@@ -325,7 +325,7 @@ fn quote(text: &str) -> String {
 }
 
 /// Reads `user password` lines; a missing file is an empty one.
-fn read_passwords(path: &Path) -> Result<BTreeMap<String, String>, CredsError> {
+pub fn read_passwords(path: &Path) -> Result<BTreeMap<String, String>, CredsError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),

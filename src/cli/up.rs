@@ -1,38 +1,64 @@
-//! `ember up`: a whole local cluster in one command: a nats-server, one driver or more (one
-//! leads, the others stand by) and N executors as child processes, with the events printed
-//! until Ctrl-C stops them all.
+//! `ember up`: a whole local cluster in one command: a nats-server (or one it is pointed at),
+//! one driver or more (one leads, the others stand by) and executors as child processes, with
+//! the events printed until Ctrl-C stops them all. With `--autoscale MIN..MAX` it starts and
+//! releases executors to follow the driver's dynamic allocation target.
+
+mod autoscale;
+mod local;
+
+pub use autoscale::{parse_range, Scaling};
+pub use local::{child_env, config_with_store, DEFAULT_CONFIG};
 
 use super::view::follow_events;
 use crate::connect::NatsArgs;
 use crate::server::NatsServer;
+use local::{Launcher, RunDir};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 /// The local cluster to start.
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpArgs {
     /// How many executors to start.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, env = "EMBER_UP_EXECUTORS", default_value_t = 2)]
     pub executors: u32,
     /// How many drivers to start: one leads, the others stand by to take over (needs the
-    /// server's JetStream, as the default nats.conf has).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    /// server's JetStream, as the built-in config has).
+    #[arg(long, env = "EMBER_UP_DRIVERS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=16))]
     pub drivers: u32,
     /// Cores each executor offers [default: this machine's].
-    #[arg(long)]
+    #[arg(long, env = "EMBER_UP_CORES")]
     pub cores: Option<u32>,
-    /// Port for the nats-server [default: 4222].
-    #[arg(long, default_value_t = 4222)]
+    /// Port for the nats-server it starts.
+    #[arg(long, env = "EMBER_UP_PORT", default_value_t = 4222)]
     pub port: u16,
-    /// nats-server config file [default: nats.conf in the project, if there].
-    #[arg(long)]
+    /// nats-server config file [default: the one built in: loopback, 8 MB payloads,
+    /// JetStream].
+    #[arg(long, env = "EMBER_UP_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Keep the server's JetStream store (the jobs' journal, results, the leader lease) in
+    /// this directory, so that the next `ember up` given it resumes the jobs and their ids.
+    /// Without it each run starts empty, in a directory of its own removed when it stops.
+    #[arg(long, env = "EMBER_UP_STORE_DIR", conflicts_with = "config")]
+    pub store_dir: Option<PathBuf>,
+    /// A file of `user password` lines, as `ember creds --password-file` writes: the driver
+    /// logs in as `driver`, each executor as its id, `ember up` itself as `client`. Without
+    /// it every child gets the NATS flags `ember up` was given (--user, --creds, --tls-ca...).
+    #[arg(long, env = "EMBER_UP_PASSWORD_FILE")]
+    pub password_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub scaling: Scaling,
     /// Print events as wire JSON.
-    #[arg(long)]
+    #[arg(long, env = "EMBER_UP_JSON")]
     pub json: bool,
+    /// Join the server at --nats-url rather than start one: set when --nats-url is on the
+    /// command line.
+    #[arg(skip)]
+    pub join: bool,
 }
 
 /// Starts the cluster, prints its events, and stops everything when `shutdown` completes.
@@ -41,67 +67,83 @@ pub async fn up(
     nats: &NatsArgs,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let config = args.config.clone().or_else(|| {
-        let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("nats.conf");
-        default.is_file().then_some(default)
-    });
-    let mut extra: Vec<String> = Vec::new();
-    if let Some(config) = &config {
-        extra.extend(["-c".into(), config.display().to_string()]);
-    }
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let server = NatsServer::start_on(args.port, &extra)
-        .map_err(|e| anyhow::anyhow!("{e} (is port {} already in use? try --port)", args.port))?;
-    eprintln!("nats-server listening on {}", server.url());
-    let nats = NatsArgs {
-        nats_url: server.url(),
-        ..nats.clone()
-    };
-    let client = nats.connect("ember-up", None).await?;
-    let subjects = nats.subjects()?;
-    let bin = std::env::current_exe()?
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let (server, _run_dir, nats) = server(args, nats)?;
+    let launcher = Launcher::new(nats, args.password_file.as_deref())?;
+    let own = launcher.own_nats()?;
+    let client = own.connect("ember-up", None).await?;
+    let subjects = own.subjects()?;
+    let driver_flags = args.scaling.driver_flags();
     let drivers = (0..args.drivers)
-        .map(|_| spawn(&bin, "ember-driver", &nats, &[]))
+        .map(|_| launcher.driver(&driver_flags))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut executors = Vec::new();
-    for i in 1..=args.executors {
-        let mut extra = vec!["--executor-id".to_string(), format!("exec-{i}")];
-        if let Some(cores) = args.cores {
-            extra.extend(["--cores".into(), cores.to_string()]);
-        }
-        executors.push(spawn(&bin, "ember-executor", &nats, &extra)?);
-    }
     let drivers_started = match args.drivers {
         1 => "driver".to_string(),
         n => format!("{n} drivers (one leads, the others stand by)"),
     };
-    eprintln!(
-        "{drivers_started} and {} executors started on cluster {:?}; Ctrl-C stops them all",
-        args.executors, nats.cluster
-    );
-    let result = follow_events(&client, &subjects, args.json, shutdown).await;
+    let events = follow_events(&client, &subjects, args.json, shutdown);
+    let (result, executors) = match args.scaling.range() {
+        Some((min, max)) => {
+            eprintln!(
+                "{drivers_started} started on cluster {:?}; executors follow the driver's target \
+                 between {min} and {max}; Ctrl-C stops them all",
+                own.cluster
+            );
+            let api = crate::client::EmberClient::new(client.clone(), subjects.clone());
+            let mut pool = autoscale::Pool::new(&launcher, api, args.cores, max);
+            let result = pool.follow(min, events).await;
+            (result, pool.into_children())
+        }
+        None => {
+            let executors = (1..=args.executors)
+                .map(|i| launcher.executor(&format!("exec-{i}"), args.cores))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            eprintln!(
+                "{drivers_started} and {} executors started on cluster {:?}; Ctrl-C stops them all",
+                args.executors, own.cluster
+            );
+            (events.await, executors)
+        }
+    };
     stop_all(drivers, executors).await;
     drop(server);
     eprintln!("stopped");
     result
 }
 
-fn spawn(bin: &Path, name: &str, nats: &NatsArgs, extra: &[String]) -> anyhow::Result<Child> {
-    let path = bin.join(name);
-    Command::new(&path)
-        .args(["--nats-url", &nats.nats_url, "--cluster", &nats.cluster])
-        .args(extra)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "could not start {}: {e} (build it with `cargo build --release`)",
-                path.display()
-            )
-        })
+/// The server to use: the one at --nats-url when joining, else one started here from the
+/// given config or the built-in one (in a run directory of its own). Returns the flags that
+/// reach it.
+fn server(
+    args: &UpArgs,
+    nats: &NatsArgs,
+) -> anyhow::Result<(Option<NatsServer>, Option<RunDir>, NatsArgs)> {
+    if args.join {
+        if args.config.is_some() || args.store_dir.is_some() {
+            anyhow::bail!(
+                "--config and --store-dir set up the server ember up starts; with --nats-url it \
+                 joins the server there instead"
+            );
+        }
+        eprintln!("joining the NATS server at {}", nats.nats_url);
+        return Ok((None, None, nats.clone()));
+    }
+    let (run_dir, config) = match &args.config {
+        Some(config) => (None, config.clone()),
+        None => {
+            let run_dir = RunDir::create()?;
+            let config = run_dir.write_config(args.store_dir.as_deref())?;
+            (Some(run_dir), config)
+        }
+    };
+    let config = config.display().to_string();
+    let server = NatsServer::start_on(args.port, &["-c", &config])
+        .map_err(|e| anyhow::anyhow!("{e} (is port {} already in use? try --port)", args.port))?;
+    eprintln!("nats-server listening on {}", server.url());
+    let nats = NatsArgs {
+        nats_url: server.url(),
+        ..nats.clone()
+    };
+    Ok((Some(server), run_dir, nats))
 }
 
 /// Stops the executors first, so they can drain while the driver still acknowledges their

@@ -4,7 +4,7 @@
 //! costs no channel hop per message.
 
 use super::coalesce::TaskEvents;
-use super::core::{Core, CoreConfig, Effect, Liveness, Retention};
+use super::core::{AllocationConfig, Core, CoreConfig, Effect, Liveness, Retention};
 use super::discovery::{self, ApiCounts, Identity};
 use super::journal::{Journal, JournalError, JournalMode, Replicas};
 use super::lease::{Guard, Lease, LeaseError, Tenure};
@@ -59,6 +59,8 @@ pub struct DriverConfig {
     pub replicas: Replicas,
     /// What the driver counts, for `--metrics-addr`.
     pub metrics: Arc<DriverMetrics>,
+    /// The dynamic allocation signal's settings, if it is on.
+    pub allocation: Option<AllocationConfig>,
 }
 
 impl DriverConfig {
@@ -78,6 +80,7 @@ impl DriverConfig {
             lease: super::lease::DEFAULT_LEASE,
             replicas: Replicas::Auto,
             metrics: Arc::new(DriverMetrics::new()),
+            allocation: None,
         }
     }
 }
@@ -100,6 +103,10 @@ pub enum DriverError {
     #[error("could not start the driver's NATS service (ember-driver): {0}")]
     Service(async_nats::Error),
 }
+
+/// How often the dynamic allocation target is brought up to date, when it is on (as Spark's
+/// allocation manager's schedule).
+const ALLOCATE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long a stopping driver waits for its last journal writes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -159,6 +166,8 @@ async fn lead(
     let mut snapshots = FuturesUnordered::new();
     let mut revive = tokio::time::interval(config.revive_interval);
     revive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut allocate = tokio::time::interval(ALLOCATE_INTERVAL);
+    allocate.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // One timer for the task events, moved only when what waits changes, rather than a new
     // one each time round the loop.
     let events_due = tokio::time::sleep(Duration::ZERO);
@@ -210,6 +219,10 @@ async fn lead(
                 shell.metrics.set_core(core.gauges());
                 shell.refusals.report();
                 shell.ticked = true;
+                None
+            }
+            _ = allocate.tick(), if config.allocation.is_some() => {
+                core.allocate(now_ms());
                 None
             }
             _ = &mut events_due, if due.is_some() => {
@@ -330,6 +343,9 @@ async fn start(
         results_bucket: results.is_some(),
     });
     core.set_liveness(config.liveness.clone());
+    if let Some(allocation) = &config.allocation {
+        core.set_allocation(allocation.clone());
+    }
     let mut schedule = None;
     if let Some(journal) = &journal {
         let (restored, bytes) = journal.replay(&mut core, limit).await?;

@@ -183,13 +183,16 @@ impl<H: Cancel> Machine<H> {
         driver_instance.is_none() || driver_instance == self.driver
     }
 
-    /// Starts one launched attempt with `start`, or hands it back if the executor drains.
+    /// Starts one launched attempt with `start`. A draining executor still runs a launch that
+    /// comes before its drain's time is up (the driver sent it before it heard of the drain,
+    /// and the drain waits for it); only once what runs has been handed back does it hand a
+    /// launch straight back.
     pub fn launch(
         &mut self,
         task: &TaskDescription,
         start: impl FnOnce(&TaskDescription) -> Started<H>,
     ) {
-        if self.draining.is_some() {
+        if self.handed_back {
             self.statuses.push(handed_back(task.task_id, task.attempt));
             return;
         }

@@ -140,26 +140,33 @@ fn a_silent_driver_means_registering_again_and_no_statuses_meanwhile() {
 }
 
 #[test]
-fn a_drain_hands_back_what_still_runs_and_leaves_once_acknowledged() {
+fn a_drain_keeps_a_late_launch_hands_back_what_still_runs_and_leaves_once_acknowledged() {
     let mut m = machine();
     m.launch(&task(1), |_| Started::Running(Work(true)));
     m.stop("test", 100);
-    m.launch(&task(2), |_| {
-        unreachable!("a draining executor starts nothing")
-    });
+    // Sent before the driver heard of the drain: run, not handed back.
+    m.launch(&task(2), |_| Started::Running(Work(true)));
+    assert_eq!(m.running(), 2);
     assert_eq!(m.hand_back_at(), Some(30_100));
     m.hand_back();
+    m.launch(&task(3), |_| {
+        unreachable!("once its tasks are handed back, an executor starts nothing")
+    });
     assert!(!m.poll(30_100));
     assert!(matches!(
         requests(&mut m)[..],
         [Request::Decommission(_), Request::Status]
     ));
+    let mut ends = states(&m);
+    ends.sort_by_key(|(task, state)| (*state == TaskState::Killed, *task));
     assert_eq!(
-        states(&m),
+        ends,
         [
             (1, TaskState::Running),
+            (2, TaskState::Running),
+            (1, TaskState::Killed),
             (2, TaskState::Killed),
-            (1, TaskState::Killed)
+            (3, TaskState::Killed)
         ]
     );
     assert!(m.on_status(ack(), 30_200).is_empty());

@@ -17,6 +17,7 @@ pub struct DriverMetrics {
     pub leader: Gauge,
     pub epoch: Gauge,
     pub executors: Gauge,
+    pub executors_target: Gauge,
     cores: Family<Labels, Gauge>,
     jobs: Family<Labels, Gauge>,
     pub tasks_waiting: Gauge,
@@ -93,6 +94,7 @@ pub struct CoreGauges {
     pub jobs_succeeded: u64,
     pub jobs_failed: u64,
     pub jobs_killed: u64,
+    pub executors_target: u64,
 }
 
 /// A kind of request the driver handles.
@@ -136,6 +138,7 @@ impl DriverMetrics {
             leader: Gauge::default(),
             epoch: Gauge::default(),
             executors: Gauge::default(),
+            executors_target: Gauge::default(),
             cores: Family::default(),
             jobs: Family::default(),
             tasks_waiting: Gauge::default(),
@@ -171,6 +174,11 @@ impl DriverMetrics {
             self.epoch.clone(),
         );
         r.register("executors", "Executors registered", self.executors.clone());
+        r.register(
+            "executors_target",
+            "Executors the dynamic allocation signal asks for (0 when it is off)",
+            self.executors_target.clone(),
+        );
         r.register(
             "cores",
             "Cores of the registered executors, by state (total, free)",
@@ -250,6 +258,7 @@ impl DriverMetrics {
             gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
         };
         set(&self.executors, g.executors);
+        set(&self.executors_target, g.executors_target);
         set(
             &self.cores.get_or_create(&label("state", "total")),
             g.total_cores,

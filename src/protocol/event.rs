@@ -57,6 +57,13 @@ pub enum Event {
         killed: u32,
         reason: Option<String>,
     },
+    /// The dynamic allocation target changed.
+    ExecutorTarget {
+        time_ms: u64,
+        target_executors: u64,
+        previous: u64,
+        reason: String,
+    },
 }
 
 impl Event {
@@ -86,6 +93,7 @@ impl Event {
             Event::TaskStart { .. } => "task.start",
             Event::TaskEnd { .. } => "task.end",
             Event::JobEnd { .. } => "job.end",
+            Event::ExecutorTarget { .. } => "executor.target",
         }
     }
 

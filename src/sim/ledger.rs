@@ -201,7 +201,9 @@ impl Ledger {
             Event::JobEnd { job_id, state, .. } => {
                 self.job_ended(leadership, *job_id, *state, seen)
             }
-            Event::JobStart { .. } | Event::TaskStart { .. } => Ok(()),
+            Event::JobStart { .. } | Event::TaskStart { .. } | Event::ExecutorTarget { .. } => {
+                Ok(())
+            }
         }
     }
 

@@ -74,6 +74,9 @@ pub fn event_words(event: &Event) -> Vec<u64> {
         Event::JobEnd { job_id, state, .. } => {
             vec![6, *job_id, u64::from(*state == JobState::Succeeded)]
         }
+        Event::ExecutorTarget {
+            target_executors, ..
+        } => vec![7, *target_executors],
     }
 }
 

@@ -5,6 +5,7 @@
 //! [`Core::take_effects`] and sends. Time comes in as `now` (milliseconds since the epoch), so
 //! tests and simulations drive it with any clock they like.
 
+mod allocation;
 mod jobs;
 mod liveness;
 mod offers;
@@ -19,6 +20,9 @@ use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord};
 use std::collections::{BTreeMap, VecDeque};
 
+pub use allocation::{
+    AllocationConfig, DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MIN_EXECUTORS,
+};
 pub use jobs::Job;
 pub use liveness::Liveness;
 pub use registry::{ExecutorData, MAX_CORES};
@@ -106,6 +110,8 @@ pub struct Core {
     no_executors_since: Option<u64>,
     /// Offer rounds made while tasks waited, for the metrics.
     offer_rounds: u64,
+    /// The dynamic allocation signal, when on.
+    allocation: Option<allocation::Allocation>,
     effects: Vec<Effect>,
 }
 
@@ -128,6 +134,7 @@ impl Core {
             staging: None,
             no_executors_since: None,
             offer_rounds: 0,
+            allocation: None,
             effects: Vec::new(),
         }
     }
@@ -177,6 +184,7 @@ impl Core {
             } => self.result_chunk(job_id, index, chunk),
             ApiRequest::StopExecutor { executor_id } => self.on_stop_executors(Some(executor_id)),
             ApiRequest::StopAllExecutors => self.on_stop_executors(None),
+            ApiRequest::ReleaseExecutor { executor_id } => self.on_release_executor(executor_id),
         }
     }
 
@@ -186,6 +194,7 @@ impl Core {
         let mut g = crate::metrics::CoreGauges {
             executors: self.executors.len() as u64,
             total_cores: self.total_cores,
+            executors_target: self.allocation().map_or(0, |a| a.target_executors),
             ..Default::default()
         };
         for data in self.executors.values() {

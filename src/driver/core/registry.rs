@@ -26,6 +26,8 @@ pub struct ExecutorData {
     pub running: HashMap<TaskId, u32, crate::IdHasher>,
     /// Draining: it gets no new tasks.
     pub decommissioning: bool,
+    /// When it last became idle: its registration, or the end of its last running task.
+    pub idle_since_ms: u64,
 }
 
 impl Core {
@@ -70,6 +72,7 @@ impl Core {
                 last_seen_ms: now,
                 running: HashMap::default(),
                 decommissioning: false,
+                idle_since_ms: now,
             },
         );
         self.publish(Event::ExecutorAdded {
@@ -122,6 +125,7 @@ impl Core {
                 driver_instance: self.config.driver_instance,
                 epoch: self.config.epoch,
             }),
+            allocation: self.allocation().cloned(),
         }
     }
 

@@ -195,6 +195,9 @@ impl Core {
         if let Some(executor) = self.executors.get_mut(from) {
             executor.free_cores += job.cpus_per_task;
             executor.running.remove(&task_id);
+            if executor.running.is_empty() {
+                executor.idle_since_ms = now;
+            }
         }
         job.running -= 1;
         let active = job.is_active();

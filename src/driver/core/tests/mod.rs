@@ -3,6 +3,7 @@
 //! invariants. This module holds what they share: builders of requests, senders that check the
 //! reply, readers of effects, and the invariant checks.
 
+mod allocation;
 mod jobs;
 mod offers;
 mod props;

@@ -56,6 +56,7 @@ fn a_new_executor_is_registered_and_announced() {
             registered_executors: 1,
             pending_executors: 1,
             next_offset: None,
+            allocation: None,
             driver: Some(crate::protocol::DriverInfo {
                 driver_instance: InstanceId::from_u128(super::DRIVER),
                 epoch: 0,
@@ -304,6 +305,7 @@ fn list_executors_returns_the_registry_and_its_totals() {
             registered_executors: 0,
             pending_executors: 4,
             next_offset: None,
+            allocation: None,
             driver: Some(crate::protocol::DriverInfo {
                 driver_instance: InstanceId::from_u128(super::DRIVER),
                 epoch: 0,
