@@ -4,10 +4,11 @@
 use clap::{Parser, Subcommand};
 use ember::bench::{bench, BenchArgs};
 use ember::cli::creds::{creds, CredsArgs};
+use ember::cli::events::{events, EventsArgs};
 use ember::cli::sim::{sim, SimArgs};
 use ember::cli::submit::{submit, SubmitArgs};
 use ember::cli::up::{up, UpArgs};
-use ember::cli::view::{follow_events, show_executors, show_jobs};
+use ember::cli::view::{show_executors, show_jobs};
 use ember::cli::{init_tracing, runtime, shutdown_signal};
 use ember::client::EmberClient;
 use ember::connect::NatsArgs;
@@ -29,12 +30,11 @@ struct Cli {
 enum Command {
     /// Start a local nats-server, a driver and N executors; print events until Ctrl-C.
     Up(UpArgs),
-    /// Follow the listener bus (ember.<cluster>.events.>).
-    Events {
-        /// Print each event as its wire JSON, one object per line.
-        #[arg(long)]
-        json: bool,
-    },
+    /// Follow the cluster's events (ember.<cluster>.events.>) and read their history: with
+    /// a journal, the driver keeps them in the stream EMBER_<cluster>_EVENTS, which
+    /// --since and --from-start read from, and which live following resumes on without a gap
+    /// after a nats-server restart or a driver failover.
+    Events(EventsArgs),
     /// Show the executor registry and its totals.
     Executors {
         #[arg(long)]
@@ -112,9 +112,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
     match cli.command {
         Command::Up(_) | Command::Bench(_) => unreachable!("handled above"),
         Command::Creds(_) | Command::Sim(_) => unreachable!("handled above"),
-        Command::Events { json } => {
-            follow_events(&nats, &subjects, json, shutdown_signal()).await?
-        }
+        Command::Events(args) => events(&nats, &subjects, &args, shutdown_signal()).await?,
         Command::Executors { json } => show_executors(&client, json).await?,
         Command::Jobs { json } => show_jobs(&client, json).await?,
         Command::Submit(args) => return submit(&client, &args).await,
