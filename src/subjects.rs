@@ -21,6 +21,10 @@ impl Subjects {
         })
     }
 
+    /// The inbox prefix `ember events` connects with, so that a listener's credentials need
+    /// no inbox but this one (`listener` is no executor's id under `ember creds`).
+    pub const LISTENER_INBOX: &'static str = "_INBOX.listener";
+
     /// `ember.<cluster>`.
     pub fn prefix(&self) -> &str {
         &self.prefix

@@ -107,7 +107,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         return Ok(true);
     }
     let subjects = cli.nats.subjects()?;
-    let nats = cli.nats.connect("ember", None).await?;
+    // Events are read with a listener's rights, whose answers come to an inbox of its own.
+    let inbox = matches!(cli.command, Command::Events(_))
+        .then(|| ember::subjects::Subjects::LISTENER_INBOX.to_string());
+    let nats = cli.nats.connect("ember", inbox).await?;
     let client = EmberClient::new(nats.clone(), subjects.clone());
     match cli.command {
         Command::Up(_) | Command::Bench(_) => unreachable!("handled above"),
