@@ -20,6 +20,7 @@ pub mod driver;
 pub mod epoch;
 pub mod events;
 pub mod executor;
+pub mod history;
 pub mod ids;
 pub mod metrics;
 pub mod protocol;

@@ -21,6 +21,10 @@ impl Subjects {
         })
     }
 
+    /// The inbox prefix `ember events` connects with, so that a listener's credentials need
+    /// no inbox but this one (`listener` is no executor's id under `ember creds`).
+    pub const LISTENER_INBOX: &'static str = "_INBOX.listener";
+
     /// `ember.<cluster>`.
     pub fn prefix(&self) -> &str {
         &self.prefix
@@ -112,6 +116,13 @@ impl Subjects {
         format!("EMBER_{cluster}_JOURNAL")
     }
 
+    /// The name of the JetStream stream that holds the event history: `EMBER_<cluster>_EVENTS`,
+    /// capturing [`Subjects::events_all`].
+    pub fn events_stream(&self) -> String {
+        let cluster = self.prefix.trim_start_matches("ember.");
+        format!("EMBER_{cluster}_EVENTS")
+    }
+
     /// The inbox prefix an executor connects with, so replies to it stay under its own id.
     pub fn executor_reply_prefix(id: &ExecutorId) -> String {
         format!("_INBOX.{id}")
@@ -163,6 +174,7 @@ mod tests {
         assert_eq!(s.events_all(), "ember.prod.events.>");
         assert_eq!(s.journal(), "ember.prod.journal");
         assert_eq!(s.journal_stream(), "EMBER_prod_JOURNAL");
+        assert_eq!(s.events_stream(), "EMBER_prod_EVENTS");
         assert_eq!(
             Subjects::executor_id_of("ember.prod.driver.register.exec-1"),
             "exec-1"

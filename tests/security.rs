@@ -139,6 +139,9 @@ impl Secure {
         if user.starts_with("exec-") {
             options = options.custom_inbox_prefix(Subjects::executor_reply_prefix(&id(user)));
         }
+        if user == "listener" {
+            options = options.custom_inbox_prefix(Subjects::LISTENER_INBOX);
+        }
         let client = options.connect(self.cluster.url()).await.expect("connect");
         Watched { client, events }
     }
@@ -820,6 +823,67 @@ async fn nkey_users_log_in_with_a_seed_file() {
         error,
         Err(ember::connect::ConnectError::Nkey { .. })
     ));
+}
+
+#[tokio::test]
+async fn a_listener_reads_the_event_history_and_cannot_delete_or_write_it() {
+    let store = TempDir(std::env::temp_dir().join(format!("ember-js-{}", uuid::Uuid::new_v4())));
+    let jetstream = format!(
+        "\njetstream {{ store_dir: {:?} }}\n",
+        store.0.display().to_string()
+    );
+    let secure = Secure::start_with("history", |_| {}, &jetstream);
+    let _driver = secure
+        .start_driver_with(ember::driver::JournalMode::On)
+        .await;
+    let _exec1 = secure.start_executor("exec-1").await;
+    let api =
+        ember::client::EmberClient::new(secure.login("client").await, secure.subjects().clone());
+    let job = api.run_job(noop_job(5), |_| {}).await.expect("job runs");
+    let mut listener = secure.watched("listener").await;
+    // The history, from its start, read under the listener's rights: the job's end is there.
+    let mut reader = ember::history::Reader::open(
+        &listener.client,
+        secure.subjects(),
+        ember::history::Start::All,
+    )
+    .await
+    .expect("a listener may read the history");
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(ember::protocol::Event::JobEnd { job_id, .. }) = reader.next().await.event {
+                return job_id;
+            }
+        }
+    })
+    .await;
+    assert_eq!(ended, Ok(job.job_id));
+    let stream = secure.subjects().events_stream();
+    for call in [
+        "STREAM.DELETE",
+        "STREAM.PURGE",
+        "STREAM.UPDATE",
+        "STREAM.MSG.DELETE",
+    ] {
+        let subject = format!("$JS.API.{call}.{stream}");
+        listener.send(subject.clone(), "{}".into()).await;
+        listener.violation("Publish", &subject).await;
+    }
+    let journal = format!(
+        "$JS.API.CONSUMER.CREATE.{}",
+        secure.subjects().journal_stream()
+    );
+    listener.send(journal.clone(), "{}".into()).await;
+    listener.violation("Publish", &journal).await;
+    let event = secure.subjects().event("job.end");
+    listener.send(event.clone(), "{}".into()).await;
+    listener.violation("Publish", &event).await;
+    let jetstream = async_nats::jetstream::new(secure.login("driver").await);
+    let info = jetstream
+        .get_stream(&stream)
+        .await
+        .expect("the stream is still there");
+    assert!(info.cached_info().state.messages > 0);
 }
 
 #[tokio::test]

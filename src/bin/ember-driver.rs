@@ -65,6 +65,13 @@ struct Args {
     /// The most bytes the results bucket keeps; past it, the oldest results go first.
     #[arg(long, env = "EMBER_RESULTS_MAX_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
     results_max_bytes: u64,
+    /// With a journal, every event also goes to the cluster's events stream in JetStream
+    /// (EMBER_<cluster>_EVENTS), which `ember events --since` reads; it keeps each this long.
+    #[arg(long, env = "EMBER_EVENTS_MAX_AGE", default_value = "24h", value_parser = parse_duration)]
+    events_max_age: Duration,
+    /// The most bytes the events stream keeps; past it, the oldest events go first.
+    #[arg(long, env = "EMBER_EVENTS_MAX_BYTES", default_value = "128MiB", value_parser = parse_bytes)]
+    events_max_bytes: u64,
     /// Snapshot the journal's live state each time the journal has grown by this much (or by
     /// twice the last snapshot, if that is more), and purge what the snapshot replaces: a
     /// restart reads one snapshot and a short tail, whatever the history.
@@ -147,6 +154,8 @@ fn main() -> ExitCode {
                 snapshot_after: args.snapshot_after,
                 results_max_age: args.results_max_age,
                 results_max_bytes: args.results_max_bytes,
+                events_max_age: args.events_max_age,
+                events_max_bytes: args.events_max_bytes,
                 lease: args.lease,
                 replicas: args.replicas,
                 metrics,

@@ -4,11 +4,12 @@
 use clap::{Parser, Subcommand};
 use ember::bench::{bench, BenchArgs};
 use ember::cli::creds::{creds, CredsArgs};
+use ember::cli::events::{events, EventsArgs};
 use ember::cli::sim::{sim, SimArgs};
 use ember::cli::status::{status, StatusArgs};
 use ember::cli::submit::{submit, SubmitArgs};
 use ember::cli::up::{up, UpArgs};
-use ember::cli::view::{follow_events, show_executors, show_jobs};
+use ember::cli::view::{show_executors, show_jobs};
 use ember::cli::{init_tracing, runtime, shutdown_signal};
 use ember::client::EmberClient;
 use ember::connect::NatsArgs;
@@ -30,12 +31,11 @@ struct Cli {
 enum Command {
     /// Start a local nats-server, a driver and N executors; print events until Ctrl-C.
     Up(UpArgs),
-    /// Follow the listener bus (ember.<cluster>.events.>).
-    Events {
-        /// Print each event as its wire JSON, one object per line.
-        #[arg(long)]
-        json: bool,
-    },
+    /// Follow the cluster's events (ember.<cluster>.events.>) and read their history: with
+    /// a journal, the driver keeps them in the stream EMBER_<cluster>_EVENTS, which
+    /// --since and --from-start read from, and which live following resumes on without a gap
+    /// after a nats-server restart or a driver failover.
+    Events(EventsArgs),
     /// Show the executor registry and its totals.
     Executors {
         #[arg(long)]
@@ -133,14 +133,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         return Ok(true);
     }
     let subjects = cli.nats.subjects()?;
-    let nats = cli.nats.connect("ember", None).await?;
+    // Events are read with a listener's rights, whose answers come to an inbox of its own.
+    let inbox = matches!(cli.command, Command::Events(_))
+        .then(|| ember::subjects::Subjects::LISTENER_INBOX.to_string());
+    let nats = cli.nats.connect("ember", inbox).await?;
     let client = EmberClient::new(nats.clone(), subjects.clone());
     match cli.command {
         Command::Up(_) | Command::Bench(_) => unreachable!("handled above"),
         Command::Creds(_) | Command::Sim(_) => unreachable!("handled above"),
-        Command::Events { json } => {
-            follow_events(&nats, &subjects, json, shutdown_signal()).await?
-        }
+        Command::Events(args) => events(&nats, &subjects, &args, shutdown_signal()).await?,
         Command::Executors { json } => show_executors(&client, json).await?,
         Command::Jobs { json } => show_jobs(&client, json).await?,
         Command::Status(args) => {

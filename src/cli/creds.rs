@@ -129,19 +129,28 @@ impl Role {
                 ..Permissions::default()
             },
             Role::Client => Permissions {
-                // The api, and finding the drivers by their NATS service.
-                publish_allow: vec![
-                    subjects.api(),
-                    format!("$SRV.*.{}", crate::driver::discovery::NAME),
-                    format!("$SRV.*.{}.>", crate::driver::discovery::NAME),
-                ],
+                // The api, finding the drivers by their NATS service, and the event history.
+                publish_allow: [
+                    vec![
+                        subjects.api(),
+                        format!("$SRV.*.{}", crate::driver::discovery::NAME),
+                        format!("$SRV.*.{}.>", crate::driver::discovery::NAME),
+                    ],
+                    history_rights(subjects),
+                ]
+                .concat(),
                 subscribe_allow: vec!["_INBOX.>".into(), subjects.events_all()],
                 subscribe_deny: executors.iter().map(executor_replies).collect(),
                 ..Permissions::default()
             },
             Role::Listener => Permissions {
-                publish_deny: vec![">".into()],
-                subscribe_allow: vec![subjects.events_all()],
+                // Nothing but reading the event history; its answers come to an inbox of
+                // its own.
+                publish_allow: history_rights(subjects),
+                subscribe_allow: vec![
+                    subjects.events_all(),
+                    format!("{}.>", Subjects::LISTENER_INBOX),
+                ],
                 ..Permissions::default()
             },
         }
@@ -156,6 +165,10 @@ impl Role {
 fn journal_rights(subjects: &Subjects) -> Vec<String> {
     let stream = subjects.journal_stream();
     let mut rights = vec![subjects.journal(), "$JS.API.INFO".into()];
+    // The events stream: the driver makes it; its events are published on the event subjects.
+    for call in ["STREAM.CREATE", "STREAM.UPDATE", "STREAM.INFO"] {
+        rights.push(format!("$JS.API.{call}.{}", subjects.events_stream()));
+    }
     for call in [
         "STREAM.CREATE",
         "STREAM.UPDATE",
@@ -187,6 +200,20 @@ fn journal_rights(subjects: &Subjects) -> Vec<String> {
         rights.push(format!("$JS.API.DIRECT.GET.KV_{bucket}.>"));
     }
     rights
+}
+
+/// What reading the event history takes: making ordered consumers of the events stream (and
+/// deleting them, as an ordered consumer does with the one it replaces when it resumes),
+/// pulling from them and acknowledging; nothing of the stream itself, which stays the driver's.
+fn history_rights(subjects: &Subjects) -> Vec<String> {
+    let stream = subjects.events_stream();
+    vec![
+        format!("$JS.API.CONSUMER.CREATE.{stream}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.>"),
+        format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
+        format!("$JS.ACK.{stream}.>"),
+    ]
 }
 
 /// `_INBOX.<id>.>`: where the driver's answers to executor `id` arrive.
@@ -299,7 +326,7 @@ fn describe(role: &Role) -> String {
             format!("executor {id}: writes only subjects ending in its id and its own results' chunks, reads only its inboxes")
         }
         Role::Client => "clients: the driver api, replies (not executors'), events".into(),
-        Role::Listener => "listeners: read the events, write nothing".into(),
+        Role::Listener => "listeners: read the events and their history, write nothing".into(),
     }
 }
 
@@ -439,6 +466,7 @@ mod tests {
             .filter(|r| r.starts_with("$JS.API.") && *r != "$JS.API.INFO")
             .all(|r| [
                 ".EMBER_prod_JOURNAL",
+                ".EMBER_prod_EVENTS",
                 ".KV_EMBER_prod_RESULTS",
                 ".KV_EMBER_prod_LEADER"
             ]
@@ -446,10 +474,11 @@ mod tests {
             .any(|stream| r.contains(stream))));
         for role in [Role::Executor(id("e1")), Role::Client, Role::Listener] {
             let p = role.permissions(&s, &[]);
+            // Of JetStream, only the consumers of the events stream.
             assert!(
-                p.publish_allow
-                    .iter()
-                    .all(|r| !r.contains("journal") && !r.starts_with("$JS")),
+                p.publish_allow.iter().all(|r| !r.contains("journal")
+                    && (!r.starts_with("$JS")
+                        || (r.contains(".EMBER_prod_EVENTS") && !r.contains("STREAM")))),
                 "{role:?}: {p:?}"
             );
             // An executor writes only the chunks of its own results, never a result.
@@ -469,7 +498,7 @@ mod tests {
         let p = Role::Client.permissions(&s, &[id("e1"), id("e2")]);
         assert_eq!(p.subscribe_deny, ["_INBOX.e1.>", "_INBOX.e2.>"]);
         assert_eq!(
-            p.publish_allow,
+            p.publish_allow[..3],
             [
                 "ember.prod.driver.api",
                 "$SRV.*.ember-driver",

@@ -2,6 +2,7 @@
 //! binaries in src/bin only parse flags and call into here.
 
 pub mod creds;
+pub mod events;
 pub mod sim;
 pub mod status;
 pub mod submit;

@@ -3,13 +3,10 @@
 
 use super::format_time;
 use crate::client::EmberClient;
-use crate::events;
 use crate::subjects::Subjects;
 use async_nats::Client;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use futures::StreamExt;
 use std::future::Future;
-use std::io::Write;
 
 /// Follows the listener bus until `shutdown`: one line per event, or the wire JSON.
 pub async fn follow_events(
@@ -18,30 +15,7 @@ pub async fn follow_events(
     json: bool,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let subscriber = events::subscribe(client, subjects).await?;
-    client.flush().await?;
-    let mut stream = Box::pin(events::decoded(subscriber));
-    tokio::pin!(shutdown);
-    let mut out = std::io::stdout();
-    loop {
-        let (raw, event) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            item = stream.next() => match item {
-                Some(item) => item,
-                None => anyhow::bail!("the event subscription closed"),
-            },
-        };
-        if json {
-            out.write_all(&raw)?;
-            out.write_all(b"\n")?;
-        } else {
-            match event {
-                Ok(event) => writeln!(out, "{}", events::describe(&event))?,
-                Err(error) => writeln!(out, "undecodable event: {error}")?,
-            }
-        }
-        out.flush()?;
-    }
+    super::events::follow_live(client, subjects, json, None, shutdown).await
 }
 
 /// Prints the registry as a table with its totals, or as JSON.

@@ -6,6 +6,7 @@
 use super::coalesce::TaskEvents;
 use super::core::{AllocationConfig, Core, CoreConfig, Effect, Liveness, Retention};
 use super::discovery::{self, ApiCounts, Identity};
+use super::history::{self, History};
 use super::journal::{Journal, JournalError, JournalMode, Replicas};
 use super::lease::{Guard, Lease, LeaseError, Tenure};
 use super::outbox::{Outbox, Output, ReplyTo};
@@ -53,6 +54,9 @@ pub struct DriverConfig {
     /// How long, and up to how many bytes, the results bucket keeps results (with a journal).
     pub results_max_age: Duration,
     pub results_max_bytes: u64,
+    /// How long, and up to how many bytes, the events stream keeps events (with a journal).
+    pub events_max_age: Duration,
+    pub events_max_bytes: u64,
     /// How long a leadership lasts unrenewed (with a journal, drivers elect one leader).
     pub lease: Duration,
     /// How many copies a clustered server keeps of the journal, results and lease.
@@ -77,6 +81,8 @@ impl DriverConfig {
             snapshot_after: crate::DEFAULT_SNAPSHOT_AFTER,
             results_max_age: super::results::DEFAULT_RESULTS_MAX_AGE,
             results_max_bytes: super::results::DEFAULT_RESULTS_MAX_BYTES,
+            events_max_age: history::DEFAULT_EVENTS_MAX_AGE,
+            events_max_bytes: history::DEFAULT_EVENTS_MAX_BYTES,
             lease: super::lease::DEFAULT_LEASE,
             replicas: Replicas::Auto,
             metrics: Arc::new(DriverMetrics::new()),
@@ -248,6 +254,9 @@ async fn lead(
         }
     }
     shell.drain(&mut outbox).await;
+    if let Some(history) = shell.history.take() {
+        history.close(DRAIN_TIMEOUT).await;
+    }
     shell.refusals.report();
     info!("driver stopping");
     shell.metrics.stood_down();
@@ -309,6 +318,16 @@ async fn start(
         ),
         None => None,
     };
+    if let Some(journal) = &journal {
+        history::open(
+            journal.context(),
+            &subjects,
+            config.events_max_age,
+            config.events_max_bytes,
+            journal.replicas,
+        )
+        .await?;
+    }
     let driver_instance = uuid::Uuid::new_v4();
     let mut tenure = None;
     let mut journal = journal;
@@ -382,7 +401,18 @@ async fn start(
         service,
     };
     flush(client).await.map_err(DriverError::NotSubscribed)?;
+    let history = tenure.as_ref().map(|tenure| {
+        let guard = tenure.guard().clone();
+        History::start(
+            client,
+            history::Writer {
+                guard,
+                driver_instance,
+            },
+        )
+    });
     let shell = Shell {
+        history,
         headers: tenure
             .as_ref()
             .and_then(|t| crate::epoch::headers(t.epoch())),
@@ -477,6 +507,8 @@ struct Shell {
     schedule: Option<Schedule>,
     /// Where results are stored, with a journal.
     results: Option<ResultsBucket>,
+    /// What stores the events in the cluster's events stream, with a journal.
+    history: Option<History>,
     /// Whether a revive tick came since the last look at the snapshot's age.
     ticked: bool,
     /// The core's offer rounds already counted in the metrics.
@@ -873,9 +905,19 @@ impl Shell {
         }
     }
 
+    /// Publishes an event: on its plain subject, or with a journal, through the events
+    /// stream's writer, whose one message per part reaches the plain subject too.
     async fn publish_event(&self, event: Event) {
-        let subject = self.subjects.event(event.kind()).into();
-        self.publish_batch(subject, event).await;
+        let subject: Subject = self.subjects.event(event.kind()).into();
+        let Some(history) = &self.history else {
+            return self.publish_batch(subject, event).await;
+        };
+        if !self.guard().map_or(true, Guard::is_current) {
+            return;
+        }
+        for payload in self.fit(event, &subject) {
+            history.publish(subject.clone(), payload).await;
+        }
     }
 
     /// Publishes a batch, cut in halves until each part fits in one message.

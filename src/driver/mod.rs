@@ -5,6 +5,7 @@ pub mod actor;
 mod coalesce;
 pub mod core;
 pub mod discovery;
+pub mod history;
 pub mod journal;
 pub mod lease;
 mod outbox;

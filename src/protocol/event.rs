@@ -97,6 +97,19 @@ impl Event {
         }
     }
 
+    /// The job the event is about; none for an executor's event.
+    pub fn job_id(&self) -> Option<u64> {
+        match self {
+            Event::JobStart { job_id, .. }
+            | Event::TaskStart { job_id, .. }
+            | Event::TaskEnd { job_id, .. }
+            | Event::JobEnd { job_id, .. } => Some(*job_id),
+            Event::ExecutorAdded { .. }
+            | Event::ExecutorRemoved { .. }
+            | Event::ExecutorTarget { .. } => None,
+        }
+    }
+
     /// The attempts a `TaskStart` announces, each with the executor it was launched on, in the
     /// event's order; none for any other event.
     pub fn started(&self) -> impl Iterator<Item = (&ExecutorId, &TaskStarted)> {

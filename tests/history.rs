@@ -1,0 +1,246 @@
+//! The event history on a real nats-server: `ember events` reads a job's whole history after
+//! it ended, follows through a nats-server restart with every task end once, filters by job,
+//! and refuses a `--since` it cannot read.
+
+mod common;
+
+use common::{eventually, sleepers, within, TestCluster};
+use ember::protocol::{decode, Event, JobState, TaskState};
+use ember::server::NatsServer;
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs a job of `tasks` sleepers to its end and returns its id.
+async fn run_job(api: &ember::client::EmberClient, tasks: u32) -> u64 {
+    let job_id = api.submit(sleepers(tasks, 5)).await.unwrap();
+    let summary = eventually(LIMIT, "the job's end", || async {
+        let s = api.job(job_id).await.ok()?;
+        (s.state != JobState::Running).then_some(s)
+    })
+    .await;
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    job_id
+}
+
+/// The events `ember events <args> --json` prints before it exits by itself.
+async fn cli_events(cluster: &TestCluster, args: &[&str]) -> Vec<Event> {
+    let output = within(LIMIT, cluster.cli(args).arg("--json").output())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{args:?}: {stderr}");
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| decode::<Event>(line.as_bytes(), usize::MAX).expect("an event per line"))
+        .collect()
+}
+
+/// How many times each (task index, attempt) of `job_id` ended, and how many of its indices
+/// finished.
+fn task_ends(events: &[Event], job_id: u64) -> (BTreeMap<(u32, u32), usize>, usize) {
+    let mut ends = BTreeMap::new();
+    let mut finished = 0;
+    for event in events.iter().filter(|e| e.job_id() == Some(job_id)) {
+        for (_, end) in event.ended() {
+            *ends.entry((end.index, end.attempt)).or_insert(0) += 1;
+            finished += usize::from(end.state == TaskState::Finished);
+        }
+    }
+    (ends, finished)
+}
+
+#[tokio::test]
+async fn a_listener_started_after_a_job_ended_gets_its_whole_history() {
+    let cluster = TestCluster::start_with_jetstream("history-late");
+    let _driver = cluster.driver().await;
+    let _executor = cluster.executor("e1", 4, Default::default()).await;
+    let api = cluster.api(cluster.client().await);
+    let job_id = run_job(&api, 40).await;
+
+    let events = cli_events(&cluster, &["events", "--from-start"]).await;
+    let kinds: Vec<&str> = events.iter().map(Event::kind).collect();
+    assert_eq!(kinds.first(), Some(&"executor.added"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "job.start").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(
+        matches!(events.last(), Some(Event::JobEnd { job_id: j, state: JobState::Succeeded, .. }) if *j == job_id),
+        "{kinds:?}"
+    );
+    let (ends, finished) = task_ends(&events, job_id);
+    assert_eq!(finished, 40);
+    assert_eq!(ends.len(), 40);
+    assert!(ends.values().all(|&n| n == 1), "{ends:?}");
+    // Ten minutes back reaches the start too.
+    let since = cli_events(&cluster, &["events", "--since", "10m"]).await;
+    assert_eq!(since, events);
+}
+
+#[tokio::test]
+async fn events_of_one_job_only_with_job() {
+    let cluster = TestCluster::start_with_jetstream("history-job");
+    let _driver = cluster.driver().await;
+    let _executor = cluster.executor("e1", 4, Default::default()).await;
+    let api = cluster.api(cluster.client().await);
+    let first = run_job(&api, 8).await;
+    let second = run_job(&api, 12).await;
+
+    for (job_id, tasks) in [(first, 8), (second, 12)] {
+        let id = job_id.to_string();
+        let events = cli_events(&cluster, &["events", "--from-start", "--job", &id]).await;
+        assert!(
+            events.iter().all(|e| e.job_id() == Some(job_id)),
+            "{events:?}"
+        );
+        assert_eq!(events.first().map(Event::kind), Some("job.start"));
+        assert_eq!(events.last().map(Event::kind), Some("job.end"));
+        assert_eq!(task_ends(&events, job_id).1, tasks);
+    }
+    let none = cli_events(&cluster, &["events", "--from-start", "--job", "999"]).await;
+    assert!(none.is_empty(), "{none:?}");
+}
+
+#[tokio::test]
+async fn since_takes_a_duration_or_a_time_and_refuses_garbage() {
+    let cluster = TestCluster::start_with_jetstream("history-since");
+    let _driver = cluster.driver().await;
+    let _executor = cluster.executor("e1", 2, Default::default()).await;
+    let api = cluster.api(cluster.client().await);
+    eventually(LIMIT, "the executor registered", || async {
+        (api.executors().await.ok()?.registered_executors == 1).then_some(())
+    })
+    .await;
+    // The time is cut to the second: a second later, it falls after the registration.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let job_id = run_job(&api, 4).await;
+
+    // From a time before the job: the job, but not the executor that came before it.
+    let events = cli_events(&cluster, &["events", "--since", &before]).await;
+    assert_eq!(
+        events.first().map(Event::kind),
+        Some("job.start"),
+        "{events:?}"
+    );
+    assert_eq!(task_ends(&events, job_id).1, 4);
+    // From a time to come: nothing, and it exits.
+    let later =
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now() + Duration::from_secs(3600))
+            .to_string();
+    assert!(cli_events(&cluster, &["events", "--since", &later])
+        .await
+        .is_empty());
+    for garbage in ["yesterday", "10 parsecs", "2026-13-45T00:00:00Z"] {
+        let output = within(LIMIT, cluster.cli(&["events", "--since", garbage]).output())
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{garbage}: {stderr}");
+        assert!(
+            stderr.contains("neither a duration nor a time"),
+            "{garbage}: {stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn without_a_history_a_range_is_refused_and_live_events_still_flow() {
+    let cluster = TestCluster::start("history-none");
+    let _driver = cluster.driver().await;
+    let output = within(LIMIT, cluster.cli(&["events", "--from-start"]).output())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("could not read the event history"),
+        "{stderr}"
+    );
+    let mut live = cluster
+        .cli(&["events", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(live.stdout.take().unwrap()).lines();
+    // It subscribes once it has given up on the history: executors keep joining until then.
+    let mut executors = Vec::new();
+    let line = within(LIMIT, async {
+        loop {
+            let id = format!("e{}", executors.len());
+            executors.push(cluster.executor(&id, 1, Default::default()).await);
+            let next = tokio::time::timeout(Duration::from_millis(500), lines.next_line()).await;
+            if let Ok(line) = next {
+                return line.unwrap().expect("a line");
+            }
+        }
+    })
+    .await;
+    let event = decode::<Event>(line.as_bytes(), usize::MAX).unwrap();
+    assert!(matches!(event, Event::ExecutorAdded { .. }), "{event:?}");
+    live.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_listener_following_through_a_nats_server_restart_gets_every_task_end_once() {
+    let store = std::env::temp_dir().join(format!("ember-history-{}", uuid::Uuid::new_v4()));
+    let store_arg = store.display().to_string();
+    let flags = ["-js", "-sd", store_arg.as_str()];
+    let mut cluster = TestCluster::start("history-restart");
+    let port = ember::server::free_port().unwrap();
+    cluster.server = NatsServer::start_on(port, &flags).unwrap();
+    let _driver = cluster.driver().await;
+    let _executors = [
+        cluster.executor("e1", 2, Default::default()).await,
+        cluster.executor("e2", 2, Default::default()).await,
+    ];
+    let api = cluster.api(cluster.client().await);
+    eventually(LIMIT, "executors registered", || async {
+        (api.executors().await.ok()?.registered_executors == 2).then_some(())
+    })
+    .await;
+    let mut listener = cluster
+        .cli(&["events", "--from-start", "--follow", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(listener.stdout.take().unwrap()).lines();
+    let job_id = api.submit(sleepers(200, 20)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.server.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.server = NatsServer::start_on(port, &flags).unwrap();
+
+    let mut events = Vec::new();
+    within(Duration::from_secs(90), async {
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the listener runs on");
+            let event = decode::<Event>(line.as_bytes(), usize::MAX).unwrap();
+            let ended = matches!(event, Event::JobEnd { job_id: j, .. } if j == job_id);
+            events.push(event);
+            if ended {
+                return;
+            }
+        }
+    })
+    .await;
+    listener.kill().await.unwrap();
+    let (ends, finished) = task_ends(&events, job_id);
+    assert!(
+        ends.values().all(|&n| n == 1),
+        "an attempt ended twice: {ends:?}"
+    );
+    assert_eq!(finished, 200, "every task's end, once");
+    let _ = std::fs::remove_dir_all(&store);
+}
