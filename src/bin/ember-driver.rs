@@ -84,6 +84,13 @@ struct Args {
     /// given (port 0 picks a free port and logs it).
     #[arg(long, env = "EMBER_METRICS_ADDR", value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve a live, read-only web page of the cluster at http://HOST:PORT/ (4040 is the
+    /// suggested port, as Spark's UI): executors, jobs and their progress, a job's tasks, and a
+    /// timeline, updated as the driver's events happen. It has no login: bind it to
+    /// 127.0.0.1 or put it behind a proxy that checks who asks. A standby driver's page says
+    /// it stands by. Off unless given (port 0 picks a free port and logs it).
+    #[arg(long, env = "EMBER_HTTP", value_name = "HOST:PORT")]
+    http: Option<std::net::SocketAddr>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -101,6 +108,16 @@ fn main() -> ExitCode {
                     .await
                     .map_err(|e| anyhow::anyhow!("could not serve metrics on {addr}: {e}"))?;
             }
+            let web = match args.http {
+                Some(addr) => {
+                    let (link, handle) = ember::web::link(&args.nats.cluster);
+                    ember::web::serve(addr, handle).map_err(|e| {
+                        anyhow::anyhow!("could not serve the web page on {addr}: {e}")
+                    })?;
+                    Some(link)
+                }
+                None => None,
+            };
             let client = args.nats.connect("ember-driver", None).await?;
             let config = DriverConfig {
                 subjects,
@@ -124,6 +141,7 @@ fn main() -> ExitCode {
                 lease: args.lease,
                 replicas: args.replicas,
                 metrics,
+                web,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

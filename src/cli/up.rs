@@ -33,6 +33,53 @@ pub struct UpArgs {
     /// Print events as wire JSON.
     #[arg(long)]
     pub json: bool,
+    /// Where the first driver serves its live web page: HOST:PORT, or off. By default
+    /// 127.0.0.1:4040 if that port is free (no page if not).
+    #[arg(long, env = "EMBER_UP_HTTP", default_value = "auto", value_parser = WebPage::parse)]
+    pub http: WebPage,
+}
+
+/// Where `ember up` has its first driver serve the web page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebPage {
+    /// On [`DEFAULT_UP_HTTP`] if it is free.
+    Auto,
+    Off,
+    At(std::net::SocketAddr),
+}
+
+/// Where `ember up` serves the web page unless told otherwise.
+pub const DEFAULT_UP_HTTP: &str = "127.0.0.1:4040";
+
+impl WebPage {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(WebPage::Auto),
+            "off" => Ok(WebPage::Off),
+            addr => addr.parse().map(WebPage::At).map_err(|_| {
+                format!("{addr:?} is not HOST:PORT (e.g. 127.0.0.1:4040), auto or off")
+            }),
+        }
+    }
+
+    /// The address to pass to the first driver, if any: a given one must be free, the
+    /// default one is skipped (with a note) when taken.
+    fn address(self) -> anyhow::Result<Option<std::net::SocketAddr>> {
+        let (addr, given) = match self {
+            WebPage::Off => return Ok(None),
+            WebPage::Auto => (DEFAULT_UP_HTTP.parse().expect("a valid address"), false),
+            WebPage::At(addr) => (addr, true),
+        };
+        match std::net::TcpListener::bind(addr) {
+            // Free now; the driver binds it a moment later.
+            Ok(_free) => Ok(Some(addr)),
+            Err(e) if given => Err(anyhow::anyhow!("cannot serve the web page on {addr}: {e}")),
+            Err(e) => {
+                eprintln!("no web page: {addr} is taken ({e}); --http HOST:PORT picks another");
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// Starts the cluster, prints its events, and stops everything when `shutdown` completes.
@@ -63,8 +110,15 @@ pub async fn up(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
+    let web = args.http.address()?;
     let drivers = (0..args.drivers)
-        .map(|_| spawn(&bin, "ember-driver", &nats, &[]))
+        .map(|i| {
+            let http = match web {
+                Some(addr) if i == 0 => vec!["--http".to_string(), addr.to_string()],
+                _ => Vec::new(),
+            };
+            spawn(&bin, "ember-driver", &nats, &http)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut executors = Vec::new();
     for i in 1..=args.executors {
@@ -82,6 +136,9 @@ pub async fn up(
         "{drivers_started} and {} executors started on cluster {:?}; Ctrl-C stops them all",
         args.executors, nats.cluster
     );
+    if let Some(addr) = web {
+        eprintln!("web page: http://{addr}/ (served by the first driver)");
+    }
     let result = follow_events(&client, &subjects, args.json, shutdown).await;
     stop_all(drivers, executors).await;
     drop(server);

@@ -60,6 +60,8 @@ pub struct DriverConfig {
     pub replicas: Replicas,
     /// What the driver counts, for `--metrics-addr`.
     pub metrics: Arc<DriverMetrics>,
+    /// The live web page's link into the driver, for `--http`.
+    pub web: Option<crate::web::Link>,
 }
 
 impl DriverConfig {
@@ -79,6 +81,7 @@ impl DriverConfig {
             lease: super::lease::DEFAULT_LEASE,
             replicas: Replicas::Auto,
             metrics: Arc::new(DriverMetrics::new()),
+            web: None,
         }
     }
 }
@@ -154,6 +157,13 @@ async fn lead(
         .epoch
         .set(shell.tenure.as_ref().map_or(0, |t| t.epoch() as i64));
     shell.metrics.set_core(core.gauges());
+    let mut queries = shell.web.as_ref().and_then(|web| {
+        web.leading(
+            shell.tenure.as_ref().map_or(0, Tenure::epoch),
+            core.driver_instance(),
+        );
+        web.queries()
+    });
     // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
     let mut outbox = Outbox::default();
     // The snapshot being stored, if one is: at most one at a time.
@@ -190,7 +200,7 @@ async fn lead(
                 // What waits behind the journal is dropped, unsent: a successor may lead.
                 warn!("leadership lost: the driver stops acting and stands by");
                 discovery::stop(inputs.service).await;
-                shell.metrics.stood_down();
+                shell.stood_down();
                 return Ok(Ended::Deposed);
             }
             _ = &mut *shutdown => break,
@@ -205,6 +215,10 @@ async fn lead(
             }
             Some(request) = inputs.api.next() => {
                 timed(&shell.metrics, RequestKind::Api, || shell.on_api(&mut core, request))
+            }
+            query = crate::web::next_query(&mut queries) => {
+                crate::web::answer(&mut core, shell.results.as_ref(), query, now_ms());
+                None
             }
             _ = revive.tick() => {
                 core.tick(now_ms());
@@ -237,7 +251,7 @@ async fn lead(
     shell.drain(&mut outbox).await;
     shell.refusals.report();
     info!("driver stopping");
-    shell.metrics.stood_down();
+    shell.stood_down();
     discovery::stop(inputs.service).await;
     drop((inputs.register, inputs.status, inputs.heartbeat, inputs.api));
     let flushed = flush(client).await.map_err(DriverError::LastMessages);
@@ -377,6 +391,7 @@ async fn start(
         refusals: Refusals::default(),
         api_counts,
         metrics: config.metrics.clone(),
+        web: config.web.clone(),
         journal,
         schedule,
         results,
@@ -453,6 +468,8 @@ struct Shell {
     /// What the api endpoint counts for `$SRV.STATS`.
     api_counts: Arc<ApiCounts>,
     metrics: Arc<DriverMetrics>,
+    /// The live web page's link, with `--http`.
+    web: Option<crate::web::Link>,
     /// Where the core's journal records are stored, if anywhere.
     journal: Option<Journal>,
     /// When the journal is next snapshotted, with a journal.
@@ -507,6 +524,14 @@ enum Refusal {
 }
 
 impl Shell {
+    /// This driver no longer leads: the metrics and the web page say so.
+    fn stood_down(&self) {
+        self.metrics.stood_down();
+        if let Some(web) = &self.web {
+            web.standing_by();
+        }
+    }
+
     /// Counts a request refused for `why`, for the log and the metrics.
     fn refuse(&self, why: Refusal) {
         let (counter, reason) = match why {
@@ -852,6 +877,9 @@ impl Shell {
     }
 
     async fn publish_event(&self, event: Event) {
+        if let (Some(web), true) = (&self.web, self.guard().map_or(true, Guard::is_current)) {
+            web.published(&event);
+        }
         let subject = self.subjects.event(event.kind()).into();
         self.publish_batch(subject, event).await;
     }

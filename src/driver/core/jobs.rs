@@ -38,7 +38,13 @@ pub struct TaskRecord {
     /// Where the current (or last) attempt ran.
     pub executor: Option<ExecutorId>,
     pub started_ms: u64,
+    /// How long the last attempt ran, in ms, once it ended ([`NO_DURATION`] before); a `u32`
+    /// that fits in the record's padding.
+    pub duration_ms: u32,
 }
+
+/// The `duration_ms` of a task whose attempt has not ended (or was not launched here).
+pub const NO_DURATION: u32 = u32::MAX;
 
 /// A job: a set of tasks with a shared failure budget and cores per task.
 #[derive(Debug)]
@@ -87,6 +93,7 @@ impl Job {
             last_failed: false,
             executor: None,
             started_ms: 0,
+            duration_ms: NO_DURATION,
         };
         Job {
             id,
@@ -225,6 +232,9 @@ impl Job {
             result: self.results.get(&index).cloned(),
             error: self.errors.get(&index).cloned(),
             result_chunks: self.chunked.get(&index).copied(),
+            started_ms: (record.started_ms != 0).then_some(record.started_ms),
+            duration_ms: (record.started_ms != 0 && record.duration_ms != NO_DURATION)
+                .then_some(u64::from(record.duration_ms)),
         }
     }
 }

@@ -51,6 +51,7 @@ fn a_new_executor_is_registered_and_announced() {
                 log_urls,
                 attributes,
                 registered_at_ms: 1_000,
+                last_seen_ms: 1_000,
             }],
             total_cores: 4,
             registered_executors: 1,
