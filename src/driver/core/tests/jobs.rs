@@ -375,6 +375,7 @@ fn recent_jobs_come_newest_first_a_page_at_a_time() {
     for _ in 0..5 {
         submit(&mut core, job(1, 1, 4), 1);
     }
+    core.take_effects();
     let page = |core: &mut Core, before: JobId| match unchanged(core, |c| c.recent_jobs(before, 2))
     {
         ApiReply::Jobs { jobs, next_job, .. } => {
