@@ -331,6 +331,9 @@ pub struct ExecutorSummary {
     pub log_urls: BTreeMap<String, String>,
     pub attributes: BTreeMap<String, String>,
     pub registered_at_ms: u64,
+    /// When the driver last heard from it: a heartbeat, a status batch or a registration.
+    #[serde(default)]
+    pub last_seen_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -372,6 +375,12 @@ pub struct TaskOutcome {
     /// with `GetResultChunk`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_chunks: Option<ResultChunks>,
+    /// When the current (or last) attempt started, if this driver launched it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// How long the last attempt ran, once it has ended, if this driver launched it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
 }
 
 /// What the driver sends to `<p>.executor.<id>`.

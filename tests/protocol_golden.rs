@@ -1011,6 +1011,8 @@ fn results_in_chunks() {
             result: None,
             error: None,
             result_chunks: Some(chunks),
+            started_ms: None,
+            duration_ms: None,
         },
         json!({"index": 0, "task_id": 42, "state": "FINISHED", "attempts": 1, "executor_id": "exec-1", "result_chunks": {"count": 3, "bytes": 2500000}}),
     );
@@ -1060,6 +1062,7 @@ fn api_reply_executors() {
                 log_urls: map(&[("stderr", "http://worker-3/logs/stderr")]),
                 attributes: BTreeMap::new(),
                 registered_at_ms: 1_700_000_000_000,
+                last_seen_ms: 1_700_000_002_000,
             }],
             total_cores: 8,
             registered_executors: 1,
@@ -1081,7 +1084,8 @@ fn api_reply_executors() {
                 "total_cores": 8,
                 "log_urls": {"stderr": "http://worker-3/logs/stderr"},
                 "attributes": {},
-                "registered_at_ms": 1_700_000_000_000u64
+                "registered_at_ms": 1_700_000_000_000u64,
+                "last_seen_ms": 1_700_000_002_000u64
             }],
             "total_cores": 8,
             "registered_executors": 1,
@@ -1311,6 +1315,8 @@ fn api_reply_results() {
                 result: Some(json!({"exit_code": 0, "stdout": "0\n", "stderr": ""})),
                 error: None,
                 result_chunks: None,
+                started_ms: Some(1_700_000_000_000),
+                duration_ms: Some(120),
             },
             TaskOutcome {
                 index: 1,
@@ -1321,6 +1327,8 @@ fn api_reply_results() {
                 result: None,
                 error: Some("boom".into()),
                 result_chunks: None,
+                started_ms: None,
+                duration_ms: None,
             },
             TaskOutcome {
                 index: 2,
@@ -1331,6 +1339,8 @@ fn api_reply_results() {
                 result: None,
                 error: None,
                 result_chunks: None,
+                started_ms: None,
+                duration_ms: None,
             },
         ],
         next_offset: Some(3),
@@ -1347,7 +1357,9 @@ fn api_reply_results() {
                     "state": "FINISHED",
                     "attempts": 1,
                     "executor_id": "exec-1",
-                    "result": {"exit_code": 0, "stdout": "0\n", "stderr": ""}
+                    "result": {"exit_code": 0, "stdout": "0\n", "stderr": ""},
+                    "started_ms": 1_700_000_000_000u64,
+                    "duration_ms": 120
                 },
                 {
                     "index": 1,

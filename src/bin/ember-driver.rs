@@ -113,6 +113,13 @@ struct Args {
     #[arg(long, env = "EMBER_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration,
           requires = "max_executors")]
     idle_timeout: Duration,
+    /// Serve a live, read-only web page of the cluster at http://HOST:PORT/ (4040 is the
+    /// suggested port, as Spark's UI): executors, jobs and their progress, a job's tasks, and a
+    /// timeline, updated as the driver's events happen. It has no login: bind it to
+    /// 127.0.0.1 or put it behind a proxy that checks who asks. A standby driver's page says
+    /// it stands by. Off unless given (port 0 picks a free port and logs it).
+    #[arg(long, env = "EMBER_HTTP", value_name = "HOST:PORT")]
+    http: Option<std::net::SocketAddr>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -130,6 +137,16 @@ fn main() -> ExitCode {
                     .await
                     .map_err(|e| anyhow::anyhow!("could not serve metrics on {addr}: {e}"))?;
             }
+            let web = match args.http {
+                Some(addr) => {
+                    let (link, handle) = ember::web::link(&args.nats.cluster);
+                    ember::web::serve(addr, handle).map_err(|e| {
+                        anyhow::anyhow!("could not serve the web page on {addr}: {e}")
+                    })?;
+                    Some(link)
+                }
+                None => None,
+            };
             let slow_consumers = metrics.slow_consumers.clone();
             let client = args
                 .nats
@@ -160,6 +177,7 @@ fn main() -> ExitCode {
                 replicas: args.replicas,
                 metrics,
                 allocation: allocation(&args)?,
+                web,
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())

@@ -59,6 +59,53 @@ pub struct UpArgs {
     /// command line.
     #[arg(skip)]
     pub join: bool,
+    /// Where the first driver serves its live web page: HOST:PORT, or off. By default
+    /// 127.0.0.1:4040 if that port is free (no page if not).
+    #[arg(long, env = "EMBER_UP_HTTP", default_value = "auto", value_parser = WebPage::parse)]
+    pub http: WebPage,
+}
+
+/// Where `ember up` has its first driver serve the web page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebPage {
+    /// On [`DEFAULT_UP_HTTP`] if it is free.
+    Auto,
+    Off,
+    At(std::net::SocketAddr),
+}
+
+/// Where `ember up` serves the web page unless told otherwise.
+pub const DEFAULT_UP_HTTP: &str = "127.0.0.1:4040";
+
+impl WebPage {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(WebPage::Auto),
+            "off" => Ok(WebPage::Off),
+            addr => addr.parse().map(WebPage::At).map_err(|_| {
+                format!("{addr:?} is not HOST:PORT (e.g. 127.0.0.1:4040), auto or off")
+            }),
+        }
+    }
+
+    /// The address to pass to the first driver, if any: a given one must be free, the
+    /// default one is skipped (with a note) when taken.
+    fn address(self) -> anyhow::Result<Option<std::net::SocketAddr>> {
+        let (addr, given) = match self {
+            WebPage::Off => return Ok(None),
+            WebPage::Auto => (DEFAULT_UP_HTTP.parse().expect("a valid address"), false),
+            WebPage::At(addr) => (addr, true),
+        };
+        match std::net::TcpListener::bind(addr) {
+            // Free now; the driver binds it a moment later.
+            Ok(_free) => Ok(Some(addr)),
+            Err(e) if given => Err(anyhow::anyhow!("cannot serve the web page on {addr}: {e}")),
+            Err(e) => {
+                eprintln!("no web page: {addr} is taken ({e}); --http HOST:PORT picks another");
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// Starts the cluster, prints its events, and stops everything when `shutdown` completes.
@@ -73,13 +120,23 @@ pub async fn up(
     let client = own.connect("ember-up", None).await?;
     let subjects = own.subjects()?;
     let driver_flags = args.scaling.driver_flags();
+    let web = args.http.address()?;
     let drivers = (0..args.drivers)
-        .map(|_| launcher.driver(&driver_flags))
+        .map(|i| {
+            let mut flags = driver_flags.clone();
+            if let (Some(addr), 0) = (web, i) {
+                flags.extend(["--http".to_string(), addr.to_string()]);
+            }
+            launcher.driver(&flags)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let drivers_started = match args.drivers {
         1 => "driver".to_string(),
         n => format!("{n} drivers (one leads, the others stand by)"),
     };
+    if let Some(addr) = web {
+        eprintln!("web page: http://{addr}/ (served by the first driver)");
+    }
     let events = follow_events(&client, &subjects, args.json, shutdown);
     let (result, executors) = match args.scaling.range() {
         Some((min, max)) => {

@@ -65,6 +65,8 @@ pub struct DriverConfig {
     pub metrics: Arc<DriverMetrics>,
     /// The dynamic allocation signal's settings, if it is on.
     pub allocation: Option<AllocationConfig>,
+    /// The live web page's link into the driver, for `--http`.
+    pub web: Option<crate::web::Link>,
 }
 
 impl DriverConfig {
@@ -87,6 +89,7 @@ impl DriverConfig {
             replicas: Replicas::Auto,
             metrics: Arc::new(DriverMetrics::new()),
             allocation: None,
+            web: None,
         }
     }
 }
@@ -166,6 +169,13 @@ async fn lead(
         .epoch
         .set(shell.tenure.as_ref().map_or(0, |t| t.epoch() as i64));
     shell.metrics.set_core(core.gauges());
+    let mut queries = shell.web.as_ref().and_then(|web| {
+        web.leading(
+            shell.tenure.as_ref().map_or(0, Tenure::epoch),
+            core.driver_instance(),
+        );
+        web.queries()
+    });
     // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
     let mut outbox = Outbox::default();
     // The snapshot being stored, if one is: at most one at a time.
@@ -204,7 +214,7 @@ async fn lead(
                 // What waits behind the journal is dropped, unsent: a successor may lead.
                 warn!("leadership lost: the driver stops acting and stands by");
                 discovery::stop(inputs.service).await;
-                shell.metrics.stood_down();
+                shell.stood_down();
                 return Ok(Ended::Deposed);
             }
             _ = &mut *shutdown => break,
@@ -219,6 +229,10 @@ async fn lead(
             }
             Some(request) = inputs.api.next() => {
                 timed(&shell.metrics, RequestKind::Api, || shell.on_api(&mut core, request))
+            }
+            query = crate::web::next_query(&mut queries) => {
+                crate::web::answer(&mut core, shell.results.as_ref(), query, now_ms());
+                None
             }
             _ = revive.tick() => {
                 core.tick(now_ms());
@@ -259,7 +273,7 @@ async fn lead(
     }
     shell.refusals.report();
     info!("driver stopping");
-    shell.metrics.stood_down();
+    shell.stood_down();
     discovery::stop(inputs.service).await;
     drop((inputs.register, inputs.status, inputs.heartbeat, inputs.api));
     let flushed = flush(client).await.map_err(DriverError::LastMessages);
@@ -424,6 +438,7 @@ async fn start(
         refusals: Refusals::default(),
         api_counts,
         metrics: config.metrics.clone(),
+        web: config.web.clone(),
         journal,
         schedule,
         results,
@@ -501,6 +516,8 @@ struct Shell {
     /// What the api endpoint counts for `$SRV.STATS`.
     api_counts: Arc<ApiCounts>,
     metrics: Arc<DriverMetrics>,
+    /// The live web page's link, with `--http`.
+    web: Option<crate::web::Link>,
     /// Where the core's journal records are stored, if anywhere.
     journal: Option<Journal>,
     /// When the journal is next snapshotted, with a journal.
@@ -559,6 +576,14 @@ enum Refusal {
 }
 
 impl Shell {
+    /// This driver no longer leads: the metrics and the web page say so.
+    fn stood_down(&self) {
+        self.metrics.stood_down();
+        if let Some(web) = &self.web {
+            web.standing_by();
+        }
+    }
+
     /// Counts a request refused for `why`, for the log and the metrics.
     fn refuse(&self, why: Refusal) {
         let (counter, reason) = match why {
@@ -908,6 +933,9 @@ impl Shell {
     /// Publishes an event: on its plain subject, or with a journal, through the events
     /// stream's writer, whose one message per part reaches the plain subject too.
     async fn publish_event(&self, event: Event) {
+        if let (Some(web), true) = (&self.web, self.guard().map_or(true, Guard::is_current)) {
+            web.published(&event);
+        }
         let subject: Subject = self.subjects.event(event.kind()).into();
         let Some(history) = &self.history else {
             return self.publish_batch(subject, event).await;

@@ -174,6 +174,8 @@ mod tests {
             result: Some(serde_json::json!(result)),
             error: None,
             result_chunks: None,
+            started_ms: None,
+            duration_ms: None,
         }
     }
 

@@ -1,6 +1,6 @@
 //! Jobs and their tasks: submission, kill, results, and the bookkeeping of each task's attempts.
 
-pub use super::tasks::TaskStatus;
+pub use super::tasks::{TaskStatus, NO_DURATION};
 use super::tasks::Tasks;
 use super::Core;
 use crate::ids::{ExecutorId, JobId, TaskId};
@@ -193,6 +193,9 @@ impl Job {
             result: self.results.get(&index).cloned(),
             error: self.errors.get(&index).cloned(),
             result_chunks: self.chunked.get(&index).copied(),
+            started_ms: (record.started_ms != 0).then_some(record.started_ms),
+            duration_ms: (record.started_ms != 0 && record.duration_ms != NO_DURATION)
+                .then_some(u64::from(record.duration_ms)),
         }
     }
 }

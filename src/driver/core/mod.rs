@@ -144,6 +144,11 @@ impl Core {
         self.offer_rounds
     }
 
+    /// The instance id this driver gives executors.
+    pub fn driver_instance(&self) -> InstanceId {
+        self.config.driver_instance
+    }
+
     /// Everything the core has asked to send since the last call, in order.
     pub fn take_effects(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.effects)

@@ -133,6 +133,7 @@ impl Core {
         record.status = TaskStatus::Running;
         record.executor = Some(executor.clone());
         record.started_ms = now;
+        record.duration_ms = super::jobs::NO_DURATION;
         job.running += 1;
         let spec = job.spec(index).clone();
         let data = self.executors.get_mut(executor)?;

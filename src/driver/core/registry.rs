@@ -113,6 +113,7 @@ impl Core {
                     log_urls: e.info.log_urls.clone(),
                     attributes: e.info.attributes.clone(),
                     registered_at_ms: e.registered_at_ms,
+                    last_seen_ms: e.last_seen_ms,
                 });
         let (executors, next) = super::page(summaries, offset, limit, self.config.max_reply_bytes);
         ExecutorsSnapshot {

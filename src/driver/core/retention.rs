@@ -270,6 +270,20 @@ impl Core {
         }
     }
 
+    /// The newest `limit` jobs before job `before` (0: the newest of all), newest first, as
+    /// `Jobs` whose `next_job` is the `before` of the page after it, if there are older jobs:
+    /// what a page that shows the latest jobs first asks for.
+    pub fn recent_jobs(&self, before: JobId, limit: u32) -> ApiReply {
+        let end = if before == 0 { JobId::MAX } else { before };
+        let listed = self.jobs.range(..end).rev().map(|(_, job)| job.summary());
+        let (jobs, next) = super::page(listed, 0, Some(limit.max(1)), self.config.max_reply_bytes);
+        ApiReply::Jobs {
+            next_offset: None,
+            next_job: next.and_then(|_| jobs.last().map(|job| job.job_id)),
+            jobs,
+        }
+    }
+
     /// The id of the first job after this page, if there is one.
     fn first_job_after(&self, page: &[JobSummary], from_job: JobId, offset: u32) -> Option<JobId> {
         let after = match page.last() {

@@ -204,6 +204,9 @@ impl Core {
         let record = &mut job.tasks[index];
         record.last_failed = update.state == TaskState::Failed;
         let duration_ms = now.saturating_sub(record.started_ms);
+        record.duration_ms = u32::try_from(duration_ms).map_or(super::jobs::NO_DURATION - 1, |d| {
+            d.min(super::jobs::NO_DURATION - 1)
+        });
         let mut error = update.error.clone();
         let mut abort = None;
         // The last attempt's result is kept whatever its end (a failed command's output

@@ -27,7 +27,13 @@ pub struct TaskRecord {
     /// Where the current (or last) attempt ran.
     pub executor: Option<ExecutorId>,
     pub started_ms: u64,
+    /// How long the last attempt ran, in ms, once it ended ([`NO_DURATION`] before); a `u32`
+    /// that fits in the record's padding.
+    pub duration_ms: u32,
 }
+
+/// The `duration_ms` of a task whose attempt has not ended (or was not launched here).
+pub const NO_DURATION: u32 = u32::MAX;
 
 impl TaskRecord {
     const fn never_run(status: TaskStatus) -> Self {
@@ -38,6 +44,7 @@ impl TaskRecord {
             last_failed: false,
             executor: None,
             started_ms: 0,
+            duration_ms: NO_DURATION,
         }
     }
 }

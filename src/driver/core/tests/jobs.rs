@@ -343,3 +343,48 @@ fn get_results_pages_stop_short_of_the_reply_limit() {
     let page = results(&mut core, job_id, 2, 100);
     assert_eq!((page.results.len(), page.next_offset), (1, Some(3)));
 }
+
+#[test]
+fn an_outcome_says_when_its_attempt_started_and_how_long_it_ran() {
+    let mut core = new_core(0);
+    add(&mut core, "a", 1, 1);
+    let (job_id, _) = start(&mut core, job(2, 1, 4), 100);
+    let waiting = outcome(&mut core, job_id, 1);
+    assert_eq!((waiting.started_ms, waiting.duration_ms), (None, None));
+    let running = outcome(&mut core, job_id, 0);
+    assert_eq!((running.started_ms, running.duration_ms), (Some(100), None));
+    report(&mut core, "a", vec![finished(1, 0)], 350);
+    let ended = outcome(&mut core, job_id, 0);
+    assert_eq!(
+        (ended.started_ms, ended.duration_ms),
+        (Some(100), Some(250))
+    );
+    // The second task, launched on the freed core, runs with no duration yet.
+    let next = outcome(&mut core, job_id, 1);
+    assert_eq!((next.started_ms, next.duration_ms), (Some(350), None));
+}
+
+#[test]
+fn a_task_record_stays_small_with_its_duration() {
+    assert!(std::mem::size_of::<super::super::tasks::TaskRecord>() <= 40);
+}
+
+#[test]
+fn recent_jobs_come_newest_first_a_page_at_a_time() {
+    let mut core = new_core(0);
+    for _ in 0..5 {
+        submit(&mut core, job(1, 1, 4), 1);
+    }
+    core.take_effects();
+    let page = |core: &mut Core, before: JobId| match unchanged(core, |c| c.recent_jobs(before, 2))
+    {
+        ApiReply::Jobs { jobs, next_job, .. } => {
+            (jobs.iter().map(|j| j.job_id).collect::<Vec<_>>(), next_job)
+        }
+        other => panic!("not a page of jobs: {other:?}"),
+    };
+    assert_eq!(page(&mut core, 0), (vec![5, 4], Some(4)));
+    assert_eq!(page(&mut core, 4), (vec![3, 2], Some(2)));
+    assert_eq!(page(&mut core, 2), (vec![1], None));
+    assert_eq!(page(&mut core, 1), (vec![], None));
+}

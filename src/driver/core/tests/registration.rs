@@ -51,6 +51,7 @@ fn a_new_executor_is_registered_and_announced() {
                 log_urls,
                 attributes,
                 registered_at_ms: 1_000,
+                last_seen_ms: 1_000,
             }],
             total_cores: 4,
             registered_executors: 1,
@@ -171,7 +172,13 @@ fn another_instance_with_a_taken_id_is_refused() {
         registered("exec-1")
     );
     assert_eq!(core.register("exec-1", impostor, 400), refused);
-    assert_eq!(core.executors_snapshot(), before);
+    let mut after = core.executors_snapshot();
+    assert_eq!(
+        after.executors[0].last_seen_ms, 300,
+        "the owner's retry says it lives"
+    );
+    after.executors[0].last_seen_ms = before.executors[0].last_seen_ms;
+    assert_eq!(after, before);
 }
 
 #[test]

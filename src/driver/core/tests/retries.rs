@@ -76,8 +76,12 @@ fn a_task_that_fails_twice_then_finishes_ends_finished_after_three_attempts() {
     let effects = report(&mut core, "a", vec![finished_with(1, 2, json!("ok"))], 40);
     assert_eq!(the_task_end(&effects), (2, TaskState::Finished, None));
     assert_eq!(job_ends(&effects), [job_succeeded(40, job_id, 1)]);
+    let got = outcome(&mut core, job_id, 0);
+    // The third attempt's time, from its launch to its end at 40.
+    let started = got.started_ms.expect("launched");
+    assert_eq!(got.duration_ms, Some(40 - started));
     assert_eq!(
-        outcome(&mut core, job_id, 0),
+        got,
         TaskOutcome {
             index: 0,
             task_id: 1,
@@ -87,6 +91,8 @@ fn a_task_that_fails_twice_then_finishes_ends_finished_after_three_attempts() {
             result: Some(json!("ok")),
             error: None,
             result_chunks: None,
+            started_ms: Some(started),
+            duration_ms: Some(40 - started),
         }
     );
     assert_eq!(core.jobs[&job_id].tasks[0].failures, 2);

@@ -58,6 +58,8 @@ fn finished_frees_cores_records_the_result_and_offers_that_executor() {
             result: Some(json!({"x": 1})),
             error: None,
             result_chunks: None,
+            started_ms: Some(100),
+            duration_ms: Some(50),
         }
     );
 
