@@ -26,6 +26,7 @@ pub mod protocol;
 pub mod server;
 pub mod sim;
 pub mod subjects;
+pub mod text;
 
 use std::time::Duration;
 
