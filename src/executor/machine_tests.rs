@@ -223,6 +223,8 @@ fn a_launch_whose_cpus_overflow_the_busy_count_fails_and_takes_no_slot() {
     };
     m.launch(&huge, |_| Started::Running(Work(true)));
     m.launch(&task(2), |_| Started::Running(Work(true)));
+    m.poll(1);
+    assert_eq!(requests(&mut m), [Request::Status]);
     assert_eq!(
         states(&m),
         [(1, TaskState::Running), (2, TaskState::Failed)],
