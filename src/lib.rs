@@ -27,6 +27,7 @@ pub mod protocol;
 pub mod server;
 pub mod sim;
 pub mod subjects;
+pub mod text;
 pub mod web;
 
 use std::time::Duration;

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use ember::cli::{
-    init_tracing, parse_bytes, parse_duration, parse_lease, runtime, shutdown_signal,
+    init_tracing, parse_age, parse_bytes, parse_duration, parse_lease, runtime, shutdown_signal,
 };
 use ember::connect::NatsArgs;
 use ember::driver::core::{
@@ -41,7 +41,7 @@ struct Args {
     journal: JournalMode,
     /// Drop journal records older than this (the stream's max age). A job still running when
     /// its submission ages out is not restored.
-    #[arg(long, env = "EMBER_JOURNAL_MAX_AGE", default_value = "7days", value_parser = parse_duration)]
+    #[arg(long, env = "EMBER_JOURNAL_MAX_AGE", default_value = "7days", value_parser = parse_age)]
     journal_max_age: Duration,
     /// Keep this many finished jobs, with their results, in memory and in what a restarted
     /// driver restores; older ones are forgotten (asking for one says so). Running and queued
@@ -60,14 +60,14 @@ struct Args {
     max_job_result_bytes: u64,
     /// With a journal, task results go to the cluster's results bucket in JetStream
     /// (EMBER_<cluster>_RESULTS), not the driver's memory; it keeps each this long.
-    #[arg(long, env = "EMBER_RESULTS_MAX_AGE", default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, env = "EMBER_RESULTS_MAX_AGE", default_value = "24h", value_parser = parse_age)]
     results_max_age: Duration,
     /// The most bytes the results bucket keeps; past it, the oldest results go first.
     #[arg(long, env = "EMBER_RESULTS_MAX_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
     results_max_bytes: u64,
     /// With a journal, every event also goes to the cluster's events stream in JetStream
     /// (EMBER_<cluster>_EVENTS), which `ember events --since` reads; it keeps each this long.
-    #[arg(long, env = "EMBER_EVENTS_MAX_AGE", default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, env = "EMBER_EVENTS_MAX_AGE", default_value = "24h", value_parser = parse_age)]
     events_max_age: Duration,
     /// The most bytes the events stream keeps; past it, the oldest events go first.
     #[arg(long, env = "EMBER_EVENTS_MAX_BYTES", default_value = "128MiB", value_parser = parse_bytes)]

@@ -1,7 +1,9 @@
 //! `ember-executor`: registers with the driver and runs the tasks it is offered. Run many.
 
 use clap::Parser;
-use ember::cli::{init_tracing, parse_duration, parse_key_value, runtime, shutdown_signal, to_map};
+use ember::cli::{
+    init_tracing, parse_duration, parse_key_value, parse_wait, runtime, shutdown_signal, to_map,
+};
 use ember::connect::NatsArgs;
 use ember::driver::core::MAX_CORES;
 use ember::executor::{run, ExecutorConfig, ExecutorError, Handlers, EXIT_REGISTRATION_REFUSED};
@@ -48,8 +50,8 @@ struct Args {
     #[arg(long, env = "EMBER_DRIVER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     driver_timeout: Duration,
     /// On SIGTERM or a stop from the driver: how long running tasks may finish before they are
-    /// handed back to run elsewhere.
-    #[arg(long, env = "EMBER_DECOMMISSION_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    /// handed back to run elsewhere (0s: hand them back at once).
+    #[arg(long, env = "EMBER_DECOMMISSION_TIMEOUT", default_value = "30s", value_parser = parse_wait)]
     decommission_timeout: Duration,
     /// Exit with code 56 when the driver is lost, instead of waiting for the next one.
     #[arg(long, env = "EMBER_EXIT_ON_DRIVER_LOSS")]

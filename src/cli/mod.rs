@@ -2,6 +2,7 @@
 //! binaries in src/bin only parse flags and call into here.
 
 pub mod creds;
+pub mod durations;
 pub mod events;
 pub mod sim;
 pub mod status;
@@ -14,6 +15,7 @@ pub const SERVICE_LOG: &str = "info,async_nats=warn";
 /// The log filter of the `ember` CLI when `RUST_LOG` is not set.
 pub const CLI_LOG: &str = "warn";
 
+pub use durations::{parse_age, parse_duration, parse_lease, parse_wait};
 use std::collections::BTreeMap;
 
 /// Installs the tracing subscriber on stderr: `RUST_LOG` filters (else `default`, such as
@@ -81,25 +83,6 @@ pub fn to_map(pairs: &[(String, String)]) -> BTreeMap<String, String> {
     pairs.iter().cloned().collect()
 }
 
-/// Parses a duration such as `500ms`, `10s` or `2m`.
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 500ms, 10s, 2m)"))
-}
-
-/// Parses `--lease`: a duration from 200ms to 10min. Shorter, a renewal (a third of it) would
-/// race the broker's own round trips; longer, a dead leader would hold the cluster that long.
-pub fn parse_lease(text: &str) -> Result<std::time::Duration, String> {
-    let lease = parse_duration(text)?;
-    let (min, max) = (
-        std::time::Duration::from_millis(200),
-        std::time::Duration::from_secs(600),
-    );
-    if lease < min || lease > max {
-        return Err(format!("{text:?} is outside 200ms..=10min"));
-    }
-    Ok(lease)
-}
-
 /// Parses a size in bytes for a flag: `1048576`, `64KiB`, `8MiB`, `1GiB` (or KB, MB, GB as
 /// powers of 1000). Zero is refused: a size of nothing holds nothing.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
@@ -129,6 +112,20 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     }
 }
 
+/// A current-thread runtime: Ember's messaging is faster on one thread, and task work that
+/// needs threads goes to tokio's blocking pool.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Formats epoch milliseconds as an RFC 3339 time (UTC, to the second).
+pub fn format_time(ms: u64) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_bytes;
@@ -151,18 +148,4 @@ mod tests {
             assert!(parse_bytes(bad).is_err(), "{bad:?}");
         }
     }
-}
-
-/// A current-thread runtime: Ember's messaging is faster on one thread, and task work that
-/// needs threads goes to tokio's blocking pool.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-}
-
-/// Formats epoch milliseconds as an RFC 3339 time (UTC, to the second).
-pub fn format_time(ms: u64) -> String {
-    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(time).to_string()
 }

@@ -101,16 +101,37 @@ pub async fn submit(client: &EmberClient, args: &SubmitArgs) -> anyhow::Result<b
         });
         println!("{line}");
     } else {
-        let rate = f64::from(summary.succeeded) / (elapsed_ms.max(1) as f64 / 1000.0);
-        println!(
-            "job {} {state}: {} tasks, {} succeeded, {} failed, {} killed in {elapsed_ms} ms ({rate:.0} tasks/s)",
-            summary.job_id, summary.tasks, summary.succeeded, summary.failed, summary.killed
-        );
+        println!("{}", summary_line(&summary, elapsed_ms));
         if let Some(reason) = &summary.reason {
             println!("reason: {reason}");
         }
     }
     Ok(summary.state == JobState::Succeeded)
+}
+
+/// A rate is shown only for a job at least this long: over a few milliseconds it means nothing.
+pub const RATE_MIN_MS: u64 = 1000;
+/// ... and with at least this many tasks succeeded.
+pub const RATE_MIN_TASKS: u32 = 10;
+
+/// The summary of an ended job, e.g. `job 7 SUCCEEDED: 1 task, 1 succeeded, 0 failed,
+/// 0 killed in 3 ms`, with the rate of succeeded tasks when the job was long and large
+/// enough for one to mean something.
+pub fn summary_line(summary: &JobSummary, elapsed_ms: u64) -> String {
+    let mut line = format!(
+        "job {} {}: {}, {} succeeded, {} failed, {} killed in {elapsed_ms} ms",
+        summary.job_id,
+        summary.state,
+        crate::text::count(summary.tasks, "task", "tasks"),
+        summary.succeeded,
+        summary.failed,
+        summary.killed
+    );
+    if elapsed_ms >= RATE_MIN_MS && summary.succeeded >= RATE_MIN_TASKS {
+        let rate = f64::from(summary.succeeded) / (elapsed_ms as f64 / 1000.0);
+        line.push_str(&format!(" ({rate:.0} tasks/s)"));
+    }
+    line
 }
 
 /// A progress bar on a terminal; a plain line per 10% otherwise; nothing with `--json`.
@@ -158,5 +179,42 @@ impl Progress {
         if let Progress::Bar(bar) = self {
             bar.finish();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(tasks: u32, succeeded: u32, failed: u32) -> JobSummary {
+        JobSummary {
+            job_id: 7,
+            name: "t".into(),
+            state: JobState::Failed,
+            tasks,
+            succeeded,
+            failed,
+            killed: 0,
+            running: 0,
+            submitted_at_ms: 0,
+            ended_at_ms: Some(3),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn a_summary_counts_in_words_and_leaves_out_a_rate_that_means_nothing() {
+        assert_eq!(
+            summary_line(&ended(1, 0, 1), 3),
+            "job 7 FAILED: 1 task, 0 succeeded, 1 failed, 0 killed in 3 ms"
+        );
+        // Long enough, but too few tasks for a rate.
+        assert!(!summary_line(&ended(5, 5, 0), 5000).contains("tasks/s"));
+        // Enough tasks, but too short.
+        assert!(!summary_line(&ended(500, 500, 0), 20).contains("tasks/s"));
+        assert_eq!(
+            summary_line(&ended(2000, 2000, 0), 2000),
+            "job 7 FAILED: 2000 tasks, 2000 succeeded, 0 failed, 0 killed in 2000 ms (1000 tasks/s)"
+        );
     }
 }

@@ -276,7 +276,8 @@ impl Journal {
     }
 
     /// Replays every stored record into `core` and resumes it. A record that cannot be decoded
-    /// or does not fit is skipped with a warning. Returns the bytes read beside what was
+    /// or does not fit is skipped with a warning; a `TasksEnded` record with some entries
+    /// that do not fit is applied in part, with a warning naming them. Returns the bytes read beside what was
     /// restored.
     pub async fn replay(
         &self,
@@ -325,11 +326,15 @@ impl Journal {
             bytes += message.payload.len() as u64;
             // A message holds a group of records, one per line.
             for line in message.payload.split(|&b| b == b'\n') {
-                let outcome = decode::<JournalRecord>(line, limit)
-                    .map_err(|e| e.to_string())
-                    .and_then(|record| core.replay(record).map_err(|e| e.to_string()));
-                if let Err(error) = outcome {
-                    warn!(sequence, %error, "journal record skipped");
+                match decode::<JournalRecord>(line, limit) {
+                    Err(error) => warn!(sequence, %error, "journal record skipped"),
+                    Ok(record) => match core.replay(record) {
+                        Ok(()) => {}
+                        Err(error) if error.applied_in_part() => {
+                            warn!(sequence, %error, "journal record applied in part")
+                        }
+                        Err(error) => warn!(sequence, %error, "journal record skipped"),
+                    },
                 }
             }
         }

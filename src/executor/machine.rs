@@ -196,7 +196,13 @@ impl<H: Cancel> Machine<H> {
             self.statuses.push(handed_back(task.task_id, task.attempt));
             return;
         }
-        if self.busy + task.cpus > self.config.cores {
+        let Some(busy) = self.busy.checked_add(task.cpus) else {
+            let error = format!("{} cpus on top of {} busy overflows", task.cpus, self.busy);
+            return self
+                .statuses
+                .push(failed_status(task.task_id, task.attempt, error));
+        };
+        if busy > self.config.cores {
             warn!(
                 task = task.task_id,
                 busy = self.busy,
@@ -468,6 +474,17 @@ fn handed_back(task_id: TaskId, attempt: u32) -> StatusUpdate {
         state: TaskState::Killed,
         result: None,
         error: Some("handed back: the executor is decommissioning".into()),
+        result_chunks: None,
+    }
+}
+
+fn failed_status(task_id: TaskId, attempt: u32, error: String) -> StatusUpdate {
+    StatusUpdate {
+        task_id,
+        attempt,
+        state: TaskState::Failed,
+        result: None,
+        error: Some(error),
         result_chunks: None,
     }
 }

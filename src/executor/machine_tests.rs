@@ -220,3 +220,30 @@ fn launches_and_kills_count_only_from_the_driver_registered_with() {
     assert!(machine.sent_by_my_driver(Some(second)));
     assert!(!machine.sent_by_my_driver(Some(first)));
 }
+
+#[test]
+fn a_launch_whose_cpus_overflow_the_busy_count_fails_and_takes_no_slot() {
+    let mut m = machine();
+    let huge = TaskDescription {
+        cpus: u32::MAX,
+        ..task(1)
+    };
+    m.launch(&huge, |_| Started::Running(Work(true)));
+    m.launch(&task(2), |_| Started::Running(Work(true)));
+    m.poll(1);
+    assert_eq!(requests(&mut m), [Request::Status]);
+    assert_eq!(
+        states(&m),
+        [(1, TaskState::Running), (2, TaskState::Failed)],
+        "the second launch overflows u32"
+    );
+    let error = m
+        .statuses()
+        .sending()
+        .last()
+        .unwrap()
+        .error
+        .clone()
+        .unwrap();
+    assert!(error.contains("overflows"), "{error}");
+}

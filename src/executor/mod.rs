@@ -4,6 +4,7 @@
 
 mod backend;
 mod chunks;
+mod command;
 pub mod machine;
 mod runner;
 mod status;

@@ -1,8 +1,9 @@
 //! Task work: starts each launched attempt as its kind requires, and turns its outcome (a
 //! result or an error) into its terminal [`StatusUpdate`].
 
+use super::command::run_command;
 use super::machine::Started;
-use super::tasks::{run_command, sleep_duration, Handler, Handlers, TaskContext, TaskResult};
+use super::tasks::{sleep_duration, Handler, Handlers, TaskContext, TaskResult};
 use crate::ids::TaskId;
 use crate::metrics::ExecutorMetrics;
 use crate::protocol::{StatusUpdate, TaskDescription, TaskSpec, TaskState};

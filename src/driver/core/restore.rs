@@ -13,7 +13,7 @@ use crate::ids::{JobId, TaskId};
 use crate::protocol::{JournalRecord, JournaledTask, SubmitJob, TaskState};
 use serde_json::Value;
 
-/// Why a journal record was skipped.
+/// Why a journal record, or some entries of a `TasksEnded` record, was skipped.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ReplayError {
     #[error("job {job_id} cannot be restored: {reason}")]
@@ -22,12 +22,39 @@ pub enum ReplayError {
     IdsOverlap { job_id: JobId, first_task: TaskId },
     #[error("an end of job {0}, which the journal never submitted")]
     UnknownJob(JobId),
-    #[error("outcomes of tasks the journal never submitted: {0:?}")]
-    UnknownTasks(Vec<TaskId>),
-    #[error("task {task_id} journaled as {state:?}, which does not end a task for good")]
-    NotSettled { task_id: TaskId, state: TaskState },
+    /// Entries of a `TasksEnded` record that were skipped; its other entries were applied.
+    #[error(
+        "entries skipped, the others applied: {}",
+        skipped_entries(unknown, unsettled)
+    )]
+    EntriesSkipped {
+        /// Tasks the journal never submitted.
+        unknown: Vec<TaskId>,
+        /// Tasks journaled in a state that does not end a task for good.
+        unsettled: Vec<(TaskId, TaskState)>,
+    },
     #[error(transparent)]
     Snapshot(#[from] super::snapshot::SnapshotError),
+}
+
+impl ReplayError {
+    /// Whether the record was applied in part (some of its entries were), not skipped whole.
+    pub fn applied_in_part(&self) -> bool {
+        matches!(self, ReplayError::EntriesSkipped { .. })
+    }
+}
+
+fn skipped_entries(unknown: &[TaskId], unsettled: &[(TaskId, TaskState)]) -> String {
+    let mut parts = Vec::new();
+    if !unknown.is_empty() {
+        parts.push(format!("tasks the journal never submitted {unknown:?}"));
+    }
+    if !unsettled.is_empty() {
+        parts.push(format!(
+            "tasks in a state that does not end them for good {unsettled:?}"
+        ));
+    }
+    parts.join("; ")
 }
 
 /// What a replay restored, for the log line.
@@ -44,7 +71,9 @@ pub struct Restored {
 
 impl Core {
     /// Applies one journal record. A record that does not fit what came before it is refused
-    /// and changes nothing; the caller logs it and goes on.
+    /// and changes nothing, except a `TasksEnded` record: its entries are outcomes of tasks
+    /// each on its own, so those that fit are applied and the rest are named in
+    /// [`ReplayError::EntriesSkipped`]. The caller logs either and goes on.
     pub fn replay(&mut self, record: JournalRecord) -> Result<(), ReplayError> {
         if !matches!(record, JournalRecord::SnapshotPart { .. }) {
             self.note_between_parts(&record);
@@ -146,9 +175,9 @@ impl Core {
         Ok(())
     }
 
-    /// Applies every outcome of a known task; refuses the rest.
+    /// Applies every outcome of a known task that ended it for good; names the rest.
     fn replay_tasks(&mut self, tasks: Vec<JournaledTask>) -> Result<(), ReplayError> {
-        let mut unknown = Vec::new();
+        let (mut unknown, mut unsettled) = (Vec::new(), Vec::new());
         for task in tasks {
             let Some((job_id, index)) = self.locate(task.task_id) else {
                 // A task of a job forgotten already: one that ended after its job did.
@@ -158,29 +187,30 @@ impl Core {
                 continue;
             };
             let job = self.jobs.get_mut(&job_id).expect("located");
-            if let Some(result) = settle(job, index, task)? {
-                self.keep_result(job_id, index, Some(result), true);
+            match settle(job, index, task) {
+                Ok(Some(result)) => self.keep_result(job_id, index, Some(result), true),
+                Ok(None) => {}
+                Err(entry) => unsettled.push(entry),
             }
         }
-        match unknown.is_empty() {
+        match unknown.is_empty() && unsettled.is_empty() {
             true => Ok(()),
-            false => Err(ReplayError::UnknownTasks(unknown)),
+            false => Err(ReplayError::EntriesSkipped { unknown, unsettled }),
         }
     }
 }
 
 /// Records task `index`'s final outcome, unless it has one already; returns its result, for
-/// the caller to keep.
-fn settle(job: &mut Job, index: u32, task: JournaledTask) -> Result<Option<Value>, ReplayError> {
+/// the caller to keep; an entry in a state that does not end a task is left out and returned.
+fn settle(
+    job: &mut Job,
+    index: u32,
+    task: JournaledTask,
+) -> Result<Option<Value>, (TaskId, TaskState)> {
     let status = match task.state {
         TaskState::Finished => TaskStatus::Finished,
         TaskState::Failed => TaskStatus::Failed,
-        state => {
-            return Err(ReplayError::NotSettled {
-                task_id: task.task_id,
-                state,
-            })
-        }
+        state => return Err((task.task_id, state)),
     };
     let record = &mut job.tasks[index];
     if record.status != TaskStatus::Pending {

@@ -230,8 +230,8 @@ impl Core {
                     record.status = TaskStatus::Failed;
                     job.failed += 1;
                     abort = Some(format!(
-                        "task {index} failed {} times; last error: {message}",
-                        record.failures
+                        "task {index} failed {}; last error: {message}",
+                        crate::text::times(record.failures)
                     ));
                 } else {
                     record.status = TaskStatus::Pending;

@@ -1,5 +1,6 @@
 //! Restoring from the journal: a job resumes where its journal left it, ids go on after the
-//! restored ones, ended jobs stay listable, and a record that does not fit changes nothing.
+//! restored ones, ended jobs stay listable, a record that does not fit changes nothing, and a `TasksEnded`
+//! record applies the entries that fit.
 
 use super::*;
 use crate::driver::core::ReplayError;
@@ -82,6 +83,34 @@ fn outcome_of(task_id: TaskId, state: TaskState) -> JournaledTask {
 }
 
 #[test]
+fn a_mixed_tasks_ended_record_applies_the_entries_that_fit_and_names_the_rest() {
+    let mut core = restored(&journal_mid_job(), 1);
+    let record = JournalRecord::TasksEnded {
+        time_ms: 0,
+        tasks: vec![
+            outcome_of(2, TaskState::Finished),
+            outcome_of(99, TaskState::Finished),
+            outcome_of(3, TaskState::Running),
+            outcome_of(4, TaskState::Failed),
+        ],
+    };
+    let error = core.replay(record).unwrap_err();
+    assert_eq!(
+        error,
+        ReplayError::EntriesSkipped {
+            unknown: vec![99],
+            unsettled: vec![(3, TaskState::Running)],
+        }
+    );
+    assert!(error.applied_in_part());
+    let restored = core.resume();
+    let job = summary(&mut core, 1);
+    // Task 1 from the journal, task 2 from this record; task 4 after the skipped entries.
+    assert_eq!((job.succeeded, job.failed), (2, 1), "{job:?}");
+    assert_eq!(restored.pending_tasks, 1, "task 3 runs again");
+}
+
+#[test]
 fn records_that_do_not_fit_are_refused_and_change_nothing() {
     let mut core = restored(&journal_mid_job(), 1);
     let print = fingerprint(&core);
@@ -91,16 +120,19 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
                 time_ms: 0,
                 tasks: vec![outcome_of(99, TaskState::Finished)],
             },
-            ReplayError::UnknownTasks(vec![99]),
+            ReplayError::EntriesSkipped {
+                unknown: vec![99],
+                unsettled: vec![],
+            },
         ),
         (
             JournalRecord::TasksEnded {
                 time_ms: 0,
                 tasks: vec![outcome_of(3, TaskState::Lost)],
             },
-            ReplayError::NotSettled {
-                task_id: 3,
-                state: TaskState::Lost,
+            ReplayError::EntriesSkipped {
+                unknown: vec![],
+                unsettled: vec![(3, TaskState::Lost)],
             },
         ),
         (

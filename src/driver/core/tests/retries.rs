@@ -199,7 +199,7 @@ fn a_batch_that_fails_a_job_ends_its_other_updates_first() {
     assert_eq!(event_kinds(&effects), ["task.end", "job.end"]);
     assert_eq!(task_ends(&effects).len(), 3);
     // Only task 4 still runs, so only it is killed.
-    let reason = "task 0 failed 1 times; last error: first";
+    let reason = "task 0 failed once; last error: first";
     assert_eq!(
         kill_tasks(&effects),
         [("a".into(), 4, 0, format!("job {job_id} ended: {reason}"))]
