@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{eventually, within, TestCluster};
+use common::{eventually, heard_from_aside, within, TestCluster};
 use ember::protocol::{JobState, SubmitJob, TaskSpec, TaskState};
 use futures::StreamExt;
 use serde_json::Value;
@@ -302,13 +302,6 @@ async fn ten_thousand_malformed_messages_change_nothing() {
 
     // Everyone is up, and nothing changed.
     assert!(!driver.is_finished() && !exec_a.is_finished() && !exec_b.is_finished());
-    // All but when each executor was last heard from, which its heartbeats move on.
-    let heard_from_aside = |mut registry: ember::protocol::ExecutorsSnapshot| {
-        for executor in &mut registry.executors {
-            executor.last_seen_ms = 0;
-        }
-        registry
-    };
     assert_eq!(
         heard_from_aside(api.executors().await.expect("registry")),
         heard_from_aside(executors_before)

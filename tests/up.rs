@@ -64,6 +64,8 @@ impl Up {
     fn start(cluster: &str, url: &str, tmp: &TempDir, args: &[&str]) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_ember"))
             .args(["--cluster", cluster, "up"])
+            // Tests run side by side: none may take the web page's one default port.
+            .args(["--http", "off"])
             .args(args)
             .env("TMPDIR", tmp.path())
             .env("RUST_LOG", "warn")

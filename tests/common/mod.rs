@@ -250,6 +250,17 @@ impl TestCluster {
     }
 }
 
+/// The registry as requests can change it: all but when each executor was last heard from,
+/// which its heartbeats move on.
+pub fn heard_from_aside(
+    mut registry: ember::protocol::ExecutorsSnapshot,
+) -> ember::protocol::ExecutorsSnapshot {
+    for executor in &mut registry.executors {
+        executor.last_seen_ms = 0;
+    }
+    registry
+}
+
 /// A task running in this process that stops when told (or when dropped).
 pub struct Running<T> {
     stop: Option<oneshot::Sender<()>>,

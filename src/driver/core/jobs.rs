@@ -1,7 +1,7 @@
 //! Jobs and their tasks: submission, kill, results, and the bookkeeping of each task's attempts.
 
-pub use super::tasks::{TaskStatus, NO_DURATION};
 use super::tasks::Tasks;
+pub use super::tasks::{TaskStatus, NO_DURATION};
 use super::Core;
 use crate::ids::{ExecutorId, JobId, TaskId};
 use crate::protocol::{
