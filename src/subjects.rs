@@ -153,6 +153,12 @@ impl Subjects {
     }
 }
 
+/// The key in the results bucket of chunk `chunk` (from 0) of the result of `attempt` of task
+/// `task_id`, which executor `executor` ran: `chunks.<executor>.<task_id>.<attempt>.<chunk>`.
+pub fn result_chunk_key(executor: &ExecutorId, task_id: u64, attempt: u32, chunk: u32) -> String {
+    format!("chunks.{executor}.{task_id}.{attempt}.{chunk}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,10 +204,4 @@ mod tests {
             "e1"
         ));
     }
-}
-
-/// The key in the results bucket of chunk `chunk` (from 0) of the result of `attempt` of task
-/// `task_id`, which executor `executor` ran: `chunks.<executor>.<task_id>.<attempt>.<chunk>`.
-pub fn result_chunk_key(executor: &ExecutorId, task_id: u64, attempt: u32, chunk: u32) -> String {
-    format!("chunks.{executor}.{task_id}.{attempt}.{chunk}")
 }

@@ -80,6 +80,8 @@ impl Output {
     }
 }
 
+// Held outputs are the common case: boxing each would cost an allocation per message.
+#[allow(clippy::large_enum_variant)]
 enum Held {
     /// Where a journal write sits in the order.
     Write,
@@ -274,9 +276,12 @@ mod tests {
     }
 
     /// A journal that records each group it is given and stores it when its gate opens.
+    /// Each group written, with the gate that stores it.
+    type Groups = Arc<Mutex<Vec<(bytes::Bytes, Option<oneshot::Sender<()>>)>>>;
+
     #[derive(Default, Clone)]
     struct Journal {
-        groups: Arc<Mutex<Vec<(bytes::Bytes, Option<oneshot::Sender<()>>)>>>,
+        groups: Groups,
     }
 
     impl Journal {

@@ -637,13 +637,13 @@ impl World {
             write: outbox.writes,
             records: std::mem::take(&mut outbox.gathering),
         };
-        self.to_broker(node, write)
+        self.send_to_broker(node, write)
     }
 
-    fn to_broker(&mut self, node: u32, what: ToBroker) -> Result<(), String> {
+    fn send_to_broker(&mut self, node: u32, what: ToBroker) -> Result<(), String> {
         let sender = self.sender(node)?;
         let now = self.queue.now();
-        let at = self.network.to_broker(&mut self.rng, now);
+        let at = self.network.arrival_at_broker(&mut self.rng, now);
         let turn = self.drivers[node as usize].turn;
         self.queue.at(at, Event::AtBroker { sender, turn, what });
         Ok(())
@@ -675,7 +675,7 @@ impl World {
             },
         };
         let now = self.queue.now();
-        let at = self.network.to_broker(&mut self.rng, now);
+        let at = self.network.arrival_at_broker(&mut self.rng, now);
         self.queue.at(
             at,
             Event::Driver {
@@ -692,7 +692,7 @@ impl World {
             return Ok(());
         };
         let (expected, sent) = (leader.revision, self.queue.now());
-        self.to_broker(node, ToBroker::Renew { expected, sent })
+        self.send_to_broker(node, ToBroker::Renew { expected, sent })
     }
 
     fn renewed(&mut self, node: u32, sent: u64, revision: Option<u64>) -> Result<(), String> {

@@ -134,7 +134,7 @@ impl Network {
     /// When a message sent at `now` between a driver and JetStream arrives. Never lost (a
     /// JetStream request is retried until answered, and the retries are idempotent), but held
     /// up as any other.
-    pub fn to_broker(&mut self, rng: &mut Rng, now: u64) -> u64 {
+    pub fn arrival_at_broker(&mut self, rng: &mut Rng, now: u64) -> u64 {
         if now >= self.faults.for_ms {
             return now + 1 + rng.below(2);
         }
