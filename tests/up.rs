@@ -83,6 +83,36 @@ impl Up {
         }
     }
 
+    /// `ember up --autoscale RANGE` with `cores` per executor and the driver's `backlog` and
+    /// `idle` timeouts, on a port and cluster of its own named after `tag`: the cluster, its
+    /// temporary files (kept as long as it runs) and its cluster name.
+    fn autoscaled(
+        tag: &str,
+        range: &str,
+        cores: &str,
+        backlog: &str,
+        idle: &str,
+    ) -> (Self, TempDir, String) {
+        let tmp = TempDir::new(tag);
+        let port = free_port().expect("a free port").to_string();
+        let url = format!("nats://127.0.0.1:{port}");
+        let name = cluster(tag);
+        let args = [
+            "--port",
+            &port,
+            "--autoscale",
+            range,
+            "--cores",
+            cores,
+            "--backlog-timeout",
+            backlog,
+            "--idle-timeout",
+            idle,
+        ];
+        let up = Self::start(&name, &url, &tmp, &args);
+        (up, tmp, name)
+    }
+
     /// Connects as an api client (with `login`, a user and password) and waits until
     /// `executors` have registered.
     async fn client(&self, login: Option<(&str, &str)>, executors: u64) -> EmberClient {
@@ -370,27 +400,7 @@ async fn ends_until_job_end(
 
 #[tokio::test]
 async fn a_burst_scales_up_then_back_down_to_one_with_every_task_run_once() {
-    let tmp = TempDir::new("burst");
-    let port = free_port().expect("a free port").to_string();
-    let url = format!("nats://127.0.0.1:{port}");
-    let name = cluster("burst");
-    let up = Up::start(
-        &name,
-        &url,
-        &tmp,
-        &[
-            "--port",
-            &port,
-            "--autoscale",
-            "1..8",
-            "--cores",
-            "2",
-            "--backlog-timeout",
-            "250ms",
-            "--idle-timeout",
-            "4s",
-        ],
-    );
+    let (up, _tmp, name) = Up::autoscaled("burst", "1..8", "2", "250ms", "4s");
     let api = up.client(None, 1).await;
     let subjects = Subjects::new(&name).unwrap();
     let mut events = api.nats().subscribe(subjects.event("*.end")).await.unwrap();
@@ -445,27 +455,7 @@ async fn a_burst_scales_up_then_back_down_to_one_with_every_task_run_once() {
 
 #[tokio::test]
 async fn an_executor_running_a_long_task_is_not_released() {
-    let tmp = TempDir::new("long");
-    let port = free_port().expect("a free port").to_string();
-    let url = format!("nats://127.0.0.1:{port}");
-    let name = cluster("long");
-    let up = Up::start(
-        &name,
-        &url,
-        &tmp,
-        &[
-            "--port",
-            &port,
-            "--autoscale",
-            "1..3",
-            "--cores",
-            "1",
-            "--backlog-timeout",
-            "200ms",
-            "--idle-timeout",
-            "500ms",
-        ],
-    );
+    let (up, _tmp, name) = Up::autoscaled("long", "1..3", "1", "200ms", "500ms");
     let api = up.client(None, 1).await;
     let subjects = Subjects::new(&name).unwrap();
     let mut events = api.nats().subscribe(subjects.event(">")).await.unwrap();

@@ -933,18 +933,20 @@ impl Shell {
     /// Publishes an event: on its plain subject, or with a journal, through the events
     /// stream's writer, whose one message per part reaches the plain subject too.
     async fn publish_event(&self, event: Event) {
-        if let (Some(web), true) = (&self.web, self.guard().map_or(true, Guard::is_current)) {
+        let current = self.guard().map_or(true, Guard::is_current);
+        if let (Some(web), true) = (&self.web, current) {
             web.published(&event);
         }
         let subject: Subject = self.subjects.event(event.kind()).into();
-        let Some(history) = &self.history else {
-            return self.publish_batch(subject, event).await;
-        };
-        if !self.guard().map_or(true, Guard::is_current) {
-            return;
-        }
-        for payload in self.fit(event, &subject) {
-            history.publish(subject.clone(), payload).await;
+        match &self.history {
+            None => self.publish_batch(subject, event).await,
+            Some(history) if current => {
+                for payload in self.fit(event, &subject) {
+                    history.publish(subject.clone(), payload).await;
+                }
+            }
+            // A driver that no longer leads stores nothing more in the history.
+            Some(_) => {}
         }
     }
 
