@@ -80,6 +80,19 @@ impl Subjects {
         format!("{}.events.>", self.prefix)
     }
 
+    /// Where the driver stores the events in their history: `<p>.history.<kind>`, beside the
+    /// plain [`Subjects::event`] the listeners hear them on. The events stream captures these
+    /// and keeps each under its plain subject (`<p>.events.<kind>`), so a message sent here
+    /// again after a lost acknowledgement is stored once and never reaches a plain listener.
+    pub fn history(&self, kind: &str) -> String {
+        self.join(".history.", kind)
+    }
+
+    /// Every subject of the event history.
+    pub fn history_all(&self) -> String {
+        format!("{}.history.>", self.prefix)
+    }
+
     /// Where the driver appends its journal (a JetStream stream holds it).
     pub fn journal(&self) -> String {
         format!("{}.journal", self.prefix)
@@ -117,7 +130,7 @@ impl Subjects {
     }
 
     /// The name of the JetStream stream that holds the event history: `EMBER_<cluster>_EVENTS`,
-    /// capturing [`Subjects::events_all`].
+    /// capturing [`Subjects::history_all`].
     pub fn events_stream(&self) -> String {
         let cluster = self.prefix.trim_start_matches("ember.");
         format!("EMBER_{cluster}_EVENTS")
@@ -178,6 +191,8 @@ mod tests {
             "ember.prod.events.executor.added"
         );
         assert_eq!(s.events_all(), "ember.prod.events.>");
+        assert_eq!(s.history("job.end"), "ember.prod.history.job.end");
+        assert_eq!(s.history_all(), "ember.prod.history.>");
         assert_eq!(s.journal(), "ember.prod.journal");
         assert_eq!(s.journal_stream(), "EMBER_prod_JOURNAL");
         assert_eq!(s.events_stream(), "EMBER_prod_EVENTS");

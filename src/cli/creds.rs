@@ -111,7 +111,11 @@ impl Role {
         match self {
             Role::Driver => Permissions {
                 publish_allow: [
-                    vec![format!("{p}.executor.*"), subjects.events_all()],
+                    vec![
+                        format!("{p}.executor.*"),
+                        subjects.events_all(),
+                        subjects.history_all(),
+                    ],
                     journal_rights(subjects),
                 ]
                 .concat(),

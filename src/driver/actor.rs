@@ -930,23 +930,21 @@ impl Shell {
         }
     }
 
-    /// Publishes an event: on its plain subject, or with a journal, through the events
-    /// stream's writer, whose one message per part reaches the plain subject too.
+    /// Publishes an event on its plain subject and, with a journal while this driver leads,
+    /// hands it to the events stream's writer to store under its history subject.
     async fn publish_event(&self, event: Event) {
         let current = self.guard().map_or(true, Guard::is_current);
         if let (Some(web), true) = (&self.web, current) {
             web.published(&event);
         }
         let subject: Subject = self.subjects.event(event.kind()).into();
-        match &self.history {
-            None => self.publish_batch(subject, event).await,
-            Some(history) if current => {
-                for payload in self.fit(event, &subject) {
-                    history.publish(subject.clone(), payload).await;
-                }
-            }
-            // A driver that no longer leads stores nothing more in the history.
-            Some(_) => {}
+        let Some(history) = self.history.as_ref().filter(|_| current) else {
+            return self.publish_batch(subject, event).await;
+        };
+        let stored: Subject = self.subjects.history(event.kind()).into();
+        for payload in self.fit(event, &subject) {
+            self.publish(subject.clone(), payload.clone()).await;
+            history.publish(stored.clone(), payload).await;
         }
     }
 

@@ -1,10 +1,12 @@
-//! The event history: a JetStream stream of the cluster (`EMBER_<cluster>_EVENTS`) that
-//! captures the listener subjects (`<p>.events.>`) themselves, bounded by `--events-max-age`
-//! and `--events-max-bytes` (the oldest events go first). With it, the driver's events leave
-//! as JetStream publishes, so one message both reaches the listeners on the plain subjects and
-//! is stored, and its acknowledgement says it was.
+//! The event history: a JetStream stream of the cluster (`EMBER_<cluster>_EVENTS`), bounded by
+//! `--events-max-age` and `--events-max-bytes` (the oldest events go first). The driver
+//! publishes each event twice: once on its plain subject (`<p>.events.<kind>`) for the
+//! listeners, at once and at most once as core NATS does, and once on its history subject
+//! (`<p>.history.<kind>`), which the stream captures and stores under the plain subject. Only
+//! the second is acknowledged and sent again when it is not, so an event sent again is stored
+//! once and never reaches a plain listener twice.
 //!
-//! A writer task of its own sends them, in the order the actor hands them over (which is the
+//! A writer task of its own stores them, in the order the actor hands them over (which is the
 //! order the outbox releases them, behind the journal records they depend on), and keeps up to
 //! `IN_FLIGHT` unacknowledged: the actor never waits for an acknowledgement. Each carries a
 //! message id (`Nats-Msg-Id`: the epoch, the driver instance, a count) and the id of the one
@@ -65,7 +67,12 @@ pub async fn open(
     let name = subjects.events_stream();
     let config = stream::Config {
         name: name.clone(),
-        subjects: vec![subjects.events_all()],
+        subjects: vec![subjects.history_all()],
+        // Stored under the subjects the listeners know.
+        subject_transform: Some(stream::SubjectTransform {
+            source: subjects.history_all(),
+            destination: subjects.events_all(),
+        }),
         storage: StorageType::File,
         max_age,
         max_bytes: i64::try_from(max_bytes).unwrap_or(i64::MAX),
