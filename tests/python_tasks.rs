@@ -395,3 +395,33 @@ async fn a_python_task_spec_over_the_size_limit_is_refused() {
         "{reply}"
     );
 }
+
+#[test]
+fn the_executor_refuses_bad_python_flags_with_a_clear_error() {
+    let executor = env!("CARGO_BIN_EXE_ember-executor");
+    for (args, needle) in [
+        (
+            vec!["--python", ""],
+            "invalid value '' for '--python <PYTHON>': name an interpreter, such as python3",
+        ),
+        (
+            vec!["--python-workers", "0"],
+            "invalid value '0' for '--python-workers <PYTHON_WORKERS>'",
+        ),
+        (
+            vec!["--no-python", "--python-workers", "2"],
+            "the argument '--no-python' cannot be used with '--python-workers <PYTHON_WORKERS>'",
+        ),
+    ] {
+        let out = Command::new(executor)
+            .args(&args)
+            .env_remove("EMBER_PYTHON")
+            .env_remove("EMBER_PYTHON_WORKERS")
+            .env_remove("EMBER_NO_PYTHON")
+            .output()
+            .expect("run ember-executor");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
