@@ -96,7 +96,8 @@ impl std::fmt::Display for JobState {
 }
 
 /// What a task does. Handlers are named functions on the executor (`noop`, `sleep`, `echo`,
-/// `fail`, and any an embedding program registers); commands are processes.
+/// `fail`, and any an embedding program registers); commands are processes; python tasks are
+/// pickled calls that the executor's warm Python workers run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(
     tag = "kind",
@@ -115,6 +116,17 @@ pub enum TaskSpec {
         env: BTreeMap<String, String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cwd: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+    /// A Python call: `function` is a pickled callable and `args` a pickled `(args, kwargs)`
+    /// pair, both in base64 (standard alphabet, padded). With `map`, `args` is instead a
+    /// pickled list of items, and the task's result is the list of the function of each.
+    Python {
+        function: String,
+        args: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        map: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },

@@ -50,6 +50,8 @@ const SEEDS: &[&str] = &[
     r#"{"type":"TaskStart","time_ms":2000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[[42,3,0],[44,5,0]]}]}"#,
     r#"{"type":"JobEnd","time_ms":4001,"job_id":8,"state":"KILLED","succeeded":1,"failed":0,"killed":9,"reason":"killed by request"}"#,
     r#"{"kind":"command","argv":["true"]}"#,
+    r#"{"kind":"python","function":"gASVFAAAAAAAAACMCGJ1aWx0aW5zlIwDbGVulJOULg==","args":"gASVDAAAAAAAAABDAmFilIWUfZSGlC4=","map":true,"timeout_ms":1000}"#,
+    r#"{"type":"LaunchTasks","tasks":[{"job_id":9,"cpus":1,"spec":{"kind":"python","function":"gASVFAAAAAAAAACMCGJ1aWx0aW5zlIwDbGVulJOULg==","args":"gASVDAAAAAAAAABDAmFilIWUfZSGlC4="},"tasks":[[60,0,0]]}]}"#,
 ];
 
 /// Decodes `payload` as `T` under a generous and a tight limit. Whatever decodes must survive
@@ -206,6 +208,8 @@ fn json() -> impl Strategy<Value = Value> {
             "LOST",
             "handler",
             "command",
+            "python",
+            "gASVDAAAAAAAAABDAmFilIWUfZSGlC4=",
             "6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b",
             "RegisterExecutor",
             "SubmitJob",

@@ -808,6 +808,75 @@ fn task_spec_command() {
     json_error::<TaskSpec>(br#"{"kind":"command"}"#, &["missing field `argv`"]);
 }
 
+#[test]
+fn task_spec_python() {
+    // pickle.dumps(len) and pickle.dumps(((b"ab",), {})), in base64.
+    let function = "gASVFAAAAAAAAACMCGJ1aWx0aW5zlIwDbGVulJOULg==";
+    let args = "gASVDAAAAAAAAABDAmFilIWUfZSGlC4=";
+    golden(
+        &TaskSpec::Python {
+            function: function.into(),
+            args: args.into(),
+            map: true,
+            timeout_ms: Some(5_000),
+        },
+        json!({
+            "kind": "python",
+            "function": function,
+            "args": args,
+            "map": true,
+            "timeout_ms": 5000
+        }),
+    );
+    // map is written only when true, timeout_ms only when set.
+    let call = TaskSpec::Python {
+        function: function.into(),
+        args: args.into(),
+        map: false,
+        timeout_ms: None,
+    };
+    golden(
+        &call,
+        json!({"kind": "python", "function": function, "args": args}),
+    );
+    decodes_to(
+        json!({"kind": "python", "function": function, "args": args, "map": false}),
+        &call,
+    );
+    // Inside a launch (the fast path reads the spec with serde too).
+    let launch = ExecutorMessage::LaunchTasks {
+        tasks: vec![TaskDescription {
+            task_id: 3,
+            job_id: 1,
+            index: 0,
+            attempt: 0,
+            cpus: 1,
+            spec: Arc::new(call.clone()),
+        }],
+        driver_instance: None,
+    };
+    let bytes = encode(&launch);
+    assert_eq!(
+        decode::<ExecutorMessage>(&bytes, LIMIT).unwrap(),
+        launch,
+        "a launch of a python task round-trips"
+    );
+    json_error::<TaskSpec>(
+        format!(r#"{{"kind":"python","args":"{args}"}}"#).as_bytes(),
+        &["missing field `function`"],
+    );
+    json_error::<TaskSpec>(
+        format!(r#"{{"kind":"python","function":"{function}"}}"#).as_bytes(),
+        &["missing field `args`"],
+    );
+    for bad in ["", "abc", "ab!d", "a=bc", "gASV\\n==="] {
+        json_error::<TaskSpec>(
+            format!(r#"{{"kind":"python","function":"{bad}","args":"{args}"}}"#).as_bytes(),
+            &["`function` must be a pickle in base64"],
+        );
+    }
+}
+
 fn full_job() -> SubmitJob {
     SubmitJob {
         name: "nightly".into(),

@@ -6,7 +6,10 @@ use ember::cli::{
 };
 use ember::connect::NatsArgs;
 use ember::driver::core::MAX_CORES;
-use ember::executor::{run, ExecutorConfig, ExecutorError, Handlers, EXIT_REGISTRATION_REFUSED};
+use ember::executor::{
+    run, ExecutorConfig, ExecutorError, Handlers, PythonConfig, DEFAULT_INTERPRETER,
+    EXIT_REGISTRATION_REFUSED,
+};
 use ember::ids::{validate_host_port, ExecutorId};
 use ember::metrics::ExecutorMetrics;
 use ember::subjects::Subjects;
@@ -62,6 +65,19 @@ struct Args {
     /// a free port and logs it).
     #[arg(long, env = "EMBER_METRICS_ADDR", value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// The Python interpreter that runs python tasks, a name on PATH or a path. It needs
+    /// cloudpickle to run functions that were pickled by value (lambdas, functions of
+    /// __main__).
+    #[arg(long, env = "EMBER_PYTHON", default_value = DEFAULT_INTERPRETER, value_parser = parse_interpreter)]
+    python: String,
+    /// How many warm Python workers to keep, at most [default: one per core]. They start on
+    /// the first python task and stay for the next.
+    #[arg(long, env = "EMBER_PYTHON_WORKERS", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CORES)))]
+    python_workers: Option<u32>,
+    /// Refuse python tasks: each fails with a message that says so. Unpickling runs code, so a
+    /// cluster whose clients must not run arbitrary Python on it sets this.
+    #[arg(long, env = "EMBER_NO_PYTHON", conflicts_with_all = ["python_workers"])]
+    no_python: bool,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     log_json: bool,
@@ -106,6 +122,10 @@ fn main() -> ExitCode {
                 decommission_timeout: args.decommission_timeout,
                 exit_on_driver_loss: args.exit_on_driver_loss,
                 metrics,
+                python: (!args.no_python).then(|| PythonConfig {
+                    interpreter: args.python.clone(),
+                    workers: args.python_workers.unwrap_or(0),
+                }),
                 ..ExecutorConfig::new(subjects, executor_id, host_port, cores)
             };
             run(client, config, Handlers::builtin(), shutdown_signal()).await?;
@@ -123,6 +143,14 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `--python`: not empty.
+fn parse_interpreter(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("name an interpreter, such as python3".into());
+    }
+    Ok(s.to_string())
 }
 
 fn default_host_port() -> String {

@@ -4,6 +4,7 @@
 //! in flight, a registration again when the driver has forgotten it, the drain's notices.
 
 use super::machine::{Backoff, Machine, MachineConfig, Registered, Request};
+use super::python::{PythonConfig, PythonPool};
 use super::runner::Runner;
 use super::tasks::Handlers;
 use crate::connect::flush;
@@ -47,6 +48,8 @@ pub struct ExecutorConfig {
     pub exit_on_driver_loss: bool,
     /// What the executor counts, for `--metrics-addr`.
     pub metrics: Arc<ExecutorMetrics>,
+    /// How python tasks run; `None` refuses them (`--no-python`).
+    pub python: Option<PythonConfig>,
 }
 
 impl ExecutorConfig {
@@ -65,6 +68,7 @@ impl ExecutorConfig {
             decommission_timeout: crate::DEFAULT_DECOMMISSION_TIMEOUT,
             exit_on_driver_loss: false,
             metrics: Arc::new(ExecutorMetrics::new()),
+            python: Some(PythonConfig::default()),
         }
     }
 }
@@ -301,7 +305,11 @@ impl Backend {
     ) -> Self {
         let status_limit =
             client.server_info().max_payload.max(2 * PAYLOAD_HEADROOM) - PAYLOAD_HEADROOM;
-        let (runner, ends) = Runner::new(handlers, status_limit, config.metrics.clone());
+        let python = config
+            .python
+            .as_ref()
+            .map(|python| Arc::new(PythonPool::new(python, config.cores)));
+        let (runner, ends) = Runner::new(handlers, status_limit, config.metrics.clone(), python);
         let (stored_in_chunks, chunked) = tokio::sync::mpsc::unbounded_channel();
         let mut machine = Machine::new(
             MachineConfig {

@@ -6,11 +6,13 @@ mod backend;
 mod chunks;
 mod command;
 pub mod machine;
+mod python;
 mod runner;
 mod status;
 pub mod tasks;
 
 pub use backend::{run, ExecutorConfig, ExecutorError};
+pub use python::{PythonConfig, DEFAULT_INTERPRETER};
 pub use tasks::{Handlers, TaskContext, TaskResult};
 
 /// Exit code of an executor whose registration the driver refused (a duplicate id, say).

@@ -3,6 +3,7 @@
 
 use super::command::run_command;
 use super::machine::Started;
+use super::python::PythonPool;
 use super::tasks::{sleep_duration, Handler, Handlers, TaskContext, TaskResult};
 use crate::ids::TaskId;
 use crate::metrics::ExecutorMetrics;
@@ -32,6 +33,8 @@ pub(crate) struct Runner {
     status_limit: usize,
     /// Where attempts started and their run times are counted.
     metrics: Arc<ExecutorMetrics>,
+    /// The warm Python workers; none where python tasks are refused (`--no-python`).
+    python: Option<Arc<PythonPool>>,
 }
 
 impl Done {
@@ -65,6 +68,7 @@ impl Runner {
         handlers: Handlers,
         status_limit: usize,
         metrics: Arc<ExecutorMetrics>,
+        python: Option<Arc<PythonPool>>,
     ) -> (Self, mpsc::UnboundedReceiver<Done>) {
         let (done, ends) = mpsc::unbounded_channel();
         let runner = Self {
@@ -72,6 +76,7 @@ impl Runner {
             done,
             status_limit,
             metrics,
+            python,
         };
         (runner, ends)
     }
@@ -150,6 +155,32 @@ impl Runner {
                     tokio::spawn(async move {
                         let (outcome, detail) =
                             run_command(&context, &argv, &env, cwd.as_deref(), timeout).await;
+                        report(outcome, detail);
+                    })
+                    .abort_handle(),
+                )
+            }
+            TaskSpec::Python { timeout_ms, .. } => {
+                let Some(pool) = self.python.clone() else {
+                    let error = "this executor runs no python tasks (it was started with \
+                                 --no-python)";
+                    return self.ended(started, status(task_id, attempt, Err(error.into()), None));
+                };
+                let (spec, timeout) = (task.spec.clone(), timeout_ms.map(Duration::from_millis));
+                let report = reporter();
+                Some(
+                    tokio::spawn(async move {
+                        let TaskSpec::Python {
+                            function,
+                            args,
+                            map,
+                            ..
+                        } = spec.as_ref()
+                        else {
+                            unreachable!("matched as a python task above");
+                        };
+                        let (outcome, detail) =
+                            pool.run(&context, function, args, *map, timeout).await;
                         report(outcome, detail);
                     })
                     .abort_handle(),

@@ -24,6 +24,8 @@ enum SpecKind {
     Handler,
     #[serde(rename = "command")]
     Command,
+    #[serde(rename = "python")]
+    Python,
 }
 
 #[derive(Deserialize)]
@@ -37,6 +39,10 @@ pub(super) struct TaskSpecWire {
     env: BTreeMap<String, String>,
     cwd: Option<String>,
     timeout_ms: Option<u64>,
+    function: Option<String>,
+    args: Option<String>,
+    #[serde(default)]
+    map: bool,
 }
 
 impl TryFrom<TaskSpecWire> for TaskSpec {
@@ -53,8 +59,32 @@ impl TryFrom<TaskSpecWire> for TaskSpec {
                 cwd: w.cwd,
                 timeout_ms: w.timeout_ms,
             }),
+            SpecKind::Python => Ok(TaskSpec::Python {
+                function: base64_field("function", w.function)?,
+                args: base64_field("args", w.args)?,
+                map: w.map,
+                timeout_ms: w.timeout_ms,
+            }),
         }
     }
+}
+
+/// A python task's pickled field: present, not empty, and base64 in the standard alphabet
+/// with padding (checked by its shape, not decoded, so a launch costs no copy of it).
+fn base64_field(field: &str, value: Option<String>) -> Result<String, String> {
+    let value = value.ok_or_else(|| missing(field))?;
+    let bytes = value.as_bytes();
+    let body = bytes
+        .strip_suffix(b"==")
+        .or_else(|| bytes.strip_suffix(b"="))
+        .unwrap_or(bytes);
+    let alphabet = |b: &u8| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/';
+    if bytes.is_empty() || bytes.len() % 4 != 0 || !body.iter().all(alphabet) {
+        return Err(format!(
+            "a python task's `{field}` must be a pickle in base64 (standard alphabet, padded)"
+        ));
+    }
+    Ok(value)
 }
 
 #[derive(Deserialize)]

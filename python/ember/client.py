@@ -1,0 +1,772 @@
+"""The asyncio client: jobs of Python functions, commands and handlers on an Ember cluster.
+
+It speaks the wire of docs/protocol.md: JSON requests on `ember.<cluster>.driver.api`, the
+driver's JobEnd events on `ember.<cluster>.events.job.end` to learn when a job has ended, and
+python tasks (`{"kind": "python", "function": <b64 pickle>, "args": <b64 pickle>}`) that the
+executors' warm Python workers run.
+"""
+
+import asyncio
+import base64
+import collections
+import datetime
+import json
+import math
+import re
+import sys
+
+import cloudpickle
+import nats
+import nats.errors
+
+from .errors import (
+    DriverError,
+    EmberError,
+    NoDriver,
+    RemoteError,
+    RemoteTraceback,
+    RequestTooLarge,
+    TaskError,
+)
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+DEFAULT_CLUSTER = "default"
+# As the Rust client: how long one api request waits for its answer, in seconds.
+REQUEST_TIMEOUT = 10.0
+# What Ember keeps free under the server's max_payload for framing.
+PAYLOAD_HEADROOM = 4096
+# How often a wait asks for the job's progress when no JobEnd event has come, in seconds.
+POLL_INTERVAL = 1.0
+# How often the progress bar is brought up to date, in seconds.
+PROGRESS_INTERVAL = 0.2
+# How many ended jobs' JobEnd events are remembered for waits that start late.
+ENDED_KEPT = 100_000
+# With no chunksize given, a map makes about this many tasks per core of the cluster.
+TASKS_PER_CORE = 4
+# The driver's default max_failures, for command and handler jobs.
+DEFAULT_MAX_FAILURES = 4
+
+_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def _pickle(value):
+    return _b64(cloudpickle.dumps(value))
+
+
+def _timeout_ms(timeout):
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    ms = int(round(float(timeout) * 1000))
+    if ms <= 0:
+        raise ValueError(f"timeout must be positive; got {timeout!r}")
+    return ms
+
+
+def python_task(fn, args=(), kwargs=None, *, timeout=None):
+    """The spec of one python task that calls `fn(*args, **kwargs)`."""
+    if not callable(fn):
+        raise TypeError(f"{fn!r} is not callable")
+    spec = {
+        "kind": "python",
+        "function": _pickle(fn),
+        "args": _pickle((tuple(args), dict(kwargs or {}))),
+    }
+    ms = _timeout_ms(timeout)
+    if ms is not None:
+        spec["timeout_ms"] = ms
+    return spec
+
+
+def command_task(argv, *, env=None, cwd=None, timeout=None):
+    """The spec of one command task (`argv` runs without a shell)."""
+    if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError("argv must be a non-empty list of strings, e.g. ['echo', 'hi']")
+    spec = {"kind": "command", "argv": list(argv), "env": dict(env or {})}
+    if cwd is not None:
+        spec["cwd"] = str(cwd)
+    ms = _timeout_ms(timeout)
+    if ms is not None:
+        spec["timeout_ms"] = ms
+    return spec
+
+
+def handler_task(name, arg=None):
+    """The spec of one handler task (`noop`, `sleep`, `echo`, `fail`, or a registered one)."""
+    return {"kind": "handler", "name": str(name), "arg": arg}
+
+
+def _read_creds(creds, user):
+    """Connection options for `creds`: a NATS JWT credentials file, a (user, password) pair,
+    or a password file that `ember creds --password-file` wrote (the line of `user`)."""
+    if isinstance(creds, (tuple, list)):
+        if len(creds) != 2:
+            raise ValueError("creds as a pair is (user, password)")
+        return {"user": str(creds[0]), "password": str(creds[1])}
+    path = str(creds)
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except OSError as error:
+        raise EmberError(f"could not read the credentials file {path}: {error}") from None
+    if "BEGIN NATS USER JWT" in text:
+        return {"user_credentials": path}
+    user = user or "client"
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[0] == user:
+            return {"user": user, "password": parts[1].strip()}
+    raise EmberError(
+        f"{path} is neither a NATS credentials file nor a password file with a line for "
+        f"user {user!r} (as `ember creds --password-file` writes)"
+    )
+
+
+class Client:
+    """A connection to one Ember cluster. Make one with `await Client.connect(...)`."""
+
+    def __init__(self, nc, cluster=DEFAULT_CLUSTER, *, owns_connection=True):
+        if not _CLUSTER_NAME.match(cluster or ""):
+            raise ValueError(
+                f"cluster name {cluster!r} must be 1 to 64 of A-Z, a-z, 0-9, '_' and '-'"
+            )
+        self.nc = nc
+        self.cluster = cluster
+        self.prefix = f"ember.{cluster}"
+        self._owns = owns_connection
+        self._newest_epoch = 0
+        self._ended = collections.OrderedDict()
+        self._waiters = collections.defaultdict(list)
+        self._watch = None
+        self._watch_lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(
+        cls,
+        url=DEFAULT_URL,
+        *,
+        cluster=DEFAULT_CLUSTER,
+        creds=None,
+        user=None,
+        password=None,
+        token=None,
+        **options,
+    ):
+        """Connects to the NATS server at `url` (a string or a list of them) for cluster
+        `cluster`. `creds` is a NATS JWT credentials file, a `(user, password)` pair, or a
+        password file written by `ember creds --password-file` (its `client` line, or the
+        line of `user`). Other keyword arguments go to `nats.connect`."""
+        if not _CLUSTER_NAME.match(cluster or ""):
+            raise ValueError(
+                f"cluster name {cluster!r} must be 1 to 64 of A-Z, a-z, 0-9, '_' and '-'"
+            )
+        auth = {}
+        if creds is not None:
+            auth = _read_creds(creds, user)
+        elif user is not None:
+            auth = {"user": user, "password": password or ""}
+        if token is not None:
+            auth["token"] = token
+        servers = [url] if isinstance(url, str) else list(url)
+        options.setdefault("connect_timeout", 5)
+        options.setdefault("max_reconnect_attempts", 10)
+        errors = []
+        given_error_cb = options.pop("error_cb", None)
+
+        async def error_cb(error):
+            errors.append(error)
+            if given_error_cb is not None:
+                await given_error_cb(error)
+
+        # nats-py may go on retrying a refused first connection: the whole of it is bounded.
+        limit = options["connect_timeout"] * (len(servers) + 1)
+        try:
+            nc = await asyncio.wait_for(
+                nats.connect(servers=servers, error_cb=error_cb, **auth, **options), limit
+            )
+        except Exception as error:  # nats-py raises a few kinds; all mean the same here
+            why = errors[-1] if errors else error
+            if isinstance(error, asyncio.TimeoutError) and not errors:
+                why = f"no connection within {limit}s"
+            raise EmberError(f"could not connect to NATS at {url}: {why!s}") from None
+        return cls(nc, cluster)
+
+    async def close(self):
+        """Closes the connection (if this client made it)."""
+        if self._watch is not None:
+            try:
+                await self._watch.unsubscribe()
+            except Exception:
+                pass
+            self._watch = None
+        if self._owns and not self.nc.is_closed:
+            await self.nc.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    # --- requests -------------------------------------------------------------------------
+
+    async def request(self, message, *, timeout=REQUEST_TIMEOUT):
+        """Sends one api request (a dict with "type") and returns the driver's answer; an
+        `Error` answer raises `DriverError` with the driver's message."""
+        subject = f"{self.prefix}.driver.api"
+        payload = json.dumps(message, separators=(",", ":")).encode()
+        limit = self.nc.max_payload - PAYLOAD_HEADROOM
+        if len(payload) > limit:
+            raise RequestTooLarge(
+                f"the request is {len(payload)} bytes, over the server's limit of {limit} "
+                f"bytes; raise max_payload in nats.conf or send fewer, smaller tasks (a "
+                f"larger chunksize for map)"
+            )
+        try:
+            reply = await self.nc.request(subject, payload, timeout=timeout)
+        except nats.errors.NoRespondersError:
+            raise NoDriver(
+                f"no driver answers on {subject} (is ember-driver running on this cluster?)"
+            ) from None
+        except nats.errors.TimeoutError:
+            raise EmberError(f"the driver did not answer within {timeout}s") from None
+        epoch = self._epoch(reply)
+        if epoch < self._newest_epoch:
+            raise EmberError(f"answered by a driver of epoch {epoch}, which no longer leads")
+        self._newest_epoch = epoch
+        try:
+            answer = json.loads(reply.data)
+        except ValueError as error:
+            raise EmberError(f"unexpected answer from the driver: {error}") from None
+        if answer.get("type") == "Error":
+            raise DriverError(answer.get("message", ""))
+        return answer
+
+    @staticmethod
+    def _epoch(msg):
+        try:
+            return int((msg.headers or {}).get("Ember-Epoch", 0))
+        except (TypeError, ValueError):
+            return 0
+
+    async def _expect(self, message, answer_type):
+        answer = await self.request(message)
+        if answer.get("type") != answer_type:
+            raise EmberError(f"unexpected answer from the driver: {answer}")
+        return answer
+
+    async def executors(self):
+        """The registry and its totals (`Executors`), every page of it."""
+        snapshot = await self._expect({"type": "ListExecutors"}, "Executors")
+        offset = snapshot.pop("next_offset", None)
+        while offset is not None:
+            page = await self._expect({"type": "ListExecutors", "offset": offset}, "Executors")
+            snapshot["executors"].extend(page["executors"])
+            following = page.get("next_offset")
+            offset = following if following is not None and following > offset else None
+        return snapshot
+
+    async def jobs(self):
+        """Every job the driver holds, in submission order (`JobSummary` dicts)."""
+        jobs, from_job = [], 0
+        while True:
+            request = {"type": "ListJobs"}
+            if from_job:
+                request["from_job"] = from_job
+            page = await self._expect(request, "Jobs")
+            jobs.extend(page["jobs"])
+            following = page.get("next_job")
+            if following is None or following <= from_job:
+                return jobs
+            from_job = following
+
+    async def job(self, job_id):
+        """A handle on job `job_id` (of any kind: its results come back as JSON)."""
+        await self._expect({"type": "GetJob", "job_id": job_id}, "Job")
+        return Job(self, job_id)
+
+    # --- submitting ---------------------------------------------------------------------------
+
+    async def submit_job(
+        self,
+        tasks,
+        *,
+        repeat=1,
+        name="",
+        max_failures=DEFAULT_MAX_FAILURES,
+        cpus_per_task=1,
+    ):
+        """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
+        repeated `repeat` times, and returns its `Job`."""
+        return await self._submit(
+            tasks,
+            repeat=repeat,
+            name=name,
+            max_failures=max_failures,
+            cpus_per_task=cpus_per_task,
+        )
+
+    async def submit_commands(self, argv, *, tasks=1, timeout=None, env=None, cwd=None, **job):
+        """A job of `tasks` runs of one command, as `ember submit --tasks N -- argv...` does;
+        $EMBER_TASK_INDEX tells them apart."""
+        spec = command_task(argv, env=env, cwd=cwd, timeout=timeout)
+        job.setdefault("name", argv[0])
+        return await self.submit_job([spec], repeat=tasks, **job)
+
+    async def submit_handler(self, name, arg=None, *, tasks=1, **job):
+        """A job of `tasks` runs of handler `name`, as `ember submit --kind NAME` does."""
+        job.setdefault("name", name)
+        return await self.submit_job([handler_task(name, arg)], repeat=tasks, **job)
+
+    async def submit(self, fn, /, *args, **kwargs):
+        """Runs `fn(*args, **kwargs)` on the cluster as a job of one python task; returns a
+        `TaskFuture` (await it, or its `result()`). For a timeout or a name, see
+        `submit_with`."""
+        return await self.submit_with(fn, args, kwargs)
+
+    async def submit_with(
+        self, fn, args=(), kwargs=None, *, timeout=None, name=None, max_failures=1
+    ):
+        """`submit` with options: `timeout` (seconds, or a timedelta) stops the call's worker
+        when it runs longer; `max_failures` is how many attempts it gets."""
+        spec = python_task(fn, args, kwargs, timeout=timeout)
+        job = await self._submit(
+            [spec],
+            name=name or _name_of(fn),
+            max_failures=max_failures,
+            python="call",
+        )
+        return TaskFuture(job)
+
+    async def map(
+        self, fn, iterable, *, chunksize=None, timeout=None, name=None, max_failures=1
+    ):
+        """Runs `fn` on each item of `iterable` as one job, `chunksize` items per task (by
+        default about four tasks per core of the cluster); returns its `Job`, whose
+        `results()` are the values in the order of the items. `timeout` bounds each task."""
+        items = list(iterable)
+        if not callable(fn):
+            raise TypeError(f"{fn!r} is not callable")
+        if chunksize is None:
+            cores = await self._total_cores()
+            chunksize = max(1, math.ceil(len(items) / (TASKS_PER_CORE * max(cores, 1))))
+        if not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be a positive integer; got {chunksize!r}")
+        function = _pickle(fn)
+        ms = _timeout_ms(timeout)
+        specs = []
+        for start in range(0, len(items), chunksize):
+            spec = {
+                "kind": "python",
+                "function": function,
+                "args": _pickle(items[start : start + chunksize]),
+                "map": True,
+            }
+            if ms is not None:
+                spec["timeout_ms"] = ms
+            specs.append(spec)
+        if not specs:
+            return Job(self, None, python="map")
+        return await self._submit(
+            specs, name=name or _name_of(fn), max_failures=max_failures, python="map"
+        )
+
+    async def _total_cores(self):
+        answer = await self._expect({"type": "ListExecutors", "limit": 0}, "Executors")
+        return int(answer.get("total_cores", 0))
+
+    async def _submit(
+        self,
+        tasks,
+        *,
+        repeat=1,
+        name="",
+        max_failures=DEFAULT_MAX_FAILURES,
+        cpus_per_task=1,
+        python=None,
+    ):
+        await self._ensure_watch()
+        answer = await self._expect(
+            {
+                "type": "SubmitJob",
+                "name": name or "",
+                "tasks": list(tasks),
+                "repeat": repeat,
+                "max_failures": max_failures,
+                "cpus_per_task": cpus_per_task,
+            },
+            "JobAccepted",
+        )
+        return Job(self, answer["job_id"], python=python)
+
+    # --- job ends -----------------------------------------------------------------------------
+
+    async def _ensure_watch(self):
+        """Subscribes to JobEnd events once, before the first submission, so no end is
+        missed."""
+        if self._watch is not None:
+            return
+        async with self._watch_lock:
+            if self._watch is None:
+                self._watch = await self.nc.subscribe(
+                    f"{self.prefix}.events.job.end", cb=self._on_job_end
+                )
+                await self.nc.flush()
+
+    async def _on_job_end(self, msg):
+        if self._epoch(msg) < self._newest_epoch:
+            return
+        try:
+            event = json.loads(msg.data)
+            job_id = event["job_id"]
+        except (ValueError, KeyError, TypeError):
+            return
+        self._ended[job_id] = event
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+        for waiter in self._waiters.pop(job_id, []):
+            if not waiter.done():
+                waiter.set_result(event)
+
+    async def _end_of(self, job_id, timeout=None):
+        """Waits for job `job_id` to end; its JobEnd event, or a summary of the same shape."""
+        await self._ensure_watch()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            if job_id in self._ended:
+                return self._ended[job_id]
+            waiter = loop.create_future()
+            self._waiters[job_id].append(waiter)
+            wait = POLL_INTERVAL
+            if deadline is not None:
+                wait = min(wait, deadline - loop.time())
+                if wait <= 0:
+                    raise asyncio.TimeoutError(f"job {job_id} has not ended within {timeout}s")
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiter), wait)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                waiters = self._waiters.get(job_id)
+                if waiters and waiter in waiters:
+                    waiters.remove(waiter)
+                    if not waiters:
+                        del self._waiters[job_id]
+            # No event yet: ask (an event may have been lost, or a driver took over).
+            summary = (await self._expect({"type": "GetJob", "job_id": job_id}, "Job"))["job"]
+            if summary["state"] != "RUNNING":
+                return summary
+
+    # --- events ---------------------------------------------------------------------------------
+
+    async def events(self, kinds=None, *, since=None):
+        """The driver's events as dicts, as they come: every kind, or those of `kinds`
+        (subject suffixes such as "job.end", "task.start"). With `since` (a datetime, a
+        timedelta before now, or seconds since the epoch) they come from the event history
+        first, from that time on, then live: this needs a driver with a journal."""
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if since is not None:
+            async for event in self._history(kinds, since):
+                yield event
+            return
+        queue = asyncio.Queue()
+        subjects = [f"{self.prefix}.events.{kind}" for kind in kinds] if kinds else [
+            f"{self.prefix}.events.>"
+        ]
+        subscriptions = []
+        try:
+            for subject in subjects:
+                subscriptions.append(await self.nc.subscribe(subject))
+            await self.nc.flush()
+
+            async def pump(subscription):
+                async for msg in subscription.messages:
+                    if self._epoch(msg) >= self._newest_epoch:
+                        await queue.put(msg)
+
+            pumps = [asyncio.ensure_future(pump(s)) for s in subscriptions]
+            try:
+                while True:
+                    msg = await queue.get()
+                    try:
+                        yield json.loads(msg.data)
+                    except ValueError:
+                        continue
+            finally:
+                for task in pumps:
+                    task.cancel()
+        finally:
+            for subscription in subscriptions:
+                try:
+                    await subscription.unsubscribe()
+                except Exception:
+                    pass
+
+    async def _history(self, kinds, since):
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        if isinstance(since, datetime.timedelta):
+            since = datetime.datetime.now(datetime.timezone.utc) - since
+        elif isinstance(since, (int, float)):
+            since = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=datetime.timezone.utc)
+        start = since.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        stream = f"EMBER_{self.cluster}_EVENTS"
+        subject = f"{self.prefix}.events.>"
+        wanted = None if not kinds else {f"{self.prefix}.events.{kind}" for kind in kinds}
+        js = self.nc.jetstream()
+        try:
+            subscription = await js.pull_subscribe(
+                subject,
+                stream=stream,
+                config=ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_TIME,
+                    opt_start_time=start,
+                    ack_policy=AckPolicy.NONE,
+                ),
+            )
+        except Exception as error:
+            raise EmberError(
+                f"could not read the event history (stream {stream}): {error!r}; it is kept "
+                f"only by a driver with a journal"
+            ) from None
+        try:
+            while True:
+                try:
+                    messages = await subscription.fetch(256, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    continue
+                for msg in messages:
+                    if wanted is not None and msg.subject not in wanted:
+                        continue
+                    try:
+                        yield json.loads(msg.data)
+                    except ValueError:
+                        continue
+        finally:
+            try:
+                await subscription.unsubscribe()
+            except Exception:
+                pass
+
+
+def _name_of(fn):
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "python"
+
+
+class Job:
+    """A submitted job. `python` is "call" or "map" for jobs of Python functions, whose
+    results are unpickled; other jobs' results are the tasks' JSON results."""
+
+    def __init__(self, client, job_id, *, python=None):
+        self.client = client
+        self.job_id = job_id
+        self.python = python
+
+    def __repr__(self):
+        return f"<ember.Job {self.job_id}>"
+
+    async def summary(self):
+        """The job's `JobSummary` now."""
+        if self.job_id is None:
+            return _empty_summary()
+        answer = await self.client._expect({"type": "GetJob", "job_id": self.job_id}, "Job")
+        return answer["job"]
+
+    async def wait(self, timeout=None, *, progress=None):
+        """Waits for the job to end and returns its `JobSummary` (whatever its state). With a
+        terminal on stderr (or `progress=True`) a tqdm bar shows the tasks done."""
+        if self.job_id is None:
+            return _empty_summary()
+        if progress is None:
+            progress = sys.stderr.isatty()
+        if progress:
+            await self._wait_with_bar(timeout)
+        else:
+            await self.client._end_of(self.job_id, timeout)
+        return await self.summary()
+
+    async def _wait_with_bar(self, timeout):
+        from tqdm import tqdm
+
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        summary = await self.summary()
+        with tqdm(total=summary["tasks"], desc=f"job {self.job_id}", unit="task") as bar:
+            while True:
+                done = summary["succeeded"] + summary["failed"] + summary["killed"]
+                bar.update(done - bar.n)
+                if summary["state"] != "RUNNING":
+                    return
+                wait = PROGRESS_INTERVAL
+                if deadline is not None:
+                    wait = min(wait, deadline - loop.time())
+                    if wait <= 0:
+                        raise asyncio.TimeoutError(
+                            f"job {self.job_id} has not ended within {timeout}s"
+                        )
+                try:
+                    await self.client._end_of(self.job_id, wait)
+                except asyncio.TimeoutError:
+                    pass
+                summary = await self.summary()
+
+    async def kill(self):
+        """Kills the job: waiting tasks are dropped and running ones stopped."""
+        if self.job_id is not None:
+            await self.client._expect({"type": "KillJob", "job_id": self.job_id}, "JobKilled")
+
+    async def outcomes(self):
+        """Every task's `TaskOutcome` now, in index order, results in chunks read back."""
+        if self.job_id is None:
+            return []
+        outcomes, offset = [], 0
+        while offset is not None:
+            page = await self.client._expect(
+                {"type": "GetResults", "job_id": self.job_id, "offset": offset, "limit": 1000},
+                "Results",
+            )
+            for outcome in page["results"]:
+                if outcome.get("result_chunks"):
+                    outcome["result"] = await self._chunked(outcome)
+                outcomes.append(outcome)
+            following = page.get("next_offset")
+            offset = following if following is not None and following > offset else None
+        return outcomes
+
+    async def _chunked(self, outcome):
+        count = outcome["result_chunks"]["count"]
+        data = bytearray()
+        for chunk in range(count):
+            answer = await self.client._expect(
+                {
+                    "type": "GetResultChunk",
+                    "job_id": self.job_id,
+                    "index": outcome["index"],
+                    "chunk": chunk,
+                },
+                "ResultChunk",
+            )
+            data += base64.b64decode(answer["data"])
+        return json.loads(bytes(data))
+
+    async def results(self, timeout=None):
+        """Waits for the job's end and returns its results in task order: for a map, one
+        value per item, in the order of the items. A failed task raises: its Python exception
+        (with the remote traceback as its `__cause__`), or `TaskError`."""
+        if self.job_id is None:
+            return []
+        end = await self.client._end_of(self.job_id, timeout)
+        outcomes = await self.outcomes()
+        unfinished = [o for o in outcomes if o["state"] != "FINISHED"]
+        if unfinished:
+            # The task that failed the job, rather than the ones dropped because it did.
+            failed = [o for o in unfinished if o["state"] == "FAILED"]
+            raise self._failure((failed or unfinished)[0], end)
+        results = []
+        for outcome in outcomes:
+            value = outcome.get("result")
+            if self.python is None:
+                results.append(value)
+            elif self.python == "map":
+                results.extend(_unpickle_result(value))
+            else:
+                results.append(_unpickle_result(value))
+        return results
+
+    def _failure(self, outcome, end):
+        where = {"job_id": self.job_id, "index": outcome["index"], "state": outcome["state"]}
+        error = outcome.get("error")
+        detail = outcome.get("result")
+        if self.python is not None and isinstance(detail, dict) and "traceback" in detail:
+            remote = detail.get("traceback") or ""
+            pickled = detail.get("exception")
+            if pickled and not detail.get("unimportable"):
+                try:
+                    exception = cloudpickle.loads(base64.b64decode(pickled))
+                except Exception:
+                    exception = None
+                if isinstance(exception, BaseException):
+                    exception.__cause__ = RemoteTraceback(remote)
+                    try:
+                        exception.remote_traceback = remote
+                    except Exception:
+                        pass
+                    return exception
+            return RemoteError(
+                detail.get("error") or error or "the task failed",
+                type_name=detail.get("type") or "Exception",
+                remote_traceback=remote,
+                **where,
+            )
+        if error is None:
+            end = end if isinstance(end, dict) else {}
+            error = (
+                f"task {outcome['index']} of job {self.job_id} did not finish "
+                f"({outcome['state']}): the job ended {end.get('state', 'early')}"
+            )
+            if end.get("reason"):
+                error += f" ({end['reason']})"
+        return TaskError(error, **where)
+
+
+def _unpickle_result(value):
+    if not isinstance(value, dict) or "pickle" not in value:
+        raise EmberError(f"a python task's result should be {{'pickle': ...}}; got {value!r}")
+    return cloudpickle.loads(base64.b64decode(value["pickle"]))
+
+
+def _empty_summary():
+    return {
+        "job_id": None,
+        "name": "",
+        "state": "SUCCEEDED",
+        "tasks": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "killed": 0,
+        "running": 0,
+        "submitted_at_ms": 0,
+        "ended_at_ms": None,
+        "reason": None,
+    }
+
+
+class TaskFuture:
+    """The result of one `submit`: `await future` or `await future.result()`."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def __repr__(self):
+        return f"<ember.TaskFuture of job {self.job.job_id}>"
+
+    @property
+    def job_id(self):
+        return self.job.job_id
+
+    async def result(self, timeout=None):
+        """The function's return value; its exception (with the remote traceback) if it
+        raised; `TaskError` if the task failed otherwise (a timeout, a dead worker, a kill)."""
+        (value,) = await self.job.results(timeout)
+        return value
+
+    async def done(self):
+        """Whether the call has ended."""
+        return (await self.job.summary())["state"] != "RUNNING"
+
+    async def cancel(self):
+        """Kills the call's job."""
+        await self.job.kill()
+
+    def __await__(self):
+        return self.result().__await__()

@@ -1,0 +1,56 @@
+"""The exceptions of the Ember client."""
+
+
+class EmberError(Exception):
+    """Anything that went wrong talking to an Ember cluster."""
+
+
+class NoDriver(EmberError):
+    """No driver answers on the cluster's api subject."""
+
+
+class DriverError(EmberError):
+    """The driver answered `Error`: `message` is what it said."""
+
+    def __init__(self, message):
+        super().__init__(f"the driver said: {message}")
+        self.message = message
+
+
+class RequestTooLarge(EmberError):
+    """A request over the server's max_payload (less Ember's headroom)."""
+
+
+class TaskError(EmberError):
+    """A task failed, was killed or lost, with the executor's or driver's error."""
+
+    def __init__(self, message, *, job_id=None, index=None, state=None):
+        super().__init__(message)
+        self.job_id = job_id
+        self.index = index
+        self.state = state
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on an executor, set as the `__cause__` of the
+    exception re-raised here (as `concurrent.futures` does), so both tracebacks print."""
+
+    def __init__(self, text):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self):
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+class RemoteError(TaskError):
+    """A Python exception raised by a task whose exception could not be unpickled here: its
+    type's name, message and the remote traceback."""
+
+    def __init__(self, message, *, type_name, remote_traceback, **where):
+        super().__init__(message, **where)
+        self.type_name = type_name
+        self.remote_traceback = remote_traceback
+
+    def __str__(self):
+        return f"{self.args[0]}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"

@@ -1,0 +1,179 @@
+"""The Python client against a real cluster (see conftest.py)."""
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ember
+
+
+def square(x):
+    return x * x
+
+
+def nested_failure(value):
+    def inner():
+        raise ValueError(f"bad value {value}")
+
+    return inner()
+
+
+class Unpicklable(Exception):
+    """An exception that cannot be rebuilt from its pickle (its __init__ takes two args)."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+
+
+def raise_unpicklable():
+    raise Unpicklable(1, 2)
+
+
+def test_submit_returns_the_value(client):
+    offset = 5
+    assert client.submit(pow, 2, 10).result() == 1024
+    assert client.submit(lambda x, y=0: x + y + offset, 1, y=2).result() == 8
+    assert client.submit(square, 12).result(timeout=30) == 144
+
+
+def test_map_gives_results_in_order(client):
+    assert client.map(square, range(100), chunksize=7).results() == [x * x for x in range(100)]
+    # By default about four tasks per core: 4 cores here, so 16 tasks of 4 items.
+    job = client.map(lambda x: -x, range(64))
+    assert job.results() == [-x for x in range(64)]
+    assert job.summary()["tasks"] == 16
+    assert client.map(square, []).results() == []
+
+
+def test_a_remote_exception_carries_its_traceback(client):
+    with pytest.raises(ValueError, match="bad value 7") as raised:
+        client.submit(nested_failure, 7).result()
+    cause = raised.value.__cause__
+    assert isinstance(cause, ember.RemoteTraceback)
+    assert "in nested_failure" in cause.text and "in inner" in cause.text
+    assert "ValueError: bad value 7" in cause.text
+    assert raised.value.remote_traceback == cause.text
+    # One that cannot be unpickled here comes back as RemoteError, with the same.
+    with pytest.raises(ember.RemoteError) as raised:
+        client.submit(raise_unpicklable).result()
+    assert raised.value.type_name == "Unpicklable"
+    assert "in raise_unpicklable" in raised.value.remote_traceback
+    assert "Remote traceback" in str(raised.value)
+
+
+def test_a_module_the_executor_cannot_import_is_named(client):
+    sys.path.insert(0, str(Path(__file__).parent / "unimportable"))
+    try:
+        import ember_test_helper
+    finally:
+        sys.path.pop(0)
+    with pytest.raises(ember.RemoteError) as raised:
+        client.submit(ember_test_helper.triple, 2).result()
+    message = str(raised.value)
+    assert "needs module 'ember_test_helper', which is not importable on this executor" in message
+
+
+def test_a_killed_worker_fails_its_task_and_is_replaced(client):
+    pid = client.submit(os.getpid).result()
+    with pytest.raises(ember.TaskError, match="exited .*SIGKILL.*a new worker takes its place"):
+        client.submit(lambda: os.kill(os.getpid(), signal.SIGKILL)).result()
+    # Every worker still answers, the replaced one included.
+    pids = client.map(lambda _: os.getpid(), range(40), chunksize=1).results()
+    assert all(isinstance(p, int) for p in pids)
+    assert pid > 0
+
+
+def test_a_timeout_stops_the_call(client):
+    started = time.monotonic()
+    with pytest.raises(ember.TaskError, match="timed out after 1s; its python worker was stopped"):
+        client.submit_with(time.sleep, (60,), timeout=1).result()
+    assert time.monotonic() - started < 15
+    assert client.submit(square, 3).result() == 9
+
+
+def test_kill_a_job(client):
+    job = client.map(time.sleep, [60] * 4, chunksize=1)
+    time.sleep(0.5)
+    job.kill()
+    summary = job.wait(timeout=30)
+    assert summary["state"] == "KILLED"
+    assert summary["reason"] == "killed by request"
+    with pytest.raises(ember.TaskError, match="KILLED"):
+        job.results()
+
+
+def test_commands_and_handlers(client):
+    job = client.submit_commands(["sh", "-c", "echo task $EMBER_TASK_INDEX"], tasks=3)
+    assert [r["stdout"] for r in job.results()] == ["task 0\n", "task 1\n", "task 2\n"]
+    assert client.submit_handler("echo", {"value": [1, 2]}, tasks=2).results() == [[1, 2], [1, 2]]
+    failing = client.submit_handler("fail", {"message": "on purpose"}, max_failures=1)
+    with pytest.raises(ember.TaskError, match="on purpose"):
+        failing.results()
+    assert failing.wait(progress=True)["state"] == "FAILED"
+
+
+def test_jobs_executors_and_driver_errors(client):
+    job = client.submit_handler("noop", tasks=5)
+    assert job.wait()["succeeded"] == 5
+    assert job.job_id in [j["job_id"] for j in client.jobs()]
+    snapshot = client.executors()
+    assert sorted(e["executor_id"] for e in snapshot["executors"]) == ["exec-1", "exec-2"]
+    assert snapshot["total_cores"] == 4
+    with pytest.raises(ember.DriverError, match="no job with id 987654") as raised:
+        client.job(987654)
+    assert raised.value.message == "no job with id 987654"
+
+
+def test_a_cluster_without_a_driver(cluster):
+    with ember.connect(cluster.url, cluster="nobody-here") as lonely:
+        with pytest.raises(ember.NoDriver, match="no driver answers on ember.nobody-here"):
+            lonely.executors()
+    with pytest.raises(ValueError, match="cluster name"):
+        ember.connect(cluster.url, cluster="a.b")
+
+
+async def test_async_submit_map_and_events(aclient):
+    events = []
+    seen_end = asyncio.Event()
+    job_ids = set()
+
+    async def listen():
+        async for event in aclient.events():
+            events.append(event)
+            if event["type"] == "JobEnd" and event["job_id"] in job_ids:
+                seen_end.set()
+                return
+
+    listener = asyncio.ensure_future(listen())
+    await asyncio.sleep(0.2)
+    future = await aclient.submit(square, 9)
+    job_ids.add(future.job_id)
+    assert await future == 81
+    job = await aclient.map(square, range(10), chunksize=3)
+    assert await job.results() == [x * x for x in range(10)]
+    await asyncio.wait_for(seen_end.wait(), 10)
+    await listener
+    kinds = {e["type"] for e in events if e.get("job_id") == future.job_id}
+    assert {"JobStart", "TaskStart", "TaskEnd", "JobEnd"} <= kinds
+    # Many calls at once.
+    futures = [await aclient.submit(square, n) for n in range(20)]
+    assert await asyncio.gather(*futures) == [n * n for n in range(20)]
+
+
+async def test_event_history_since(aclient):
+    started = time.time()
+    job = await aclient.submit_handler("noop", tasks=2)
+    await job.wait()
+    seen = []
+    async def read():
+        async for event in aclient.events("job.end", since=started - 1):
+            seen.append(event)
+            if event["job_id"] == job.job_id:
+                return
+    await asyncio.wait_for(read(), 20)
+    assert seen[-1]["type"] == "JobEnd" and seen[-1]["state"] == "SUCCEEDED"

@@ -1,0 +1,58 @@
+"""Clusters of their own: credentials from `ember creds`, and executors that refuse python."""
+
+import subprocess
+
+import pytest
+
+import ember
+from conftest import Cluster, binary
+
+
+def square(x):
+    return x * x
+
+
+def test_credentials_from_ember_creds(tmp_path):
+    passwords = tmp_path / "ember-passwords"
+    config = tmp_path / "nats-secure.conf"
+    probe = Cluster()  # only for a cluster name
+    probe.stop()
+    name = probe.name
+    text = subprocess.run(
+        [binary("ember"), "--cluster", name, "creds", "--executors", "1",
+         "--password-file", str(passwords), "--full"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    config.write_text(text)
+    users = dict(line.split(None, 1) for line in passwords.read_text().splitlines()
+                 if line and not line.startswith("#"))
+    cluster = Cluster(config)
+    cluster.name = name
+    try:
+        cluster.driver("--journal", "off", auth=("driver", users["driver"].strip()))
+        cluster.executor("exec-1", auth=("exec-1", users["exec-1"].strip()))
+        cluster.wait_for_executors(1, auth=str(passwords))
+        with ember.connect(cluster.url, cluster=name, creds=str(passwords)) as client:
+            assert client.map(square, range(6)).results() == [0, 1, 4, 9, 16, 25]
+            assert client.submit(square, 4).result() == 16
+        with ember.connect(cluster.url, cluster=name, creds=("client", users["client"].strip())) as client:
+            assert client.submit(square, 5).result() == 25
+        with pytest.raises(ember.EmberError, match="could not connect.*[Aa]uthorization"):
+            ember.connect(cluster.url, cluster=name, creds=("client", "wrong"),
+                          connect_timeout=1)
+    finally:
+        cluster.stop()
+
+
+def test_an_executor_with_no_python_refuses_python_tasks():
+    cluster = Cluster()
+    try:
+        cluster.driver()
+        cluster.executor("exec-1", "--no-python")
+        cluster.wait_for_executors(1)
+        with ember.connect(cluster.url, cluster=cluster.name) as client:
+            with pytest.raises(ember.TaskError, match="runs no python tasks .*--no-python"):
+                client.submit(square, 2).result()
+            assert client.submit_handler("echo", {"value": 1}).results() == [1]
+    finally:
+        cluster.stop()

@@ -1,0 +1,293 @@
+//! Python tasks: a pool of warm Python worker processes, as PySpark's daemon keeps. Each worker
+//! runs `python_worker.py` (embedded here) and takes one task at a time over its pipes: the
+//! pickled function and arguments in, the pickled result or the exception and its traceback
+//! out. A worker outlives its task, so a map's thousands of calls pay for one interpreter
+//! start per worker, not per call.
+//!
+//! Workers start on the first python task and are kept, at most one per slot of the pool. A
+//! worker that dies, hangs past the task's timeout, breaks the framing or whose task is killed
+//! is stopped (SIGKILL to its process group, so what it started ends too) and fails only that
+//! task; the next task starts a new one in its place.
+
+use super::tasks::{TaskContext, TaskResult};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::sync::Semaphore;
+
+/// The worker's program, run as `<interpreter> -c <script>`.
+const WORKER_SCRIPT: &str = include_str!("python_worker.py");
+
+/// The interpreter a worker runs unless `--python` names another.
+pub const DEFAULT_INTERPRETER: &str = "python3";
+
+/// How long a new worker has to import what it needs and say it is ready.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The largest answer a worker may send: the driver's default limit on one task's result.
+pub const MAX_ANSWER_BYTES: usize = 256 << 20;
+
+/// How long a worker that broke off is waited for, to say how it ended, before it is killed.
+const EXIT_WAIT: Duration = Duration::from_millis(500);
+
+/// How an executor runs python tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonConfig {
+    /// The interpreter to start workers with: a name looked up on PATH, or a path.
+    pub interpreter: String,
+    /// The most workers at once; 0 for one per core.
+    pub workers: u32,
+}
+
+impl Default for PythonConfig {
+    fn default() -> Self {
+        Self {
+            interpreter: DEFAULT_INTERPRETER.into(),
+            workers: 0,
+        }
+    }
+}
+
+/// The warm workers of one executor.
+pub(crate) struct PythonPool {
+    interpreter: String,
+    /// Workers between tasks.
+    idle: Mutex<Vec<Worker>>,
+    /// One permit per worker that may run at once.
+    slots: Semaphore,
+}
+
+impl PythonPool {
+    pub fn new(config: &PythonConfig, cores: u32) -> Self {
+        let workers = if config.workers == 0 {
+            cores
+        } else {
+            config.workers
+        };
+        Self {
+            interpreter: config.interpreter.clone(),
+            idle: Mutex::new(Vec::new()),
+            slots: Semaphore::new(workers.max(1) as usize),
+        }
+    }
+
+    /// Runs one python task to its end: the pickled result, or why it failed with what the
+    /// worker said of it (the exception's type, traceback and pickle) as the detail. The
+    /// timeout counts from the call, the wait for a free worker included.
+    pub async fn run(
+        &self,
+        context: &TaskContext,
+        function: &str,
+        args: &str,
+        map: bool,
+        timeout: Option<Duration>,
+    ) -> (TaskResult, Option<Value>) {
+        let work = self.call(context, function, args, map);
+        match timeout {
+            None => work.await,
+            // A worker still running when the time is up is dropped with the call: killed.
+            Some(limit) => match tokio::time::timeout(limit, work).await {
+                Ok(outcome) => outcome,
+                Err(_) => (
+                    Err(format!(
+                        "timed out after {limit:?}; its python worker was stopped"
+                    )),
+                    None,
+                ),
+            },
+        }
+    }
+
+    async fn call(
+        &self,
+        context: &TaskContext,
+        function: &str,
+        args: &str,
+        map: bool,
+    ) -> (TaskResult, Option<Value>) {
+        let Ok(_slot) = self.slots.acquire().await else {
+            return (Err("the python worker pool is closed".into()), None);
+        };
+        let mut worker = match self.take_idle() {
+            Some(worker) => worker,
+            None => match Worker::start(&self.interpreter).await {
+                Ok(worker) => worker,
+                Err(e) => return (Err(e), None),
+            },
+        };
+        let request = json!({
+            "function": function,
+            "args": args,
+            "map": map,
+            "job_id": context.job_id,
+            "task_id": context.task_id,
+            "index": context.index,
+            "attempt": context.attempt,
+        });
+        match worker.call(&request).await {
+            Ok(answer) => {
+                self.idle
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(worker);
+                outcome(answer)
+            }
+            Err(e) => {
+                let ended = worker.end().await;
+                (
+                    Err(format!(
+                        "the python worker running the task {e}{ended}; a new worker takes \
+                         its place"
+                    )),
+                    None,
+                )
+            }
+        }
+    }
+
+    /// An idle worker that is still alive, if there is one.
+    fn take_idle(&self) -> Option<Worker> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(mut worker) = idle.pop() {
+            if matches!(worker.child.try_wait(), Ok(None)) {
+                return Some(worker);
+            }
+        }
+        None
+    }
+}
+
+/// What a worker's answer makes of the task: `{"pickle": <b64>}` for a result, or the error
+/// (with the remote traceback) and the answer itself as the failed attempt's detail.
+fn outcome(answer: Value) -> (TaskResult, Option<Value>) {
+    if let Some(pickle) = answer.get("ok").and_then(Value::as_str) {
+        return (Ok(json!({ "pickle": pickle })), None);
+    }
+    let error = answer
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("the python worker answered neither a result nor an error");
+    let message = match answer.get("traceback").and_then(Value::as_str) {
+        Some(traceback) if !traceback.is_empty() => {
+            format!("{error}\n{}", traceback.trim_end())
+        }
+        _ => error.to_string(),
+    };
+    (Err(message), Some(answer))
+}
+
+/// One worker process, the leader of a process group of its own.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    group: Option<Pid>,
+}
+
+impl Worker {
+    /// Starts a worker and waits for its first frame, which says it is ready.
+    async fn start(interpreter: &str) -> Result<Worker, String> {
+        let mut command = tokio::process::Command::new(interpreter);
+        command
+            .arg("-c")
+            .arg(WORKER_SCRIPT)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("could not start the python interpreter {interpreter:?}: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("the python worker's pipes were not set up".into());
+        };
+        let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+        let mut worker = Worker {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+            group,
+        };
+        let why = match tokio::time::timeout(START_TIMEOUT, worker.read()).await {
+            Ok(Ok(ready)) if ready.get("ready").is_some() => return Ok(worker),
+            Ok(Ok(other)) => format!("began with {other} instead of saying it was ready"),
+            Ok(Err(e)) => e,
+            Err(_) => format!("was not ready within {START_TIMEOUT:?}"),
+        };
+        let ended = worker.end().await;
+        Err(format!(
+            "the python worker ({interpreter}) {why}{ended}; its standard error is in the \
+             executor's"
+        ))
+    }
+
+    /// Sends one request and reads its answer.
+    async fn call(&mut self, request: &Value) -> Result<Value, String> {
+        let body = serde_json::to_vec(request).map_err(|e| format!("could not be sent it: {e}"))?;
+        let length = u32::try_from(body.len())
+            .map_err(|_| format!("could not be sent a request of {} bytes", body.len()))?;
+        let mut frame = Vec::with_capacity(4 + body.len());
+        frame.extend_from_slice(&length.to_be_bytes());
+        frame.extend_from_slice(&body);
+        let sent = async {
+            self.stdin.write_all(&frame).await?;
+            self.stdin.flush().await
+        };
+        sent.await
+            .map_err(|e| format!("could not be sent the task ({e})"))?;
+        self.read().await
+    }
+
+    /// Reads one frame: 4 bytes of big-endian length, then that much JSON.
+    async fn read(&mut self) -> Result<Value, String> {
+        let mut head = [0u8; 4];
+        self.stdout
+            .read_exact(&mut head)
+            .await
+            .map_err(|_| "exited".to_string())?;
+        let length = u32::from_be_bytes(head) as usize;
+        if length > MAX_ANSWER_BYTES {
+            return Err(format!(
+                "answered with {length} bytes, more than the limit of {MAX_ANSWER_BYTES}"
+            ));
+        }
+        let mut body = vec![0u8; length];
+        self.stdout
+            .read_exact(&mut body)
+            .await
+            .map_err(|_| "exited in the middle of its answer".to_string())?;
+        serde_json::from_slice(&body).map_err(|e| format!("answered with bad JSON ({e})"))
+    }
+
+    /// Stops the worker (its whole group), and says how it ended if it had: " (exit status
+    /// ...)" or "".
+    async fn end(&mut self) -> String {
+        let ended = match tokio::time::timeout(EXIT_WAIT, self.child.wait()).await {
+            Ok(Ok(status)) => format!(" ({status})"),
+            _ => String::new(),
+        };
+        self.kill();
+        ended
+    }
+
+    fn kill(&mut self) {
+        if let Some(group) = self.group.take() {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
+impl Drop for Worker {
+    /// A worker dropped in the middle of a task (the task was killed or timed out, or its
+    /// executor stops) ends with everything it started.
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,154 @@
+"""Ember's Python worker: one warm interpreter that runs python tasks for an executor.
+
+The executor starts it with `python -c <this file>` and talks to it over its standard input
+and output, which the worker keeps for itself: what a task prints goes to standard error, and
+the task reads /dev/null. Every message either way is a frame: 4 bytes of big-endian length,
+then that many bytes of JSON.
+
+- The worker's first frame: {"ready": <pid>, "cloudpickle": <bool>}.
+- A request: {"function": <b64>, "args": <b64>, "map": <bool>, "job_id", "task_id", "index",
+  "attempt"}. `function` is a pickled callable, `args` a pickled (args, kwargs) pair, or with
+  `map` a pickled list of items.
+- The answer: {"ok": <b64 pickled result>}, or {"error": <text>, "type": <name>,
+  "traceback": <text>, "exception": <b64 pickled exception or null>}.
+
+A request whose function cannot be unpickled because a module it needs is not importable here
+answers {"error": ..., "type": "ModuleNotFoundError", "unimportable": <module name>}.
+"""
+
+import base64
+import json
+import os
+import pickle
+import struct
+import sys
+import traceback
+
+try:
+    import cloudpickle
+
+    dumps = cloudpickle.dumps
+    HAVE_CLOUDPICKLE = True
+except ImportError:  # plain pickle still runs functions defined in importable modules
+    dumps = pickle.dumps
+    HAVE_CLOUDPICKLE = False
+
+# Unpickled functions by their pickle: a map's many tasks share one.
+FUNCTIONS = {}
+FUNCTIONS_KEPT = 64
+# What a task sees of itself, as a command task does.
+ENVIRONMENT = (
+    ("job_id", "EMBER_JOB_ID"),
+    ("task_id", "EMBER_TASK_ID"),
+    ("index", "EMBER_TASK_INDEX"),
+    ("attempt", "EMBER_TASK_ATTEMPT"),
+)
+
+
+def take_pipes():
+    """The protocol's pipes, and fds 0 and 1 pointed elsewhere so that tasks cannot touch them."""
+    inp = os.fdopen(os.dup(0), "rb")
+    out = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    return inp, out
+
+
+def send(out, message):
+    body = json.dumps(message).encode()
+    out.write(struct.pack(">I", len(body)) + body)
+    out.flush()
+
+
+def receive(inp):
+    head = inp.read(4)
+    if len(head) < 4:
+        return None
+    (size,) = struct.unpack(">I", head)
+    body = inp.read(size)
+    if len(body) < size:
+        return None
+    return json.loads(body)
+
+
+def failure(error, what):
+    """The answer for an exception raised by `what` (the task's code, or unpickling)."""
+    tb = error.__traceback__
+    # Leave out this file's own frame: the traceback starts in the task's code.
+    if tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(error), error, tb))
+    try:
+        pickled = base64.b64encode(dumps(error)).decode()
+    except Exception:
+        pickled = None
+    return {
+        "error": f"{what}: {type(error).__name__}: {error}",
+        "type": type(error).__name__,
+        "traceback": text,
+        "exception": pickled,
+    }
+
+
+def unpickle(data, what):
+    """Loads a pickle; an ImportError says which module this interpreter lacks."""
+    try:
+        return pickle.loads(base64.b64decode(data)), None
+    except ImportError as error:
+        module = getattr(error, "name", None) or str(error)
+        answer = failure(error, f"could not unpickle the task's {what}")
+        answer["error"] = (
+            f"the task's {what} needs module {module!r}, which is not importable on this "
+            f"executor ({sys.executable}): {error}. Install it there, or define the function "
+            f"in __main__ so that cloudpickle sends it by value"
+        )
+        answer["unimportable"] = module
+        return None, answer
+    except Exception as error:
+        return None, failure(error, f"could not unpickle the task's {what}")
+
+
+def run(request):
+    key = request["function"]
+    function = FUNCTIONS.get(key)
+    if function is None:
+        function, answer = unpickle(key, "function")
+        if answer is not None:
+            return answer
+        if len(FUNCTIONS) >= FUNCTIONS_KEPT:
+            FUNCTIONS.clear()
+        FUNCTIONS[key] = function
+    args, answer = unpickle(request["args"], "arguments")
+    if answer is not None:
+        return answer
+    for field, variable in ENVIRONMENT:
+        os.environ[variable] = str(request.get(field, ""))
+    try:
+        if request.get("map"):
+            result = [function(item) for item in args]
+        else:
+            positional, keywords = args
+            result = function(*positional, **keywords)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # SystemExit too: the task failed, the worker goes on
+        return failure(error, "the task raised")
+    try:
+        return {"ok": base64.b64encode(dumps(result)).decode()}
+    except Exception as error:
+        return failure(error, "could not pickle the task's result")
+
+
+def main():
+    inp, out = take_pipes()
+    send(out, {"ready": os.getpid(), "cloudpickle": HAVE_CLOUDPICKLE})
+    while True:
+        request = receive(inp)
+        if request is None:
+            return
+        send(out, run(request))
+
+
+main()
