@@ -222,4 +222,11 @@ mod tests {
         use clap::CommandFactory;
         super::Args::command().debug_assert();
     }
+
+    #[test]
+    fn every_flag_says_what_it_does() {
+        use clap::CommandFactory;
+        let missing = ember::cli::undocumented(&super::Args::command());
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
 }
