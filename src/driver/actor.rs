@@ -59,6 +59,9 @@ pub struct DriverConfig {
     pub events_max_bytes: u64,
     /// How long a leadership lasts unrenewed (with a journal, drivers elect one leader).
     pub lease: Duration,
+    /// How long a starting driver may take to mark the journal with its leadership and to
+    /// replay it, before it gives up starting.
+    pub replay_timeout: Duration,
     /// How many copies a clustered server keeps of the journal, results and lease.
     pub replicas: Replicas,
     /// What the driver counts, for `--metrics-addr`.
@@ -86,6 +89,7 @@ impl DriverConfig {
             events_max_age: history::DEFAULT_EVENTS_MAX_AGE,
             events_max_bytes: history::DEFAULT_EVENTS_MAX_BYTES,
             lease: super::lease::DEFAULT_LEASE,
+            replay_timeout: super::journal::DEFAULT_REPLAY_TIMEOUT,
             replicas: Replicas::Auto,
             metrics: Arc::new(DriverMetrics::new()),
             allocation: None,
@@ -363,7 +367,9 @@ async fn start(
             driver_instance,
             time_ms: now_ms(),
         };
-        journal.lead(taken.guard().clone(), mark).await?;
+        journal
+            .lead(taken.guard().clone(), mark, config.replay_timeout)
+            .await?;
         tenure = Some(taken);
     }
     let mut core = Core::new(CoreConfig {
@@ -381,7 +387,9 @@ async fn start(
     }
     let mut schedule = None;
     if let Some(journal) = &journal {
-        let (restored, bytes) = journal.replay(&mut core, limit).await?;
+        let (restored, bytes) = journal
+            .replay(&mut core, limit, config.replay_timeout)
+            .await?;
         info!(
             jobs = restored.jobs,
             running_jobs = restored.running_jobs,
