@@ -39,6 +39,8 @@ pub enum ClientError {
     Unexpected(String),
     #[error("could not subscribe to events: {0}")]
     Subscribe(String),
+    #[error("this connection's inbox prefix is _INBOX.{executor}, the one executor {executor} uses, and the driver answers no api request whose reply lies under an executor's inbox; open a second connection, with client credentials and the default inbox prefix, for the api")]
+    ExecutorInbox { executor: ExecutorId },
 }
 
 /// A handle for talking to a cluster's driver.
@@ -48,15 +50,25 @@ pub struct EmberClient {
     subjects: Subjects,
     /// The newest leadership heard from: an answer or event of an older one is not taken.
     epochs: Arc<Newest>,
+    /// The executor whose inbox prefix the connection has, if it has one's: every request is
+    /// refused, since the driver would drop it without an answer.
+    executor_inbox: Option<ExecutorId>,
 }
 
 impl EmberClient {
+    /// A client of the driver of `subjects`' cluster over `client`. The connection must not
+    /// have an executor's inbox prefix (`_INBOX.<id>`): the driver answers no api request whose
+    /// reply lies there, so every request made through it fails with
+    /// [`ClientError::ExecutorInbox`]. A program that runs an executor opens a second
+    /// connection for the api.
     pub fn new(client: Client, subjects: Subjects) -> Self {
         let epochs = Arc::new(Newest::new(FAILOVER_PATIENCE));
+        let executor_inbox = Subjects::executor_of_inbox(&client.new_inbox());
         Self {
             client,
             subjects,
             epochs,
+            executor_inbox,
         }
     }
 
@@ -66,6 +78,11 @@ impl EmberClient {
 
     /// Sends one api request and returns the driver's answer; `Error` answers become errors.
     pub async fn call(&self, request: &ApiRequest) -> Result<ApiReply, ClientError> {
+        if let Some(executor) = &self.executor_inbox {
+            return Err(ClientError::ExecutorInbox {
+                executor: executor.clone(),
+            });
+        }
         let payload = encode(request);
         let limit = self
             .client

@@ -141,6 +141,19 @@ impl Subjects {
         format!("_INBOX.{id}")
     }
 
+    /// The executor whose inbox prefix `inbox` (a reply subject a connection makes, such as
+    /// `_INBOX.exec-1.<nuid>`) lies under, if it has an executor's shape: `_INBOX.<id>.<last>`
+    /// with `<id>` an executor id (and not the listener's). A connection's own inboxes are
+    /// `_INBOX.<nuid>` with the default prefix, which has no executor.
+    pub fn executor_of_inbox(inbox: &str) -> Option<ExecutorId> {
+        let rest = inbox.strip_prefix("_INBOX.")?;
+        let (owner, last) = rest.split_once('.')?;
+        if last.contains('.') || format!("_INBOX.{owner}") == Self::LISTENER_INBOX {
+            return None;
+        }
+        ExecutorId::parse(owner).ok()
+    }
+
     /// Whether `reply` lies under executor `id`'s own inbox prefix. NATS does not check where a
     /// requester points its reply, so the driver does before it answers.
     pub fn reply_is_owned_by(reply: &str, id: &str) -> bool {
@@ -218,5 +231,16 @@ mod tests {
             "ember.default.executor.e1",
             "e1"
         ));
+    }
+
+    #[test]
+    fn an_inbox_has_an_executor_s_shape_only_under_a_prefix_of_one_id() {
+        let owner = |inbox| Subjects::executor_of_inbox(inbox).map(|id| id.to_string());
+        assert_eq!(owner("_INBOX.exec-1.Xy3"), Some("exec-1".into()));
+        // The default prefix: `_INBOX.<nuid>`.
+        assert_eq!(owner("_INBOX.Xy3"), None);
+        assert_eq!(owner("_INBOX.listener.Xy3"), None);
+        assert_eq!(owner("_INBOX.app.api.Xy3"), None);
+        assert_eq!(owner("_MINE.exec-1.Xy3"), None);
     }
 }

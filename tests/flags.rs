@@ -72,6 +72,12 @@ fn a_zero_interval_is_refused_with_a_message() {
         zero,
     );
     assert_refused(
+        DRIVER,
+        &["--replay-timeout", "0s"],
+        "--replay-timeout",
+        zero,
+    );
+    assert_refused(
         EMBER,
         &["submit", "--timeout", "0s", "--", "true"],
         "--timeout",
@@ -88,6 +94,7 @@ fn an_absurd_duration_is_refused_naming_the_cap() {
         (DRIVER, "--no-executors-timeout", "1day"),
         (DRIVER, "--journal-max-age", "1year"),
         (DRIVER, "--results-max-age", "1year"),
+        (DRIVER, "--replay-timeout", "1day"),
         (EXECUTOR, "--heartbeat-interval", "1day"),
         (EXECUTOR, "--register-timeout", "1day"),
         (EXECUTOR, "--driver-timeout", "1day"),
@@ -125,5 +132,25 @@ fn a_duration_within_its_limits_passes_the_flags() {
         Some(1),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `--replay-timeout` bounds a starting driver's leadership mark and replay: one too short for
+/// a round trip to the server stops the driver with an error that names the flag.
+#[test]
+fn a_driver_that_cannot_replay_in_time_names_the_replay_timeout() {
+    let server = ember::server::NatsServer::start_with_jetstream(&[]).expect("start nats-server");
+    let out = Command::new(DRIVER)
+        .args(["--nats-url", &server.url(), "--cluster", "replay-timeout"])
+        .args(["--journal", "on", "--replay-timeout", "1ns"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("within 1ns (--replay-timeout)")
+            || stderr.contains("longer than 1ns (--replay-timeout)"),
+        "{stderr}"
     );
 }

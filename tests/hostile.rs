@@ -424,3 +424,79 @@ async fn a_ten_million_task_job_costs_the_driver_little_until_its_tasks_run() {
     );
     assert!(rss_bytes(pid).saturating_sub(before) < 32 << 20);
 }
+
+/// An api client on an executor's own connection is told at once to open another, rather than
+/// left to time out: the driver answers no api request whose reply lies under a registered
+/// executor's inbox. The driver says why in its log, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_client_on_an_executor_s_connection_is_told_to_open_another() {
+    use ember::client::ClientError;
+    use ember::executor::Handlers;
+    let cluster = TestCluster::start("executor-api");
+    let driver = cluster
+        .driver_process(&[])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _executor = cluster.executor("exec-1", 1, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    eventually(Duration::from_secs(20), "exec-1 registered", || async {
+        let registered = api.executors().await.ok()?.registered_executors;
+        (registered == 1).then_some(())
+    })
+    .await;
+
+    let own = cluster.api(cluster.executor_client("exec-1").await);
+    let started = std::time::Instant::now();
+    let error = own.executors().await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(1), "{error}");
+    assert!(
+        matches!(&error, ClientError::ExecutorInbox { executor } if executor.as_str() == "exec-1"),
+        "{error:?}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("_INBOX.exec-1") && text.contains("second connection"),
+        "{text}"
+    );
+    // Other prefixes are a client's: the listener's, and one of more tokens.
+    for prefix in [ember::subjects::Subjects::LISTENER_INBOX, "_INBOX.app.api"] {
+        let nats = async_nats::ConnectOptions::new()
+            .custom_inbox_prefix(prefix)
+            .connect(cluster.url())
+            .await
+            .unwrap();
+        let snapshot = cluster.api(nats).executors().await;
+        assert_eq!(snapshot.unwrap().registered_executors, 1, "{prefix}");
+    }
+
+    // Asked twice from the executor's inbox with plain NATS, the driver answers neither, and
+    // says why in its log once.
+    let raw = cluster.executor_client("exec-1").await;
+    let request = ember::protocol::encode(&ember::protocol::ApiRequest::GetJob { job_id: 1 });
+    for _ in 0..2 {
+        let asked = tokio::time::timeout(
+            Duration::from_secs(1),
+            raw.request(cluster.subjects.api(), request.clone()),
+        )
+        .await;
+        assert!(
+            !matches!(asked, Ok(Ok(_))),
+            "answered into the executor's inbox"
+        );
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(driver.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = within(Duration::from_secs(20), driver.wait_with_output())
+        .await
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let said = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("where the driver answers no api request"))
+        .count();
+    assert_eq!(said, 1, "{log}");
+}

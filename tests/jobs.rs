@@ -745,3 +745,75 @@ async fn two_clusters_on_one_server_each_with_an_executor_x0_keep_to_their_own()
     }
     twin_driver.stop().await.unwrap();
 }
+
+/// A failed command's error text is cut to a size that fits, so that the journal stores the
+/// task's end and the job's, which carry it: a status just under the executor's limit, all of
+/// it error, was acknowledged and its records dropped for being a little larger still.
+#[tokio::test]
+async fn a_huge_error_is_cut_so_that_the_journal_stores_the_failure() {
+    use ember::protocol::ResultChunks;
+    let dir = std::env::temp_dir().join(format!("ember-clip-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("small.conf");
+    let max_payload = 65_536;
+    std::fs::write(&conf, format!("max_payload: {max_payload}\n")).unwrap();
+    let cluster = TestCluster::start_with_jetstream_and("clip", &["-c", conf.to_str().unwrap()]);
+    let first = cluster.driver().await;
+    let _executor = cluster.executor("e1", 1, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+
+    // The status of the failure, its result in chunks (the output is too large for a status),
+    // is exactly as large as the executor's limit allows when the error is not cut.
+    let limit = max_payload - ember::PAYLOAD_HEADROOM;
+    let framing = encode(&StatusUpdate {
+        task_id: 1,
+        attempt: 0,
+        state: TaskState::Failed,
+        result: None,
+        error: Some(String::new()),
+        result_chunks: Some(ResultChunks {
+            count: 9,
+            bytes: 999_999,
+        }),
+    })
+    .len();
+    let prefix = "exited with code 3: ";
+    let line = limit - framing - prefix.len();
+    let script = format!(
+        r"head -c 70000 /dev/zero | tr '\0' y; head -c {line} /dev/zero | tr '\0' x >&2; exit 3"
+    );
+    let failing = SubmitJob {
+        max_failures: 1,
+        ..job(vec![sh(&script)], 1)
+    };
+    let summary = within(LIMIT, api.run_job(failing, |_| {})).await.unwrap();
+    assert_eq!(summary.state, JobState::Failed);
+    let reason = summary.reason.clone().unwrap();
+    assert!(
+        reason.starts_with("task 0 failed once; last error: exited with code 3: xxx")
+            && reason.ends_with(&format!(" [cut: {} bytes in all]", prefix.len() + line))
+            && reason.len() < 2 * ember::text::MAX_ERROR_BYTES,
+        "{}",
+        &reason[..200.min(reason.len())]
+    );
+    first.stop().await.unwrap();
+
+    // What the journal kept: the job's end, and the task's with its error.
+    let _next = cluster.driver().await;
+    let restored = eventually(LIMIT, "the next driver's answer", || async {
+        api.job(summary.job_id).await.ok()
+    })
+    .await;
+    assert_eq!(restored.state, JobState::Failed);
+    assert_eq!(restored.reason, summary.reason);
+    let results = api.results(summary.job_id).await.unwrap();
+    assert_eq!(results[0].state, TaskState::Failed);
+    let error = results[0].error.clone().unwrap_or_default();
+    assert!(
+        error.starts_with(prefix)
+            && error.contains("[cut: ")
+            && error.len() <= ember::text::MAX_ERROR_BYTES,
+        "{results:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

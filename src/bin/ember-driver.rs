@@ -82,6 +82,11 @@ struct Args {
     /// lease has lapsed (the lease and a fifth of it after the last renewal it saw).
     #[arg(long, env = "EMBER_LEASE", default_value = "3s", value_parser = parse_lease)]
     lease: Duration,
+    /// With a journal, how long a driver taking the lead may spend marking the journal with
+    /// its leadership and then replaying it; past it, the driver gives up starting and exits
+    /// with an error naming this flag. Raise it for a journal that takes longer to read.
+    #[arg(long, env = "EMBER_REPLAY_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    replay_timeout: Duration,
     /// How many copies of the journal, the results bucket and the lease a cluster of NATS
     /// servers keeps (1 to 5): auto keeps 3 when the server is part of a cluster (1 if the
     /// cluster cannot place 3) and 1 on a lone server.
@@ -174,6 +179,7 @@ fn main() -> ExitCode {
                 events_max_age: args.events_max_age,
                 events_max_bytes: args.events_max_bytes,
                 lease: args.lease,
+                replay_timeout: args.replay_timeout,
                 replicas: args.replicas,
                 metrics,
                 allocation: allocation(&args)?,
@@ -221,5 +227,12 @@ mod tests {
     fn the_command_line_passes_clap_s_checks() {
         use clap::CommandFactory;
         super::Args::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_says_what_it_does() {
+        use clap::CommandFactory;
+        let missing = ember::cli::undocumented(&super::Args::command());
+        assert!(missing.is_empty(), "no help text: {missing:?}");
     }
 }

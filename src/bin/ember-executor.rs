@@ -161,3 +161,19 @@ fn default_host_port() -> String {
         .unwrap_or_else(|| "localhost".into());
     format!("{host}:0")
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_passes_clap_s_checks() {
+        use clap::CommandFactory;
+        super::Args::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_says_what_it_does() {
+        use clap::CommandFactory;
+        let missing = ember::cli::undocumented(&super::Args::command());
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
+}

@@ -38,6 +38,8 @@ enum Command {
     Events(EventsArgs),
     /// Show the executor registry and its totals.
     Executors {
+        /// Print the registry as one JSON object (the driver's `Executors` answer) instead of
+        /// a table.
         #[arg(long)]
         json: bool,
     },
@@ -48,6 +50,8 @@ enum Command {
     Status(StatusArgs),
     /// List jobs with their state and counts.
     Jobs {
+        /// Print the jobs as one JSON object, `{"jobs": [...]}` with a summary per job, instead
+        /// of a table.
         #[arg(long)]
         json: bool,
     },
@@ -176,5 +180,12 @@ mod tests {
     fn the_command_line_passes_clap_s_checks() {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_says_what_it_does() {
+        use clap::CommandFactory;
+        let missing = ember::cli::undocumented(&super::Cli::command());
+        assert!(missing.is_empty(), "no help text: {missing:?}");
     }
 }

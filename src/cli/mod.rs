@@ -126,9 +126,65 @@ pub fn format_time(ms: u64) -> String {
     humantime::format_rfc3339_seconds(time).to_string()
 }
 
+/// What a command line leaves unexplained in `--help`: every flag or argument of `command` and
+/// of its subcommands, at any depth, without a help text, and every subcommand without one, each
+/// as its path (`ember jobs --json`). Clap's own `--help` and `--version` are explained by clap.
+pub fn undocumented(command: &clap::Command) -> Vec<String> {
+    let mut missing = Vec::new();
+    walk(command, command.get_name(), &mut missing);
+    missing
+}
+
+fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+    for arg in command.get_arguments() {
+        let id = arg.get_id().as_str();
+        if matches!(id, "help" | "version") {
+            continue;
+        }
+        if arg.get_help().is_none() && arg.get_long_help().is_none() {
+            let name = match arg.get_long() {
+                Some(long) => format!("--{long}"),
+                None => format!("<{id}>"),
+            };
+            missing.push(format!("{path} {name}"));
+        }
+    }
+    for sub in command.get_subcommands() {
+        let sub_path = format!("{path} {}", sub.get_name());
+        if sub.get_about().is_none() && sub.get_long_about().is_none() {
+            missing.push(sub_path.clone());
+        }
+        walk(sub, &sub_path, missing);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_bytes;
+
+    #[test]
+    fn an_argument_without_help_is_found_at_any_depth() {
+        use clap::{Arg, ArgAction, Command};
+        let command = Command::new("tool")
+            .arg(Arg::new("plain").long("plain").action(ArgAction::SetTrue))
+            .arg(
+                Arg::new("told")
+                    .long("told")
+                    .help("Does something.")
+                    .action(ArgAction::SetTrue),
+            )
+            .subcommand(
+                Command::new("inner")
+                    .about("An inner command.")
+                    .arg(Arg::new("json").long("json").action(ArgAction::SetTrue))
+                    .arg(Arg::new("id").help("The id.")),
+            )
+            .subcommand(Command::new("bare"));
+        assert_eq!(
+            super::undocumented(&command),
+            ["tool --plain", "tool inner --json", "tool bare"]
+        );
+    }
 
     #[test]
     fn sizes_parse_with_their_units_and_nonsense_is_refused() {

@@ -13,6 +13,7 @@ pub struct SimArgs {
     /// How many runs, with seeds from --seed up.
     #[arg(long, env = "EMBER_SIM_SEEDS", default_value_t = 1)]
     pub seeds: u64,
+    /// Executors at the start (a killed one is replaced by a new one).
     #[arg(long, env = "EMBER_SIM_EXECUTORS", default_value_t = SimConfig::default().executors)]
     pub executors: u32,
     /// Cores per executor.
@@ -21,6 +22,7 @@ pub struct SimArgs {
     /// Tasks in all, split evenly over the jobs.
     #[arg(long, env = "EMBER_SIM_TASKS", default_value_t = SimConfig::default().tasks)]
     pub tasks: u64,
+    /// Jobs the client submits; --tasks is split evenly over them.
     #[arg(long, env = "EMBER_SIM_JOBS", default_value_t = SimConfig::default().jobs)]
     pub jobs: u32,
     /// The longest a task runs, in virtual ms.
@@ -29,7 +31,6 @@ pub struct SimArgs {
     /// The chance that an attempt fails.
     #[arg(long, env = "EMBER_SIM_TASK_FAILURE", default_value_t = SimConfig::default().task_failure)]
     pub task_failure: f64,
-    /// The chance that a message is lost.
     /// Driver processes: one leads, the others stand by (needs the journal beyond one).
     #[arg(long, env = "EMBER_SIM_DRIVERS", default_value_t = SimConfig::default().drivers)]
     pub drivers: u32,
@@ -46,6 +47,7 @@ pub struct SimArgs {
     #[arg(long, env = "EMBER_SIM_FENCING", action = clap::ArgAction::Set,
           default_value_t = SimConfig::default().fencing)]
     pub fencing: bool,
+    /// The chance that a message is lost.
     #[arg(long, env = "EMBER_SIM_DROP", default_value_t = Faults::default().drop)]
     pub drop: f64,
     /// The chance that a message arrives twice.
@@ -54,6 +56,7 @@ pub struct SimArgs {
     /// The chance that a message is held up to --delay-ms.
     #[arg(long, env = "EMBER_SIM_DELAY", default_value_t = Faults::default().delay)]
     pub delay: f64,
+    /// The longest a delayed message is held up, in virtual ms.
     #[arg(long, env = "EMBER_SIM_DELAY_MS", default_value_t = Faults::default().delay_ms)]
     pub delay_ms: u64,
     /// Partitions per executor per virtual minute.
@@ -81,6 +84,7 @@ pub struct SimArgs {
     /// The longest pause, in virtual ms.
     #[arg(long, env = "EMBER_SIM_PAUSE_MS", default_value_t = Faults::default().pause_ms)]
     pub pause_ms: u64,
+    /// Faults stop after this much virtual time, in ms; then every job must end.
     #[arg(long, env = "EMBER_SIM_FAULTS_FOR_MS", default_value_t = Faults::default().for_ms)]
     pub faults_for_ms: u64,
     /// Print every step of the run.

@@ -26,7 +26,7 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use serde::Serialize;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -59,6 +59,9 @@ pub struct DriverConfig {
     pub events_max_bytes: u64,
     /// How long a leadership lasts unrenewed (with a journal, drivers elect one leader).
     pub lease: Duration,
+    /// How long a starting driver may take to mark the journal with its leadership and to
+    /// replay it, before it gives up starting.
+    pub replay_timeout: Duration,
     /// How many copies a clustered server keeps of the journal, results and lease.
     pub replicas: Replicas,
     /// What the driver counts, for `--metrics-addr`.
@@ -86,6 +89,7 @@ impl DriverConfig {
             events_max_age: history::DEFAULT_EVENTS_MAX_AGE,
             events_max_bytes: history::DEFAULT_EVENTS_MAX_BYTES,
             lease: super::lease::DEFAULT_LEASE,
+            replay_timeout: super::journal::DEFAULT_REPLAY_TIMEOUT,
             replicas: Replicas::Auto,
             metrics: Arc::new(DriverMetrics::new()),
             allocation: None,
@@ -363,7 +367,9 @@ async fn start(
             driver_instance,
             time_ms: now_ms(),
         };
-        journal.lead(taken.guard().clone(), mark).await?;
+        journal
+            .lead(taken.guard().clone(), mark, config.replay_timeout)
+            .await?;
         tenure = Some(taken);
     }
     let mut core = Core::new(CoreConfig {
@@ -381,7 +387,9 @@ async fn start(
     }
     let mut schedule = None;
     if let Some(journal) = &journal {
-        let (restored, bytes) = journal.replay(&mut core, limit).await?;
+        let (restored, bytes) = journal
+            .replay(&mut core, limit, config.replay_timeout)
+            .await?;
         info!(
             jobs = restored.jobs,
             running_jobs = restored.running_jobs,
@@ -448,23 +456,41 @@ async fn start(
     Ok((core, inputs, shell))
 }
 
+/// Why an api request's reply subject was refused.
+enum ForeignApiReply {
+    /// The reply subject is one of Ember's own.
+    Ember,
+    /// The reply subject lies under this registered executor's inbox.
+    ExecutorInbox(crate::ids::ExecutorId),
+}
+
+impl ForeignApiReply {
+    fn why(&self) -> &'static str {
+        match self {
+            ForeignApiReply::Ember => "the reply subject is one of Ember's",
+            ForeignApiReply::ExecutorInbox(_) => {
+                "the reply subject is under a registered executor's inbox"
+            }
+        }
+    }
+}
+
 /// An api answer may go to any inbox but an executor's, and never into Ember's own subjects:
 /// NATS lets a requester point the reply anywhere the driver may publish, such as an
 /// executor's inbox.
-fn api_reply_allowed(reply: &str, core: &Core) -> Result<(), &'static str> {
+fn api_reply_allowed(reply: &str, core: &Core) -> Result<(), ForeignApiReply> {
     if reply.starts_with("ember.") {
-        return Err("the reply subject is one of Ember's");
+        return Err(ForeignApiReply::Ember);
     }
     let owner = reply
         .strip_prefix("_INBOX.")
-        .and_then(|rest| rest.split('.').next());
-    let owned_by_executor = owner
+        .and_then(|rest| rest.split('.').next())
         .and_then(|token| crate::ids::ExecutorId::parse(token).ok())
-        .is_some_and(|id| core.executors().contains_key(&id));
-    if owned_by_executor {
-        return Err("the reply subject is under a registered executor's inbox");
+        .filter(|id| core.executors().contains_key(id));
+    match owner {
+        Some(id) => Err(ForeignApiReply::ExecutorInbox(id)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, DriverError> {
@@ -541,6 +567,8 @@ struct Refusals {
     foreign_reply: AtomicU64,
     undecodable: AtomicU64,
     reported: AtomicU64,
+    /// Whether an api request from an executor's inbox has been logged at warn (the first is).
+    executor_inbox_said: AtomicBool,
 }
 
 impl Refusals {
@@ -707,7 +735,23 @@ impl Shell {
             return None;
         };
         if let Err(why) = api_reply_allowed(&reply, core) {
-            debug!(reply = %reply, why, "api request refused");
+            match &why {
+                // Most likely a program that uses its executor's connection for the api too:
+                // said once, plainly, since that program waits for an answer that never comes.
+                ForeignApiReply::ExecutorInbox(executor)
+                    if !self.refusals.executor_inbox_said.swap(true, Relaxed) =>
+                {
+                    warn!(
+                        %executor,
+                        reply = %reply,
+                        "api request dropped without an answer: its reply lies under executor \
+                         {executor}'s inbox, where the driver answers no api request (a program \
+                         running an executor opens a second connection, with client credentials, \
+                         for the api); later ones are counted as foreign_reply"
+                    )
+                }
+                _ => debug!(reply = %reply, why = why.why(), "api request refused"),
+            }
             self.refuse(Refusal::ForeignReply);
             Refusals::count(&self.api_counts.foreign_reply);
             return None;

@@ -20,8 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
-/// The longest a replay may take before the driver gives up starting.
-pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The longest a replay (or the leadership mark before it) may take before the driver gives
+/// up starting, unless `--replay-timeout` says otherwise.
+pub const DEFAULT_REPLAY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The longest a failed store waits before it tries again.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// How long the server remembers a write's message id, so that a write tried again after a
@@ -107,9 +108,9 @@ pub enum JournalError {
     Stream { stream: String, message: String },
     #[error("could not read the journal stream {stream}: {message}")]
     Read { stream: String, message: String },
-    #[error("replaying the journal took longer than {0:?}")]
+    #[error("replaying the journal took longer than {0:?} (--replay-timeout)")]
     ReplayTimeout(Duration),
-    #[error("could not mark the journal with this driver's leadership within {0:?}: {1}")]
+    #[error("could not mark the journal with this driver's leadership within {0:?} (--replay-timeout): {1}")]
     Lead(Duration, String),
 }
 
@@ -227,8 +228,14 @@ impl Journal {
     /// Marks the journal with this driver's leadership ([`JournalRecord::Leader`]), written
     /// whatever came before it, and from then on stores every write in turn after it: an
     /// earlier leader's writes after the mark are refused, and what the journal holds up to
-    /// the mark is all that any leader wrote before this one.
-    pub async fn lead(&mut self, guard: Guard, mark: JournalRecord) -> Result<(), JournalError> {
+    /// the mark is all that any leader wrote before this one. Fails if the mark is not stored
+    /// within `timeout`.
+    pub async fn lead(
+        &mut self,
+        guard: Guard,
+        mark: JournalRecord,
+        timeout: Duration,
+    ) -> Result<(), JournalError> {
         let epoch = guard.epoch();
         let payload = encode(&mark);
         let publish = || {
@@ -253,9 +260,9 @@ impl Journal {
                 }
             }
         };
-        let sequence = tokio::time::timeout(REPLAY_TIMEOUT, marked)
+        let sequence = tokio::time::timeout(timeout, marked)
             .await
-            .map_err(|_| JournalError::Lead(REPLAY_TIMEOUT, "no answer".into()))?;
+            .map_err(|_| JournalError::Lead(timeout, "no answer".into()))?;
         self.turns = Some(Arc::new(Turns {
             next: AtomicU64::new(sequence),
             mark: sequence,
@@ -277,16 +284,17 @@ impl Journal {
 
     /// Replays every stored record into `core` and resumes it. A record that cannot be decoded
     /// or does not fit is skipped with a warning; a `TasksEnded` record with some entries
-    /// that do not fit is applied in part, with a warning naming them. Returns the bytes read beside what was
-    /// restored.
+    /// that do not fit is applied in part, with a warning naming them. Fails if it takes
+    /// longer than `timeout`. Returns the bytes read beside what was restored.
     pub async fn replay(
         &self,
         core: &mut Core,
         limit: usize,
+        timeout: Duration,
     ) -> Result<(Restored, u64), JournalError> {
-        let bytes = tokio::time::timeout(REPLAY_TIMEOUT, self.replay_all(core, limit))
+        let bytes = tokio::time::timeout(timeout, self.replay_all(core, limit))
             .await
-            .map_err(|_| JournalError::ReplayTimeout(REPLAY_TIMEOUT))??;
+            .map_err(|_| JournalError::ReplayTimeout(timeout))??;
         Ok((core.resume(), bytes))
     }
 

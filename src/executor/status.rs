@@ -49,11 +49,17 @@ impl StatusQueue {
         }
     }
 
-    /// Queues a status, failing it instead if its result could never fit in a message.
+    /// Queues a status, failing it instead if its result could never fit in a message. Its
+    /// error text is cut to [`crate::text::error_cap`] of the limit, so that the records and
+    /// events the driver makes of it fit in a message too.
     pub fn push(&mut self, mut update: StatusUpdate) {
         if update.is_plain_finish() {
             self.pending.push(Queued { update, json: None });
             return;
+        }
+        if let Some(error) = update.error.take() {
+            let cap = crate::text::error_cap(self.limit);
+            update.error = Some(crate::text::clip_owned(error, cap));
         }
         let mut json = encode(&update);
         let size = json.len();

@@ -35,7 +35,12 @@ impl TestCluster {
 
     /// With JetStream on, in a temporary store of this server's own.
     pub fn start_with_jetstream(name: &str) -> Self {
-        let server = NatsServer::start_with_jetstream(&[])
+        Self::start_with_jetstream_and(name, &[])
+    }
+
+    /// With JetStream on, and extra nats-server arguments.
+    pub fn start_with_jetstream_and(name: &str, extra: &[&str]) -> Self {
+        let server = NatsServer::start_with_jetstream(extra)
             .expect("start nats-server (run scripts/install-nats-server)");
         Self::on(server, name)
     }

@@ -190,6 +190,13 @@ impl Core {
         update: &StatusUpdate,
         now: u64,
     ) -> (TaskEnded, Option<String>) {
+        // Cut here too, whatever the executor sent: the error goes into the journal record of
+        // the task's end, the job's reason and their events, and each must fit in a message.
+        let cap = crate::text::error_cap(self.config.max_reply_bytes);
+        let mut error = update
+            .error
+            .as_deref()
+            .map(|e| crate::text::clip(e, cap).into_owned());
         let job = self.jobs.get_mut(&job_id).expect("located above");
         let task_id = update.task_id;
         if let Some(executor) = self.executors.get_mut(from) {
@@ -207,7 +214,6 @@ impl Core {
         record.duration_ms = u32::try_from(duration_ms).map_or(super::jobs::NO_DURATION - 1, |d| {
             d.min(super::jobs::NO_DURATION - 1)
         });
-        let mut error = update.error.clone();
         let mut abort = None;
         // The last attempt's result is kept whatever its end (a failed command's output
         // explains the failure), and only the last one's.
