@@ -931,6 +931,62 @@ fn api_kill_job() {
 }
 
 #[test]
+fn api_kill_job_task() {
+    golden(
+        &ApiRequest::KillJobTask {
+            job_id: 7,
+            index: 3,
+            retry: false,
+        },
+        json!({"type": "KillJobTask", "job_id": 7, "index": 3}),
+    );
+    golden(
+        &ApiRequest::KillJobTask {
+            job_id: 7,
+            index: 3,
+            retry: true,
+        },
+        json!({"type": "KillJobTask", "job_id": 7, "index": 3, "retry": true}),
+    );
+    json_error::<ApiRequest>(
+        br#"{"type": "KillJobTask", "job_id": 7, "index": -1}"#,
+        &["invalid value"],
+    );
+    json_error::<ApiRequest>(br#"{"type": "KillJobTask", "job_id": 7}"#, &["index"]);
+}
+
+#[test]
+fn api_reply_task_killed() {
+    golden(
+        &ApiReply::TaskKilled {
+            job_id: 7,
+            index: 3,
+            attempt: Some(1),
+            retry: false,
+        },
+        json!({"type": "TaskKilled", "job_id": 7, "index": 3, "attempt": 1}),
+    );
+    golden(
+        &ApiReply::TaskKilled {
+            job_id: 7,
+            index: 3,
+            attempt: None,
+            retry: false,
+        },
+        json!({"type": "TaskKilled", "job_id": 7, "index": 3}),
+    );
+    golden(
+        &ApiReply::TaskKilled {
+            job_id: 7,
+            index: 3,
+            attempt: Some(0),
+            retry: true,
+        },
+        json!({"type": "TaskKilled", "job_id": 7, "index": 3, "attempt": 0, "retry": true}),
+    );
+}
+
+#[test]
 fn api_list_jobs() {
     golden(&ApiRequest::list_jobs(), json!({"type": "ListJobs"}));
     golden(
@@ -2211,6 +2267,14 @@ fn journal_records() {
     golden(
         &JournalRecord::ResultsDropped { job_id: 3 },
         json!({"type":"ResultsDropped","job_id":3}),
+    );
+    golden(
+        &JournalRecord::TaskKilledByRequest {
+            job_id: 3,
+            index: 5,
+            time_ms: 1_700_000_000_960,
+        },
+        json!({"type":"TaskKilledByRequest","job_id":3,"index":5,"time_ms":1700000000960u64}),
     );
     golden(
         &JournalRecord::Leader {

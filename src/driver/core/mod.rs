@@ -162,6 +162,11 @@ impl Core {
             }
             ApiRequest::SubmitJob(job) => self.on_submit_job(job, now),
             ApiRequest::KillJob { job_id } => self.on_kill_job(job_id, now),
+            ApiRequest::KillJobTask {
+                job_id,
+                index,
+                retry,
+            } => self.on_kill_task(job_id, index, retry, now),
             ApiRequest::ListJobs {
                 offset,
                 limit,
