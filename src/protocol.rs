@@ -326,6 +326,24 @@ pub struct ExecutorsSnapshot {
     /// The dynamic allocation signal, if the driver computes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<AllocationStatus>,
+    /// The start gate, if the driver has one (`--min-registered`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_gate: Option<StartGateStatus>,
+}
+
+/// The start gate: offers wait until `min_registered` executors have registered, or until
+/// `opens_by_ms` (see docs/protocol.md, the start gate).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartGateStatus {
+    pub min_registered: u64,
+    /// When the gate opens however many have registered.
+    pub opens_by_ms: u64,
+    /// When it opened; none while it holds offers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened_at_ms: Option<u64>,
+    /// Why it opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// How many executors the driver wants, and why (see docs/protocol.md, dynamic allocation).

@@ -1129,6 +1129,7 @@ fn api_reply_executors() {
                 epoch: 12,
             }),
             allocation: None,
+            start_gate: None,
         }),
         json!({
             "type": "Executors",
@@ -1159,6 +1160,7 @@ fn api_reply_executors() {
             next_offset: None,
             driver: None,
             allocation: None,
+            start_gate: None,
         }),
         json!({
             "type": "Executors",
@@ -1166,6 +1168,59 @@ fn api_reply_executors() {
             "total_cores": 0,
             "registered_executors": 0,
             "pending_executors": 0
+        }),
+    );
+}
+
+#[test]
+fn api_reply_executors_with_the_start_gate() {
+    let with = |gate: StartGateStatus| {
+        ApiReply::Executors(ExecutorsSnapshot {
+            executors: vec![],
+            total_cores: 1,
+            registered_executors: 1,
+            pending_executors: 1,
+            next_offset: None,
+            driver: None,
+            allocation: None,
+            start_gate: Some(gate),
+        })
+    };
+    let shut = StartGateStatus {
+        min_registered: 2,
+        opens_by_ms: 1_700_000_030_000,
+        opened_at_ms: None,
+        reason: None,
+    };
+    golden(
+        &with(shut.clone()),
+        json!({
+            "type": "Executors",
+            "executors": [],
+            "total_cores": 1,
+            "registered_executors": 1,
+            "pending_executors": 1,
+            "start_gate": {"min_registered": 2, "opens_by_ms": 1700000030000u64}
+        }),
+    );
+    golden(
+        &with(StartGateStatus {
+            opened_at_ms: Some(1_700_000_004_000),
+            reason: Some("2 executors registered, of the 2 required".into()),
+            ..shut
+        }),
+        json!({
+            "type": "Executors",
+            "executors": [],
+            "total_cores": 1,
+            "registered_executors": 1,
+            "pending_executors": 1,
+            "start_gate": {
+                "min_registered": 2,
+                "opens_by_ms": 1700000030000u64,
+                "opened_at_ms": 1700000004000u64,
+                "reason": "2 executors registered, of the 2 required"
+            }
         }),
     );
 }
@@ -1180,6 +1235,7 @@ fn api_reply_executors_with_the_allocation_signal() {
             pending_executors: 0,
             next_offset: None,
             driver: None,
+            start_gate: None,
             allocation: Some(ember::protocol::AllocationStatus {
                 target_executors: 4,
                 min_executors: 1,

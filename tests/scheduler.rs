@@ -183,3 +183,112 @@ async fn a_restarted_driver_does_not_run_a_task_killed_before_it() {
         (JobState::Killed, 0, 2)
     );
 }
+
+/// A job of `tasks` no-op tasks.
+fn noops(tasks: u32) -> SubmitJob {
+    SubmitJob {
+        name: "noops".into(),
+        tasks: vec![ember::protocol::TaskSpec::Handler {
+            name: "noop".into(),
+            arg: serde_json::Value::Null,
+        }],
+        repeat: tasks,
+        max_failures: 1,
+        cpus_per_task: 1,
+    }
+}
+
+#[tokio::test]
+async fn the_start_gate_holds_a_job_until_the_second_executor_registers() {
+    let cluster = TestCluster::start("start-gate");
+    // The driver as ember-driver --expect-executors 2 --min-registered-ratio 1 starts it.
+    let mut driver = cluster.driver_process(&[
+        "--expect-executors",
+        "2",
+        "--min-registered-ratio",
+        "1",
+        "--max-registered-wait",
+        "60s",
+    ]);
+    let _driver = driver.spawn().unwrap();
+    let _first = cluster.executor("e1", 1, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let job_id = eventually(LIMIT, "the driver to take the job", || async {
+        api.submit(noops(2)).await.ok()
+    })
+    .await;
+    // Several offer rounds (every 200 ms) pass with one executor of the two: nothing runs.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let job = api.job(job_id).await.unwrap();
+    assert_eq!(
+        (job.state, job.running, job.succeeded),
+        (JobState::Running, 0, 0)
+    );
+    let gate = api.executors().await.unwrap().start_gate.unwrap();
+    assert_eq!((gate.min_registered, gate.opened_at_ms), (2, None));
+
+    let _second = cluster.executor("e2", 1, Handlers::builtin()).await;
+    let ended = until_ended(&api, job_id).await;
+    assert_eq!((ended.state, ended.succeeded), (JobState::Succeeded, 2));
+    let gate = api.executors().await.unwrap().start_gate.unwrap();
+    assert_eq!(
+        gate.reason.as_deref(),
+        Some("2 executors registered, of the 2 required")
+    );
+    let out = cluster.cli(&["executors"]).output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("start gate opened at"), "{stdout}");
+}
+
+#[tokio::test]
+async fn with_a_short_longest_wait_the_job_runs_on_fewer_executors() {
+    let cluster = TestCluster::start("start-gate-wait");
+    let _driver = cluster
+        .driver_configured(|config| {
+            config.start_gate = Some(ember::driver::core::StartGate {
+                min_registered: 2,
+                max_wait_ms: 1_500,
+            })
+        })
+        .await;
+    let _only = cluster.executor("e1", 1, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let job_id = api.submit(noops(2)).await.unwrap();
+    let ended = until_ended(&api, job_id).await;
+    assert_eq!((ended.state, ended.succeeded), (JobState::Succeeded, 2));
+    let gate = api.executors().await.unwrap().start_gate.unwrap();
+    let opened = gate.opened_at_ms.unwrap();
+    assert!(
+        opened >= gate.opens_by_ms,
+        "it opened by the wait, not before"
+    );
+    let reason = gate.reason.unwrap();
+    assert!(reason.contains("longest wait"), "{reason}");
+}
+
+#[tokio::test]
+async fn start_gate_flags_that_make_no_sense_are_refused() {
+    let cluster = TestCluster::start("start-gate-flags");
+    for (args, says) in [
+        (&["--min-registered", "0"][..], "--min-registered"),
+        (&["--min-registered-ratio", "1.5"][..], "ratio"),
+        (&["--min-registered-ratio", "0.5"][..], "--expect-executors"),
+        (
+            &[
+                "--min-registered",
+                "1",
+                "--min-registered-ratio",
+                "1",
+                "--expect-executors",
+                "1",
+            ][..],
+            "cannot be used with",
+        ),
+        (&["--max-registered-wait", "5s"][..], "--min-registered"),
+    ] {
+        let out = cluster.driver_process(args).output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}

@@ -4,6 +4,7 @@
 //! reply, readers of effects, and the invariant checks.
 
 mod allocation;
+mod gate;
 mod jobs;
 mod kills;
 mod offers;
