@@ -190,6 +190,26 @@ impl EmberClient {
         }
     }
 
+    /// Kills task `index` of job `job_id` ([`ApiRequest::KillJobTask`]); with `retry` its
+    /// running attempt is stopped and it runs again. Returns the attempt told to stop, none if
+    /// the task was waiting (it has ended KILLED).
+    pub async fn kill_task(
+        &self,
+        job_id: JobId,
+        index: u32,
+        retry: bool,
+    ) -> Result<Option<u32>, ClientError> {
+        let request = ApiRequest::KillJobTask {
+            job_id,
+            index,
+            retry,
+        };
+        match self.call(&request).await? {
+            ApiReply::TaskKilled { attempt, .. } => Ok(attempt),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Tells executor `executor_id` (or, with `None`, every executor) to decommission; returns
     /// how many were told.
     pub async fn stop_executors(

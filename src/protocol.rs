@@ -67,6 +67,20 @@ pub enum TaskState {
     Lost,
 }
 
+impl std::fmt::Display for TaskState {
+    /// The wire name: `LAUNCHING`, `RUNNING`, `FINISHED`, `FAILED`, `KILLED`, `LOST`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TaskState::Launching => "LAUNCHING",
+            TaskState::Running => "RUNNING",
+            TaskState::Finished => "FINISHED",
+            TaskState::Failed => "FAILED",
+            TaskState::Killed => "KILLED",
+            TaskState::Lost => "LOST",
+        })
+    }
+}
+
 impl TaskState {
     /// Whether the attempt is over and its cores are free again.
     pub fn is_terminal(self) -> bool {
@@ -170,6 +184,15 @@ pub enum ApiRequest {
     KillJob {
         job_id: JobId,
     },
+    /// Kill task `index` (from 0) of a running job: a waiting task ends KILLED at once, a
+    /// running one is told to stop and ends KILLED when it does. Either is not run again,
+    /// unless `retry`: then the running attempt is stopped and the task runs again.
+    KillJobTask {
+        job_id: JobId,
+        index: u32,
+        #[serde(default, skip_serializing_if = "is_false")]
+        retry: bool,
+    },
     /// Jobs in submission order, a page at a time: from job id `from_job` on (all, if 0),
     /// skipping `offset` of them.
     ListJobs {
@@ -219,6 +242,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 fn is_zero_id(n: &JobId) -> bool {
     *n == 0
 }
@@ -252,6 +279,16 @@ pub enum ApiReply {
     },
     JobKilled {
         job_id: JobId,
+    },
+    /// The answer to `KillJobTask`: `attempt` is the running attempt told to stop; none if
+    /// the task was waiting, and has ended KILLED already.
+    TaskKilled {
+        job_id: JobId,
+        index: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
+        #[serde(default, skip_serializing_if = "is_false")]
+        retry: bool,
     },
     Jobs {
         jobs: Vec<JobSummary>,
@@ -301,6 +338,24 @@ pub struct ExecutorsSnapshot {
     /// The dynamic allocation signal, if the driver computes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<AllocationStatus>,
+    /// The start gate, if the driver has one (`--min-registered`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_gate: Option<StartGateStatus>,
+}
+
+/// The start gate: offers wait until `min_registered` executors have registered, or until
+/// `opens_by_ms` (see docs/protocol.md, the start gate).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartGateStatus {
+    pub min_registered: u64,
+    /// When the gate opens however many have registered.
+    pub opens_by_ms: u64,
+    /// When it opened; none while it holds offers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened_at_ms: Option<u64>,
+    /// Why it opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// How many executors the driver wants, and why (see docs/protocol.md, dynamic allocation).

@@ -1000,6 +1000,62 @@ fn api_kill_job() {
 }
 
 #[test]
+fn api_kill_job_task() {
+    golden(
+        &ApiRequest::KillJobTask {
+            job_id: 7,
+            index: 3,
+            retry: false,
+        },
+        json!({"type": "KillJobTask", "job_id": 7, "index": 3}),
+    );
+    golden(
+        &ApiRequest::KillJobTask {
+            job_id: 7,
+            index: 3,
+            retry: true,
+        },
+        json!({"type": "KillJobTask", "job_id": 7, "index": 3, "retry": true}),
+    );
+    json_error::<ApiRequest>(
+        br#"{"type": "KillJobTask", "job_id": 7, "index": -1}"#,
+        &["invalid value"],
+    );
+    json_error::<ApiRequest>(br#"{"type": "KillJobTask", "job_id": 7}"#, &["index"]);
+}
+
+#[test]
+fn api_reply_task_killed() {
+    golden(
+        &ApiReply::TaskKilled {
+            job_id: 7,
+            index: 3,
+            attempt: Some(1),
+            retry: false,
+        },
+        json!({"type": "TaskKilled", "job_id": 7, "index": 3, "attempt": 1}),
+    );
+    golden(
+        &ApiReply::TaskKilled {
+            job_id: 7,
+            index: 3,
+            attempt: None,
+            retry: false,
+        },
+        json!({"type": "TaskKilled", "job_id": 7, "index": 3}),
+    );
+    golden(
+        &ApiReply::TaskKilled {
+            job_id: 7,
+            index: 3,
+            attempt: Some(0),
+            retry: true,
+        },
+        json!({"type": "TaskKilled", "job_id": 7, "index": 3, "attempt": 0, "retry": true}),
+    );
+}
+
+#[test]
 fn api_list_jobs() {
     golden(&ApiRequest::list_jobs(), json!({"type": "ListJobs"}));
     golden(
@@ -1142,6 +1198,7 @@ fn api_reply_executors() {
                 epoch: 12,
             }),
             allocation: None,
+            start_gate: None,
         }),
         json!({
             "type": "Executors",
@@ -1172,6 +1229,7 @@ fn api_reply_executors() {
             next_offset: None,
             driver: None,
             allocation: None,
+            start_gate: None,
         }),
         json!({
             "type": "Executors",
@@ -1179,6 +1237,59 @@ fn api_reply_executors() {
             "total_cores": 0,
             "registered_executors": 0,
             "pending_executors": 0
+        }),
+    );
+}
+
+#[test]
+fn api_reply_executors_with_the_start_gate() {
+    let with = |gate: StartGateStatus| {
+        ApiReply::Executors(ExecutorsSnapshot {
+            executors: vec![],
+            total_cores: 1,
+            registered_executors: 1,
+            pending_executors: 1,
+            next_offset: None,
+            driver: None,
+            allocation: None,
+            start_gate: Some(gate),
+        })
+    };
+    let shut = StartGateStatus {
+        min_registered: 2,
+        opens_by_ms: 1_700_000_030_000,
+        opened_at_ms: None,
+        reason: None,
+    };
+    golden(
+        &with(shut.clone()),
+        json!({
+            "type": "Executors",
+            "executors": [],
+            "total_cores": 1,
+            "registered_executors": 1,
+            "pending_executors": 1,
+            "start_gate": {"min_registered": 2, "opens_by_ms": 1700000030000u64}
+        }),
+    );
+    golden(
+        &with(StartGateStatus {
+            opened_at_ms: Some(1_700_000_004_000),
+            reason: Some("2 executors registered, of the 2 required".into()),
+            ..shut
+        }),
+        json!({
+            "type": "Executors",
+            "executors": [],
+            "total_cores": 1,
+            "registered_executors": 1,
+            "pending_executors": 1,
+            "start_gate": {
+                "min_registered": 2,
+                "opens_by_ms": 1700000030000u64,
+                "opened_at_ms": 1700000004000u64,
+                "reason": "2 executors registered, of the 2 required"
+            }
         }),
     );
 }
@@ -1193,6 +1304,7 @@ fn api_reply_executors_with_the_allocation_signal() {
             pending_executors: 0,
             next_offset: None,
             driver: None,
+            start_gate: None,
             allocation: Some(ember::protocol::AllocationStatus {
                 target_executors: 4,
                 min_executors: 1,
@@ -2280,6 +2392,14 @@ fn journal_records() {
     golden(
         &JournalRecord::ResultsDropped { job_id: 3 },
         json!({"type":"ResultsDropped","job_id":3}),
+    );
+    golden(
+        &JournalRecord::TaskKilledByRequest {
+            job_id: 3,
+            index: 5,
+            time_ms: 1_700_000_000_960,
+        },
+        json!({"type":"TaskKilledByRequest","job_id":3,"index":5,"time_ms":1700000000960u64}),
     );
     golden(
         &JournalRecord::Leader {

@@ -6,7 +6,7 @@ use ember::cli::{
 };
 use ember::connect::NatsArgs;
 use ember::driver::core::{
-    AllocationConfig, Liveness, Retention, DEFAULT_MIN_EXECUTORS, DEFAULT_RETAIN_JOBS,
+    AllocationConfig, Liveness, Retention, StartGate, DEFAULT_MIN_EXECUTORS, DEFAULT_RETAIN_JOBS,
 };
 use ember::driver::{run, DriverConfig, JournalMode, Replicas};
 use std::process::ExitCode;
@@ -25,6 +25,20 @@ struct Args {
     /// Executors expected to register; counts down as they do (shown as pending_executors).
     #[arg(long, env = "EMBER_EXPECT_EXECUTORS", default_value_t = 0)]
     expect_executors: u64,
+    /// Hold offers until this many executors have registered, or --max-registered-wait has
+    /// passed since the driver started (Spark's start gate); the log says when and why the
+    /// gate opens. Off unless given.
+    #[arg(long, env = "EMBER_MIN_REGISTERED", group = "gate",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    min_registered: Option<u64>,
+    /// As --min-registered, as a ratio (above 0, at most 1) of --expect-executors, rounded up
+    /// (Spark's minRegisteredResourcesRatio).
+    #[arg(long, env = "EMBER_MIN_REGISTERED_RATIO", group = "gate", value_parser = parse_ratio)]
+    min_registered_ratio: Option<f64>,
+    /// The longest the start gate holds offers (Spark's maxRegisteredResourcesWaitingTime).
+    #[arg(long, env = "EMBER_MAX_REGISTERED_WAIT", default_value = "30s",
+          value_parser = parse_duration, requires = "gate")]
+    max_registered_wait: Duration,
     /// How often free cores are offered even when nothing else prompts it.
     #[arg(long, env = "EMBER_REVIVE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     revive_interval: Duration,
@@ -184,6 +198,7 @@ fn main() -> ExitCode {
                 metrics,
                 allocation: allocation(&args)?,
                 web,
+                start_gate: start_gate(&args),
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())
@@ -196,6 +211,41 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A ratio for `--min-registered-ratio`: above 0, at most 1.
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        Ok(r) => Err(format!("{r} is not a ratio above 0 and at most 1")),
+        Err(_) => Err(format!("{text:?} is not a number (write e.g. 0.8)")),
+    }
+}
+
+/// The start gate, if `--min-registered` or `--min-registered-ratio` sets one. A ratio of
+/// `--expect-executors` 0 asks for nothing: clap's error says so, and the driver does not start.
+fn start_gate(args: &Args) -> Option<StartGate> {
+    let min_registered = match (args.min_registered, args.min_registered_ratio) {
+        (Some(n), _) => n,
+        (None, Some(ratio)) => {
+            if args.expect_executors == 0 {
+                use clap::CommandFactory;
+                Args::command()
+                    .error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "--min-registered-ratio is a ratio of --expect-executors, which is 0; \
+                         give --expect-executors, or --min-registered instead",
+                    )
+                    .exit();
+            }
+            ((args.expect_executors as f64 * ratio).ceil() as u64).max(1)
+        }
+        (None, None) => return None,
+    };
+    Some(StartGate {
+        min_registered,
+        max_wait_ms: args.max_registered_wait.as_millis() as u64,
+    })
 }
 
 /// The dynamic allocation settings, if `--max-executors` turns the signal on.

@@ -55,10 +55,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Kill a running job: its waiting tasks are dropped and running ones killed.
+    /// Kill a running job: its waiting tasks are dropped and running ones killed. With
+    /// --task, kill one task only: it ends KILLED and is not run again (the job ends once its
+    /// other tasks have, KILLED), or with --retry its running attempt is stopped and it runs
+    /// again.
     Kill {
         /// The job's id.
         job_id: u64,
+        /// Kill only this task (its index in the job, from 0).
+        #[arg(long, value_name = "INDEX")]
+        task: Option<u32>,
+        /// Run the killed task again (with --task; for a running task).
+        #[arg(long, requires = "task")]
+        retry: bool,
     },
     /// Decommission one executor: it finishes (or hands back) its tasks and exits.
     StopExecutor {
@@ -152,9 +161,26 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
             status(&client, &cli.nats.cluster, &args, shutdown_signal()).await?
         }
         Command::Submit(args) => return submit(&client, &args).await,
-        Command::Kill { job_id } => {
+        Command::Kill {
+            job_id, task: None, ..
+        } => {
             client.kill(job_id).await?;
             println!("job {job_id} killed");
+        }
+        Command::Kill {
+            job_id,
+            task: Some(index),
+            retry,
+        } => {
+            match (client.kill_task(job_id, index, retry).await?, retry) {
+                (None, _) => println!("task {index} of job {job_id} killed before it ran"),
+                (Some(attempt), false) => {
+                    println!("task {index} of job {job_id}: attempt {attempt} told to stop; it will not run again")
+                }
+                (Some(attempt), true) => {
+                    println!("task {index} of job {job_id}: attempt {attempt} told to stop; it runs again")
+                }
+            }
         }
         Command::StopExecutor { executor_id } => {
             client.stop_executors(Some(executor_id.clone())).await?;

@@ -41,6 +41,18 @@ pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<
         "{} executors registered, {} cores in total, {} pending",
         snapshot.registered_executors, snapshot.total_cores, snapshot.pending_executors
     );
+    if let Some(gate) = &snapshot.start_gate {
+        match (&gate.opened_at_ms, &gate.reason) {
+            (Some(at), Some(reason)) => {
+                println!("start gate opened at {}: {reason}", format_time(*at))
+            }
+            _ => println!(
+                "start gate holds offers until {} executors have registered, or until {}",
+                gate.min_registered,
+                format_time(gate.opens_by_ms)
+            ),
+        }
+    }
     match &snapshot.driver {
         Some(d) if d.epoch > 0 => println!(
             "answered by driver {}, leading in epoch {}",

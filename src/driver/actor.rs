@@ -4,7 +4,7 @@
 //! costs no channel hop per message.
 
 use super::coalesce::TaskEvents;
-use super::core::{AllocationConfig, Core, CoreConfig, Effect, Liveness, Retention};
+use super::core::{AllocationConfig, Core, CoreConfig, Effect, Liveness, Retention, StartGate};
 use super::discovery::{self, ApiCounts, Identity};
 use super::history::{self, History};
 use super::journal::{Journal, JournalError, JournalMode, Replicas};
@@ -70,6 +70,8 @@ pub struct DriverConfig {
     pub allocation: Option<AllocationConfig>,
     /// The live web page's link into the driver, for `--http`.
     pub web: Option<crate::web::Link>,
+    /// Hold offers until enough executors have registered, if set (`--min-registered`).
+    pub start_gate: Option<StartGate>,
 }
 
 impl DriverConfig {
@@ -94,6 +96,7 @@ impl DriverConfig {
             metrics: Arc::new(DriverMetrics::new()),
             allocation: None,
             web: None,
+            start_gate: None,
         }
     }
 }
@@ -384,6 +387,9 @@ async fn start(
     core.set_liveness(config.liveness.clone());
     if let Some(allocation) = &config.allocation {
         core.set_allocation(allocation.clone());
+    }
+    if let Some(gate) = &config.start_gate {
+        core.set_start_gate(gate.clone(), now_ms());
     }
     let mut schedule = None;
     if let Some(journal) = &journal {

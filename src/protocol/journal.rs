@@ -36,6 +36,15 @@ pub enum JournalRecord {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// Task `index` of a running job was killed by request and is not to run again (a kill
+    /// with `retry` writes nothing: a restarted driver runs unfinished tasks again anyway).
+    /// Written when the request is answered; a FINISHED outcome of the attempt that was being
+    /// stopped, journaled after it, still counts.
+    TaskKilledByRequest {
+        job_id: JobId,
+        index: u32,
+        time_ms: u64,
+    },
     /// A finished job's results were dropped, to keep all results under the driver's cap.
     ResultsDropped { job_id: JobId },
     /// A driver took the lead of the cluster's drivers, with this epoch (the lease's

@@ -177,13 +177,7 @@ impl Job {
 
     fn outcome(&self, index: u32) -> TaskOutcome {
         let record = &self.tasks[index];
-        let state = match record.status {
-            TaskStatus::Pending => TaskState::Launching,
-            TaskStatus::Running => TaskState::Running,
-            TaskStatus::Finished => TaskState::Finished,
-            TaskStatus::Failed => TaskState::Failed,
-            TaskStatus::Killed => TaskState::Killed,
-        };
+        let state = task_state(record.status);
         TaskOutcome {
             index,
             task_id: self.first_task + u64::from(index),
@@ -300,6 +294,90 @@ impl Core {
         }
     }
 
+    /// `KillJobTask`: a waiting task ends KILLED at once; a running one is told to stop, and
+    /// ends KILLED when it does (or runs again, with `retry`). A kill without retry is
+    /// journaled before it is answered, so a restarted driver does not run the task again.
+    pub(super) fn on_kill_task(
+        &mut self,
+        job_id: JobId,
+        index: u32,
+        retry: bool,
+        now: u64,
+    ) -> ApiReply {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return self.no_such_job(job_id);
+        };
+        let error = |message: String| ApiReply::Error { message };
+        if !job.is_active() {
+            return error(format!("job {job_id} has already ended ({})", job.state));
+        }
+        if index >= job.len() {
+            return error(format!(
+                "job {job_id} has {}; there is no task {index} (tasks count from 0)",
+                crate::text::count(job.len(), "task", "tasks")
+            ));
+        }
+        let record = &job.tasks[index];
+        let attempt = record.attempts.checked_sub(1);
+        match (record.status, &record.executor) {
+            (TaskStatus::Running, Some(executor)) => {
+                let (executor, attempt) = (executor.clone(), attempt.unwrap_or(0));
+                let task_id = job.first_task + u64::from(index);
+                if retry && record.kill_requested {
+                    return error(format!(
+                        "task {index} of job {job_id} is being killed without retry already"
+                    ));
+                }
+                let first = !retry && !record.kill_requested;
+                job.tasks[index].kill_requested = !retry;
+                if first {
+                    self.journal(|| JournalRecord::TaskKilledByRequest {
+                        job_id,
+                        index,
+                        time_ms: now,
+                    });
+                }
+                let reason = match retry {
+                    true => "killed by request; it runs again",
+                    false => "killed by request",
+                };
+                self.send_kill(executor, task_id, attempt, reason.into());
+                ApiReply::TaskKilled {
+                    job_id,
+                    index,
+                    attempt: Some(attempt),
+                    retry,
+                }
+            }
+            (TaskStatus::Pending, _) if retry => error(format!(
+                "task {index} of job {job_id} waits to run: it has no attempt to kill and run again"
+            )),
+            (TaskStatus::Pending, _) => {
+                if !job.tasks.kill_waiting(index) {
+                    return error(format!("task {index} of job {job_id} does not wait"));
+                }
+                job.killed += 1;
+                job.errors.insert(index, KILLED_BY_REQUEST.into());
+                self.journal(|| JournalRecord::TaskKilledByRequest {
+                    job_id,
+                    index,
+                    time_ms: now,
+                });
+                self.end_job_if_done(job_id, now);
+                ApiReply::TaskKilled {
+                    job_id,
+                    index,
+                    attempt: None,
+                    retry,
+                }
+            }
+            (status, _) => error(format!(
+                "task {index} of job {job_id} has already ended ({})",
+                task_state(status)
+            )),
+        }
+    }
+
     /// The job that task `task_id` belongs to, and its index there.
     pub(super) fn locate(&self, task_id: TaskId) -> Option<(JobId, u32)> {
         let (first, job_id) = self.first_tasks.range(..=task_id).next_back()?;
@@ -356,6 +434,20 @@ impl Core {
         }
         self.publish(end);
         self.retire(job_id);
+    }
+}
+
+/// The error a task killed by request shows.
+pub(super) const KILLED_BY_REQUEST: &str = "killed by request";
+
+/// How a task's status reads on the wire.
+fn task_state(status: TaskStatus) -> TaskState {
+    match status {
+        TaskStatus::Pending => TaskState::Launching,
+        TaskStatus::Running => TaskState::Running,
+        TaskStatus::Finished => TaskState::Finished,
+        TaskStatus::Failed => TaskState::Failed,
+        TaskStatus::Killed => TaskState::Killed,
     }
 }
 

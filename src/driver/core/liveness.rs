@@ -216,6 +216,9 @@ impl Core {
     fn publish_lost(&mut self, id: &ExecutorId, ends: BTreeMap<JobId, Vec<TaskEnded>>, now: u64) {
         for (job_id, tasks) in ends {
             self.publish(Event::task_end_on(id, now, job_id, tasks));
+            // A lost attempt runs again, unless a kill without retry was asked of it: that
+            // may have been the job's last task.
+            self.end_job_if_done(job_id, now);
         }
     }
 

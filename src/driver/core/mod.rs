@@ -6,6 +6,7 @@
 //! tests and simulations drive it with any clock they like.
 
 mod allocation;
+mod gate;
 mod jobs;
 mod liveness;
 mod offers;
@@ -23,6 +24,7 @@ use std::collections::{BTreeMap, VecDeque};
 pub use allocation::{
     AllocationConfig, DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MIN_EXECUTORS,
 };
+pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
 pub use jobs::Job;
 pub use liveness::Liveness;
 pub use registry::{ExecutorData, MAX_CORES};
@@ -112,6 +114,8 @@ pub struct Core {
     offer_rounds: u64,
     /// The dynamic allocation signal, when on.
     allocation: Option<allocation::Allocation>,
+    /// The start gate, when set.
+    gate: Option<crate::protocol::StartGateStatus>,
     effects: Vec<Effect>,
 }
 
@@ -135,6 +139,7 @@ impl Core {
             no_executors_since: None,
             offer_rounds: 0,
             allocation: None,
+            gate: None,
             effects: Vec::new(),
         }
     }
@@ -162,6 +167,11 @@ impl Core {
             }
             ApiRequest::SubmitJob(job) => self.on_submit_job(job, now),
             ApiRequest::KillJob { job_id } => self.on_kill_job(job_id, now),
+            ApiRequest::KillJobTask {
+                job_id,
+                index,
+                retry,
+            } => self.on_kill_task(job_id, index, retry, now),
             ApiRequest::ListJobs {
                 offset,
                 limit,

@@ -15,6 +15,9 @@ const AVOID_LOOKAHEAD: usize = 8;
 impl Core {
     /// Offers free cores to waiting tasks: of every executor, or only of `only`.
     pub(super) fn make_offers(&mut self, only: Option<&ExecutorId>, now: u64) {
+        if self.gate.is_some() && !self.gate_open(now) {
+            return;
+        }
         self.queue.retain(|id| {
             self.jobs
                 .get(id)

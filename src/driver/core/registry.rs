@@ -127,6 +127,7 @@ impl Core {
                 epoch: self.config.epoch,
             }),
             allocation: self.allocation().cloned(),
+            start_gate: self.gate.clone(),
         }
     }
 

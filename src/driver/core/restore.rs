@@ -102,6 +102,9 @@ impl Core {
             } => self.replay_submitted(job_id, first_task, time_ms, job),
             JournalRecord::TasksEnded { tasks, .. } => self.replay_tasks(tasks),
             JournalRecord::ResultsDropped { job_id } => self.replay_results_dropped(job_id),
+            JournalRecord::TaskKilledByRequest { job_id, index, .. } => {
+                self.replay_task_killed(job_id, index)
+            }
             // Who led changes nothing in the jobs.
             JournalRecord::Leader { .. } => Ok(()),
             JournalRecord::JobEnded {
@@ -144,7 +147,7 @@ impl Core {
                     self.queue.push_back(job.id);
                 }
             } else {
-                job.killed = job.tasks.close();
+                job.killed += job.tasks.close();
             }
         }
         restored
@@ -172,6 +175,26 @@ impl Core {
         self.next_task = first_task + u64::from(job.len());
         self.first_tasks.insert(first_task, job_id);
         self.jobs.insert(job_id, job);
+        Ok(())
+    }
+
+    /// Marks task `index` KILLED by request, unless it has an outcome already.
+    fn replay_task_killed(&mut self, job_id: JobId, index: u32) -> Result<(), ReplayError> {
+        let job = self
+            .jobs
+            .get_mut(&job_id)
+            .ok_or(ReplayError::UnknownJob(job_id))?;
+        if index >= job.len() {
+            return Err(ReplayError::InvalidJob {
+                job_id,
+                reason: format!("a kill of task {index}, past its {} tasks", job.len()),
+            });
+        }
+        if job.tasks.kill_waiting(index) {
+            job.killed += 1;
+            job.errors
+                .insert(index, super::jobs::KILLED_BY_REQUEST.into());
+        }
         Ok(())
     }
 
@@ -213,8 +236,14 @@ fn settle(
         state => return Err((task.task_id, state)),
     };
     let record = &mut job.tasks[index];
-    if record.status != TaskStatus::Pending {
-        return Ok(None);
+    match record.status {
+        TaskStatus::Pending => {}
+        // The attempt a kill was asked of finished first: the finish counts, as it did live.
+        TaskStatus::Killed if status == TaskStatus::Finished => {
+            job.killed = job.killed.saturating_sub(1);
+            job.errors.remove(&index);
+        }
+        _ => return Ok(None),
     }
     record.status = status;
     record.attempts = task.attempt.saturating_add(1);

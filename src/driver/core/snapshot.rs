@@ -88,6 +88,27 @@ impl Core {
                 let time_ms = job.ended_at_ms.unwrap_or(job.submitted_at_ms);
                 emit(JournalRecord::TasksEnded { time_ms, tasks });
             }
+            // A running job's KILLED tasks were killed by request, as are those whose attempt
+            // is being stopped without retry (an ended job's are all killed again when it is
+            // restored).
+            if job.is_active() {
+                let killed = launched
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, record)| {
+                        record.status == TaskStatus::Killed
+                            || (record.status == TaskStatus::Running && record.kill_requested)
+                    })
+                    .map(|(index, _)| index as u32)
+                    .chain(job.tasks.skipped());
+                for index in killed {
+                    emit(JournalRecord::TaskKilledByRequest {
+                        job_id: job.id,
+                        index,
+                        time_ms: job.submitted_at_ms,
+                    });
+                }
+            }
         }
         for id in &self.ended {
             let job = &self.jobs[id];

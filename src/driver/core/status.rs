@@ -221,12 +221,21 @@ impl Core {
         match update.state {
             TaskState::Finished => {
                 record.status = TaskStatus::Finished;
+                record.kill_requested = false;
                 job.succeeded += 1;
                 job.errors.remove(&index);
             }
             _ if !active => {
                 record.status = TaskStatus::Killed;
                 job.killed += 1;
+            }
+            // A kill without retry was asked for: whatever else stopped it, it ends here.
+            _ if record.kill_requested => {
+                record.status = TaskStatus::Killed;
+                job.killed += 1;
+                error = Some(super::jobs::KILLED_BY_REQUEST.into());
+                job.errors
+                    .insert(index, super::jobs::KILLED_BY_REQUEST.into());
             }
             TaskState::Failed => {
                 record.failures += 1;
@@ -295,14 +304,24 @@ impl Core {
         })
     }
 
-    /// Marks job `job_id` SUCCEEDED if it runs and all its tasks have finished.
-    fn end_job_if_done(&mut self, job_id: JobId, now: u64) {
-        if self
-            .jobs
-            .get(&job_id)
-            .is_some_and(|j| j.is_active() && j.succeeded == j.len())
-        {
+    /// Ends job `job_id` if it runs and every task has ended: SUCCEEDED if all finished, KILLED
+    /// if some were killed by request (a running job's tasks end KILLED no other way).
+    pub(super) fn end_job_if_done(&mut self, job_id: JobId, now: u64) {
+        let Some(job) = self.jobs.get(&job_id).filter(|j| j.is_active()) else {
+            return;
+        };
+        if job.succeeded + job.killed != job.len() {
+            return;
+        }
+        if job.killed == 0 {
             self.end_job(job_id, JobState::Succeeded, None, now);
+        } else {
+            let reason = format!(
+                "{} killed by request; the other {} finished",
+                crate::text::count(job.killed, "task", "tasks"),
+                job.succeeded
+            );
+            self.end_job(job_id, JobState::Killed, Some(reason), now);
         }
     }
 }

@@ -3,7 +3,7 @@
 //! how many tasks it was submitted with.
 
 use crate::ids::ExecutorId;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 /// Where one task stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,9 @@ pub struct TaskRecord {
     pub failures: u32,
     /// Whether the last attempt ended FAILED (its retry should prefer another executor).
     pub last_failed: bool,
+    /// Whether a kill without retry was asked for the running attempt: its end, unless
+    /// FINISHED, ends the task KILLED.
+    pub kill_requested: bool,
     /// Where the current (or last) attempt ran.
     pub executor: Option<ExecutorId>,
     pub started_ms: u64,
@@ -42,6 +45,7 @@ impl TaskRecord {
             attempts: 0,
             failures: 0,
             last_failed: false,
+            kill_requested: false,
             executor: None,
             started_ms: 0,
             duration_ms: NO_DURATION,
@@ -63,8 +67,9 @@ pub enum Pick {
 }
 
 /// The records of a job's tasks. Tasks `0..frontier` have records; the rest have never run and
-/// are all alike. Tasks wait in two lines: those below the frontier that must run again (retries,
-/// and those a restarted driver found unfinished) first, then the never-run ones in index order.
+/// are all alike, but for those killed by request before they ran. Tasks wait in two lines:
+/// those below the frontier that must run again (retries, and those a restarted driver found
+/// unfinished) first, then the never-run ones in index order.
 #[derive(Debug)]
 pub struct Tasks {
     launched: Vec<TaskRecord>,
@@ -73,6 +78,9 @@ pub struct Tasks {
     again: VecDeque<u32>,
     /// Whether the never-run tasks still wait (until the job ends without them).
     open: bool,
+    /// Tasks past the frontier killed by request before they ran (empty unless a task was):
+    /// they get a KILLED record when the frontier reaches them.
+    skipped: BTreeSet<u32>,
 }
 
 impl Tasks {
@@ -83,6 +91,7 @@ impl Tasks {
             count,
             again: VecDeque::new(),
             open: true,
+            skipped: BTreeSet::new(),
         }
     }
 
@@ -110,17 +119,46 @@ impl Tasks {
 
     /// Every task's record, in index order.
     pub fn iter(&self) -> impl Iterator<Item = &TaskRecord> {
-        let rest = (self.count as usize).saturating_sub(self.launched.len());
+        let frontier = self.launched.len() as u32;
         self.launched
             .iter()
-            .chain(std::iter::repeat(self.unlaunched()).take(rest))
+            .chain((frontier..self.count).map(|index| self.unlaunched_at(index)))
     }
 
     /// The waiting tasks in the order offers take them, the first `lookahead` at most.
     pub fn waiting_order(&self, lookahead: usize) -> impl Iterator<Item = u32> + '_ {
         let frontier = self.launched.len() as u32;
-        let fresh = frontier..frontier + self.never_run();
+        let fresh = (frontier..self.count)
+            .filter(|index| !self.skipped.contains(index))
+            .take(self.never_run() as usize);
         self.again.iter().copied().chain(fresh).take(lookahead)
+    }
+
+    /// The tasks killed by request before they ran, past the frontier.
+    pub fn skipped(&self) -> impl Iterator<Item = u32> + '_ {
+        self.skipped.iter().copied()
+    }
+
+    /// Takes waiting task `index` out of the waiting lines and marks it KILLED; false if it
+    /// does not wait (it runs, or has ended). Past the frontier no record is made: a job of
+    /// millions of tasks may have its last one killed.
+    pub fn kill_waiting(&mut self, index: u32) -> bool {
+        let frontier = self.launched.len() as u32;
+        if index >= self.count {
+            return false;
+        }
+        if index >= frontier {
+            return self.open && self.skipped.insert(index);
+        }
+        let record = &mut self.launched[index as usize];
+        if record.status != TaskStatus::Pending {
+            return false;
+        }
+        record.status = TaskStatus::Killed;
+        if let Some(position) = self.again.iter().position(|i| *i == index) {
+            self.again.remove(position);
+        }
+        true
     }
 
     /// The first of the next `lookahead` waiting tasks that `usable` accepts. A never-run task
@@ -145,6 +183,11 @@ impl Tasks {
         match pick {
             Pick::Again(position) => self.again.remove(position),
             Pick::Fresh if self.never_run() > 0 => {
+                // Tasks killed before they ran are passed over, each given its record.
+                while self.skipped.first() == Some(&(self.launched.len() as u32)) {
+                    self.skipped.pop_first();
+                    self.launched.push(NEVER_RUN_KILLED.clone());
+                }
                 self.launched.push(NEVER_RUN.clone());
                 Some(self.launched.len() as u32 - 1)
             }
@@ -178,9 +221,18 @@ impl Tasks {
 
     fn never_run(&self) -> u32 {
         if self.open {
-            self.count - self.launched.len() as u32
+            self.count - self.launched.len() as u32 - self.skipped.len() as u32
         } else {
             0
+        }
+    }
+
+    /// The record of task `index`, past the frontier.
+    fn unlaunched_at(&self, index: u32) -> &'static TaskRecord {
+        if !self.skipped.is_empty() && self.skipped.contains(&index) {
+            &NEVER_RUN_KILLED
+        } else {
+            self.unlaunched()
         }
     }
 
@@ -200,7 +252,7 @@ impl std::ops::Index<u32> for Tasks {
         assert!(index < self.count, "task {index} of {}", self.count);
         self.launched
             .get(index as usize)
-            .unwrap_or_else(|| self.unlaunched())
+            .unwrap_or_else(|| self.unlaunched_at(index))
     }
 }
 
@@ -210,9 +262,12 @@ impl std::ops::IndexMut<u32> for Tasks {
     fn index_mut(&mut self, index: u32) -> &mut TaskRecord {
         assert!(index < self.count, "task {index} of {}", self.count);
         while self.launched.len() <= index as usize {
-            self.launched.push(self.unlaunched().clone());
-            let added = self.launched.len() as u32 - 1;
-            if self.open && added < index {
+            let added = self.launched.len() as u32;
+            let skipped = !self.skipped.is_empty() && self.skipped.remove(&added);
+            self.launched.push(self.unlaunched_at(added).clone());
+            if skipped {
+                self.launched[added as usize].status = TaskStatus::Killed;
+            } else if self.open && added < index {
                 self.again.push_back(added);
             }
         }
@@ -282,6 +337,32 @@ mod tests {
         assert_eq!(tasks[999_999].status, TaskStatus::Killed);
         assert_eq!(tasks.waiting(), 0);
         assert_eq!(tasks.find_waiting(8, |_, _| true), None);
+    }
+
+    #[test]
+    fn a_task_killed_before_it_ran_is_passed_over_without_a_record_for_each() {
+        let mut tasks = Tasks::new(10_000_000);
+        assert!(tasks.kill_waiting(9_999_999));
+        assert!(!tasks.kill_waiting(9_999_999), "killed once");
+        assert!(!tasks.kill_waiting(10_000_000), "past the end");
+        assert_eq!(tasks.launched().len(), 0);
+        assert_eq!(tasks.waiting(), 9_999_999);
+        assert_eq!(tasks[9_999_999].status, TaskStatus::Killed);
+        let mut small = Tasks::new(4);
+        assert!(small.kill_waiting(1));
+        assert_eq!(small.waiting_order(8).collect::<Vec<_>>(), vec![0, 2, 3]);
+        assert_eq!(take_all(&mut small), vec![0, 2, 3]);
+        for index in [0, 2, 3] {
+            small[index].status = TaskStatus::Running;
+        }
+        let statuses: Vec<_> = small.iter().map(|r| r.status).collect();
+        assert_eq!(statuses[1], TaskStatus::Killed);
+        // A task waiting to run again leaves its line.
+        small[2].status = TaskStatus::Pending;
+        small.wait_again(2);
+        assert!(small.kill_waiting(2));
+        assert!(!small.has_waiting());
+        assert!(!small.kill_waiting(0), "a task that runs does not wait");
     }
 
     #[test]

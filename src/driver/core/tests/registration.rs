@@ -58,6 +58,7 @@ fn a_new_executor_is_registered_and_announced() {
             pending_executors: 1,
             next_offset: None,
             allocation: None,
+            start_gate: None,
             driver: Some(crate::protocol::DriverInfo {
                 driver_instance: InstanceId::from_u128(super::DRIVER),
                 epoch: 0,
@@ -313,6 +314,7 @@ fn list_executors_returns_the_registry_and_its_totals() {
             pending_executors: 4,
             next_offset: None,
             allocation: None,
+            start_gate: None,
             driver: Some(crate::protocol::DriverInfo {
                 driver_instance: InstanceId::from_u128(super::DRIVER),
                 epoch: 0,

@@ -33,6 +33,9 @@ impl Sim {
                 assert_eq!(reply, (1, vec![]));
             }
             Op::Kill { pick } if !self.core.jobs.is_empty() => self.kill(*pick),
+            Op::KillTask { pick, index, retry } if !self.core.jobs.is_empty() => {
+                self.kill_task(*pick, *index, *retry)
+            }
             _ => self.tick(),
         }
         check_invariants(&self.core);
@@ -236,6 +239,65 @@ impl Sim {
         assert!(ends_per_job.values().all(|n| *n == 1), "{ends_per_job:?}");
         self.accepted
             .extend(first.into_values().map(|u| (from.clone(), u)));
+    }
+
+    /// Kills one task: a running attempt gets one `KillTask`, a waiting task ends at once;
+    /// anything else is refused and changes nothing.
+    fn kill_task(&mut self, pick: usize, index: usize, retry: bool) {
+        let now = self.now;
+        let ids: Vec<JobId> = self.core.jobs.keys().copied().collect();
+        let job_id = ids[pick % ids.len()];
+        let job = &self.core.jobs[&job_id];
+        let index = (index % (job.len() as usize + 1)) as u32;
+        let request = ApiRequest::KillJobTask {
+            job_id,
+            index,
+            retry,
+        };
+        let record = (index < job.len()).then(|| job.tasks[index].clone());
+        let (active, killed) = (job.is_active(), job.killed);
+        match record {
+            Some(r)
+                if active && r.status == TaskStatus::Running && !(retry && r.kill_requested) =>
+            {
+                let attempt = r.attempts - 1;
+                let reply = self.core.api(request, now);
+                let expected = ApiReply::TaskKilled {
+                    job_id,
+                    index,
+                    attempt: Some(attempt),
+                    retry,
+                };
+                assert_eq!(reply, expected);
+                let effects = self.effects();
+                let kills: Vec<_> = kill_tasks(&effects)
+                    .into_iter()
+                    .map(|(to, t, a, _)| (to, t, a))
+                    .collect();
+                let executor = r.executor.unwrap().to_string();
+                let task_id = self.core.jobs[&job_id].first_task + u64::from(index);
+                assert_eq!(kills, [(executor, task_id, attempt)]);
+                assert_eq!(self.core.jobs[&job_id].tasks[index].kill_requested, !retry);
+            }
+            Some(r) if active && r.status == TaskStatus::Pending && !retry => {
+                let reply = self.core.api(request, now);
+                let expected = ApiReply::TaskKilled {
+                    job_id,
+                    index,
+                    attempt: None,
+                    retry,
+                };
+                assert_eq!(reply, expected);
+                self.effects();
+                let job = &self.core.jobs[&job_id];
+                assert_eq!(job.tasks[index].status, TaskStatus::Killed);
+                assert_eq!(job.killed, killed + 1);
+            }
+            _ => {
+                let reply = self.unchanged(|core| core.api(request, now));
+                assert!(matches!(reply, ApiReply::Error { .. }), "{reply:?}");
+            }
+        }
     }
 
     /// Kills a job: each running attempt gets one `KillTask`; an ended job cannot be killed.

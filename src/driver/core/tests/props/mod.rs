@@ -61,6 +61,12 @@ enum Op {
     Kill {
         pick: usize,
     },
+    /// `KillJobTask` for task `index` of a job (past its tasks, sometimes).
+    KillTask {
+        pick: usize,
+        index: usize,
+        retry: bool,
+    },
     Tick,
 }
 
@@ -102,6 +108,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pick, state, sender)| Op::Status { pick, state, sender }),
         2 => any::<usize>().prop_map(|pick| Op::Repeat { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Kill { pick }),
+        2 => (any::<usize>(), any::<usize>(), prop::bool::weighted(0.3))
+            .prop_map(|(pick, index, retry)| Op::KillTask { pick, index, retry }),
         2 => Just(Op::Tick),
     ]
 }
