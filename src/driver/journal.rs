@@ -295,7 +295,7 @@ impl Journal {
         let bytes = tokio::time::timeout(timeout, self.replay_all(core, limit))
             .await
             .map_err(|_| JournalError::ReplayTimeout(timeout))??;
-        Ok((core.resume(), bytes))
+        Ok((core.resume(crate::now_ms()), bytes))
     }
 
     async fn replay_all(&self, core: &mut Core, limit: usize) -> Result<u64, JournalError> {

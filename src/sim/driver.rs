@@ -339,7 +339,7 @@ impl World {
                         .map_err(|e| format!("d{node} could not restore the journal: {e}"))?;
                 }
             }
-            core.resume();
+            core.resume(now);
         }
         let leadership = self.leaderships;
         self.leaderships += 1;

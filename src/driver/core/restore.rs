@@ -130,7 +130,7 @@ impl Core {
 
     /// Ends the replay: the restored jobs that had not ended queue their unfinished tasks, in
     /// submission order; those that had ended count them killed.
-    pub fn resume(&mut self) -> Restored {
+    pub fn resume(&mut self, now: u64) -> Restored {
         let mut restored = Restored {
             jobs: self.jobs.len(),
             // A snapshot whose last part never came: the records before it stand.
@@ -138,9 +138,14 @@ impl Core {
             ..Restored::default()
         };
         self.queue.clear();
+        let mut done = Vec::new();
         for job in self.jobs.values_mut() {
             let waiting = job.tasks.requeue_pending();
-            if job.is_active() {
+            if job.is_active() && job.succeeded + job.killed == job.len() {
+                // Its last task's end was stored but not the job's (a driver that stopped
+                // between two writes): it ends now rather than run on with nothing to run.
+                done.push(job.id);
+            } else if job.is_active() {
                 restored.running_jobs += 1;
                 restored.pending_tasks += u64::from(waiting);
                 if waiting > 0 {
@@ -149,6 +154,9 @@ impl Core {
             } else {
                 job.killed += job.tasks.close();
             }
+        }
+        for job_id in done {
+            self.end_job_if_done(job_id, now);
         }
         restored
     }

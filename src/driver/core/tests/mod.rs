@@ -288,7 +288,7 @@ fn restored_keeping(journal: &[JournalRecord], times: usize, jobs: usize) -> Cor
                 .expect("a record the core wrote replays");
         }
     }
-    core.resume();
+    core.resume(0);
     assert_eq!(core.take_effects(), vec![], "a replay sends nothing");
     core
 }

@@ -30,7 +30,7 @@ fn a_restored_job_runs_its_unfinished_tasks_and_ids_go_on() {
     for record in journal {
         core.replay(record).unwrap();
     }
-    let restored = core.resume();
+    let restored = core.resume(0);
     assert_eq!((restored.jobs, restored.running_jobs), (1, 1));
     assert_eq!(restored.pending_tasks, 3);
     let resumed = summary(&mut core, 1);
@@ -103,7 +103,7 @@ fn a_mixed_tasks_ended_record_applies_the_entries_that_fit_and_names_the_rest() 
         }
     );
     assert!(error.applied_in_part());
-    let restored = core.resume();
+    let restored = core.resume(0);
     let job = summary(&mut core, 1);
     // Task 1 from the journal, task 2 from this record; task 4 after the skipped entries.
     assert_eq!((job.succeeded, job.failed), (2, 1), "{job:?}");
@@ -184,4 +184,33 @@ fn without_a_journal_the_core_emits_no_records() {
     status(&mut core, "e1", vec![finished(1, 0)], 20);
     take_journal(&mut core, &mut journal);
     assert_eq!(journal, vec![]);
+}
+
+#[test]
+fn a_job_whose_last_task_end_was_stored_but_not_its_own_end_ends_on_resume() {
+    let mut core = journaled_core(0);
+    let mut journal = Vec::new();
+    add(&mut core, "e1", 2, 0);
+    submit(&mut core, job(1, 1, 4), 10);
+    status(&mut core, "e1", vec![finished_with(1, 0, json!("one"))], 20);
+    take_journal(&mut core, &mut journal);
+    // The driver stopped after the task's end was stored and before the job's.
+    let job_ended = |r: &JournalRecord| matches!(r, JournalRecord::JobEnded { .. });
+    assert!(journal.iter().any(job_ended), "{journal:?}");
+    journal.retain(|r| !job_ended(r));
+    let mut core = journaled_core(0);
+    for record in journal {
+        core.replay(record).unwrap();
+    }
+    let restored = core.resume(30);
+    assert_eq!((restored.running_jobs, restored.pending_tasks), (0, 0));
+    let ended = summary(&mut core, 1);
+    assert_eq!((ended.state, ended.succeeded), (JobState::Succeeded, 1));
+    assert_eq!(ended.ended_at_ms, Some(30));
+    let mut stored = Vec::new();
+    take_journal(&mut core, &mut stored);
+    assert!(
+        stored.iter().any(job_ended),
+        "its end is stored now: {stored:?}"
+    );
 }

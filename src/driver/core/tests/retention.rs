@@ -141,7 +141,7 @@ fn a_replay_forgets_what_the_driver_forgot() {
     for record in journal {
         restored.replay(record).expect("replays");
     }
-    restored.resume();
+    restored.resume(0);
     assert_eq!(ids(&list_jobs(&mut restored)), [4, 5]);
     assert_eq!(restored.next_job, 6);
     check_invariants(&restored);
