@@ -305,13 +305,19 @@ class Client:
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
         repeated `repeat` times, and returns its `Job`."""
-        return await self._submit(
-            tasks,
-            repeat=repeat,
-            name=name,
-            max_failures=max_failures,
-            cpus_per_task=cpus_per_task,
+        await self._ensure_watch()
+        answer = await self._expect(
+            {
+                "type": "SubmitJob",
+                "name": name or "",
+                "tasks": list(tasks),
+                "repeat": repeat,
+                "max_failures": max_failures,
+                "cpus_per_task": cpus_per_task,
+            },
+            "JobAccepted",
         )
+        return Job(self, answer["job_id"])
 
     async def submit_commands(self, argv, *, tasks=1, timeout=None, env=None, cwd=None, **job):
         """A job of `tasks` runs of one command, as `ember submit --tasks N -- argv...` does;
@@ -382,29 +388,11 @@ class Client:
         answer = await self._expect({"type": "ListExecutors", "limit": 0}, "Executors")
         return int(answer.get("total_cores", 0))
 
-    async def _submit(
-        self,
-        tasks,
-        *,
-        repeat=1,
-        name="",
-        max_failures=DEFAULT_MAX_FAILURES,
-        cpus_per_task=1,
-        python=None,
-    ):
-        await self._ensure_watch()
-        answer = await self._expect(
-            {
-                "type": "SubmitJob",
-                "name": name or "",
-                "tasks": list(tasks),
-                "repeat": repeat,
-                "max_failures": max_failures,
-                "cpus_per_task": cpus_per_task,
-            },
-            "JobAccepted",
-        )
-        return Job(self, answer["job_id"], python=python)
+    async def _submit(self, tasks, *, python, **job):
+        """`submit_job`, for a job of Python functions (`python` is "call" or "map")."""
+        submitted = await self.submit_job(tasks, **job)
+        submitted.python = python
+        return submitted
 
     # --- job ends -----------------------------------------------------------------------------
 
