@@ -38,19 +38,22 @@ pub fn clip(text: &str, max: usize) -> Cow<'_, str> {
         return Cow::Borrowed(text);
     }
     let note = format!(" [cut: {} bytes in all]", text.len());
-    let mut end = max.saturating_sub(note.len());
+    let end = floor_char_boundary(text, max.saturating_sub(note.len()));
+    if end == 0 {
+        // Too small a cap for the note: the start alone.
+        return Cow::Owned(text[..floor_char_boundary(text, max)].to_string());
+    }
+    Cow::Owned(format!("{}{note}", &text[..end]))
+}
+
+/// The largest character boundary of `text` at or before `index` (at most its length), as
+/// `str::floor_char_boundary` does on Rust newer than this crate's minimum.
+fn floor_char_boundary(text: &str, index: usize) -> usize {
+    let mut end = index.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    if end == 0 {
-        // Too small a cap for the note: the start alone.
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        return Cow::Owned(text[..end].to_string());
-    }
-    Cow::Owned(format!("{}{note}", &text[..end]))
+    end
 }
 
 /// [`clip`] for an error text that is owned already: kept as it is when it fits.
