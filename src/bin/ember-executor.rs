@@ -164,16 +164,10 @@ fn default_host_port() -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Clap's own checks of the command line, and a help text for every flag.
     #[test]
-    fn the_command_line_passes_clap_s_checks() {
+    fn the_command_line_passes_clap_s_checks_and_explains_every_flag() {
         use clap::CommandFactory;
-        super::Args::command().debug_assert();
-    }
-
-    #[test]
-    fn every_flag_says_what_it_does() {
-        use clap::CommandFactory;
-        let missing = ember::cli::undocumented(&super::Args::command());
-        assert!(missing.is_empty(), "no help text: {missing:?}");
+        ember::cli::check_command_line(super::Args::command());
     }
 }

@@ -200,18 +200,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    /// Clap's own checks of the command line: the global NATS flags clash with no
-    /// subcommand's own.
+    /// Clap's own checks of the command line, and a help text for every flag.
     #[test]
-    fn the_command_line_passes_clap_s_checks() {
+    fn the_command_line_passes_clap_s_checks_and_explains_every_flag() {
         use clap::CommandFactory;
-        super::Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn every_flag_says_what_it_does() {
-        use clap::CommandFactory;
-        let missing = ember::cli::undocumented(&super::Cli::command());
-        assert!(missing.is_empty(), "no help text: {missing:?}");
+        ember::cli::check_command_line(super::Cli::command());
     }
 }

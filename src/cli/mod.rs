@@ -126,6 +126,14 @@ pub fn format_time(ms: u64) -> String {
     humantime::format_rfc3339_seconds(time).to_string()
 }
 
+/// The checks every binary's tests make of its command line: clap's own (no flag clashes with
+/// another, global ones included), and that `--help` explains every flag and subcommand.
+pub fn check_command_line(command: clap::Command) {
+    let missing = undocumented(&command);
+    command.debug_assert();
+    assert!(missing.is_empty(), "no help text: {missing:?}");
+}
+
 /// What a command line leaves unexplained in `--help`: every flag or argument of `command` and
 /// of its subcommands, at any depth, without a help text, and every subcommand without one, each
 /// as its path (`ember jobs --json`). Clap's own `--help` and `--version` are explained by clap.
