@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{eventually, heard_from_aside, within, TestCluster};
-use ember::protocol::{JobState, SubmitJob, TaskSpec, TaskState};
+use common::{eventually, heard_from_aside, noops, within, TestCluster};
+use ember::protocol::{JobState, TaskState};
 use futures::StreamExt;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -151,19 +151,6 @@ fn refused_registrations() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-fn noop_job(tasks: u32) -> SubmitJob {
-    SubmitJob {
-        name: "after".into(),
-        tasks: vec![TaskSpec::Handler {
-            name: "noop".into(),
-            arg: Value::Null,
-        }],
-        repeat: tasks,
-        max_failures: 1,
-        cpus_per_task: 1,
-    }
-}
-
 /// A file in the temp dir, removed on drop.
 struct TempFile(std::path::PathBuf);
 
@@ -191,7 +178,7 @@ async fn ten_thousand_malformed_messages_change_nothing() {
         (api.executors().await.ok()?.registered_executors == 2).then_some(())
     })
     .await;
-    let first = api.run_job(noop_job(8), |_| {}).await.expect("a first job");
+    let first = api.run_job(noops(8), |_| {}).await.expect("a first job");
     assert_eq!(first.state, JobState::Succeeded);
     let executors_before = api.executors().await.expect("registry");
     let jobs_before = api.jobs().await.expect("jobs");
@@ -307,7 +294,7 @@ async fn ten_thousand_malformed_messages_change_nothing() {
         heard_from_aside(executors_before)
     );
     assert_eq!(api.jobs().await.expect("jobs"), jobs_before);
-    let after = api.run_job(noop_job(8), |_| {}).await.expect("a job after");
+    let after = api.run_job(noops(8), |_| {}).await.expect("a job after");
     assert_eq!((after.state, after.succeeded), (JobState::Succeeded, 8));
     println!("{sent} messages, {} answered requests", expected.len());
 }
@@ -387,7 +374,7 @@ async fn a_ten_million_task_job_costs_the_driver_little_until_its_tasks_run() {
     })
     .await;
     let before = rss_bytes(pid);
-    let job_id = api.submit(noop_job(10_000_000)).await.expect("accepted");
+    let job_id = api.submit(noops(10_000_000)).await.expect("accepted");
     let summary = api.job(job_id).await.expect("the job");
     assert_eq!((summary.tasks, summary.succeeded), (10_000_000, 0));
     let grown = rss_bytes(pid).saturating_sub(before);

@@ -184,20 +184,6 @@ async fn a_restarted_driver_does_not_run_a_task_killed_before_it() {
     );
 }
 
-/// A job of `tasks` no-op tasks.
-fn noops(tasks: u32) -> SubmitJob {
-    SubmitJob {
-        name: "noops".into(),
-        tasks: vec![ember::protocol::TaskSpec::Handler {
-            name: "noop".into(),
-            arg: serde_json::Value::Null,
-        }],
-        repeat: tasks,
-        max_failures: 1,
-        cpus_per_task: 1,
-    }
-}
-
 #[tokio::test]
 async fn the_start_gate_holds_a_job_until_the_second_executor_registers() {
     let cluster = TestCluster::start("start-gate");

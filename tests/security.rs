@@ -8,7 +8,7 @@ mod common;
 
 use async_nats::{Client, ConnectOptions, Event, ServerError, Subscriber};
 use clap::Parser;
-use common::{within, TestCluster};
+use common::{noops, within, TestCluster};
 use ember::cli::creds::{self, User, PLACEHOLDER_PASSWORD};
 use ember::connect::NatsArgs;
 use ember::driver::{self, DriverConfig};
@@ -347,19 +347,6 @@ fn status_as(claimed: &str) -> bytes::Bytes {
     })
 }
 
-fn noop_job(tasks: u32) -> SubmitJob {
-    SubmitJob {
-        name: "probe".into(),
-        tasks: vec![TaskSpec::Handler {
-            name: "noop".into(),
-            arg: serde_json::Value::Null,
-        }],
-        repeat: tasks,
-        max_failures: 1,
-        cpus_per_task: 1,
-    }
-}
-
 #[tokio::test]
 async fn anonymous_clients_and_wrong_passwords_are_refused() {
     let secure = Secure::start_with(
@@ -470,7 +457,7 @@ async fn an_executor_cannot_read_another_inbox_or_a_wildcard_above_its_own() {
     let mut inbox = exec1.subscribe(&format!("{p}.executor.exec-1")).await;
     let listener = secure.watched("listener").await;
     let mut events = listener.subscribe(&format!("{p}.events.>")).await;
-    let job = api.run_job(noop_job(2), |_| {}).await.expect("a job runs");
+    let job = api.run_job(noops(2), |_| {}).await.expect("a job runs");
     assert_eq!(job.state, JobState::Succeeded);
     arrives(&mut events).await;
     let kill = ExecutorMessage::KillTask {
@@ -567,7 +554,7 @@ async fn a_listener_can_only_listen() {
     let _snoop = listener.subscribe("_INBOX.>").await;
     listener.violation("Subscription", "_INBOX.>").await;
     // What it may do, it does: the events of a job arrive.
-    api.submit(noop_job(1)).await.expect("submit");
+    api.submit(noops(1)).await.expect("submit");
     let first = arrives(&mut events).await;
     assert!(first.subject.starts_with(&format!("{p}.events.")));
 }
@@ -728,7 +715,7 @@ async fn the_whole_cluster_runs_a_job_with_least_privilege() {
         (snapshot.registered_executors == 2).then_some(())
     })
     .await;
-    let job = api.run_job(noop_job(20), |_| {}).await.expect("job runs");
+    let job = api.run_job(noops(20), |_| {}).await.expect("job runs");
     assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
     assert!(driver.is_running() && exec1.is_running() && exec2.is_running());
 }
@@ -752,14 +739,14 @@ async fn the_driver_journals_with_least_privilege_and_no_one_else_can_write_the_
     let exec1 = secure.start_executor_with("exec-1", handlers).await;
     let api =
         ember::client::EmberClient::new(secure.login("client").await, secure.subjects().clone());
-    let job = api.run_job(noop_job(20), |_| {}).await.expect("job runs");
+    let job = api.run_job(noops(20), |_| {}).await.expect("job runs");
     assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
     let large = SubmitJob {
         tasks: vec![TaskSpec::Handler {
             name: "big".into(),
             arg: serde_json::Value::Null,
         }],
-        ..noop_job(1)
+        ..noops(1)
     };
     let job = api.run_job(large, |_| {}).await.expect("job runs");
     let results = api.results(job.job_id).await.expect("results");
@@ -851,7 +838,7 @@ async fn a_listener_reads_the_event_history_and_cannot_delete_or_write_it() {
     let _exec1 = secure.start_executor("exec-1").await;
     let api =
         ember::client::EmberClient::new(secure.login("client").await, secure.subjects().clone());
-    let job = api.run_job(noop_job(5), |_| {}).await.expect("job runs");
+    let job = api.run_job(noops(5), |_| {}).await.expect("job runs");
     let mut listener = secure.watched("listener").await;
     // The history, from its start, read under the listener's rights: the job's end is there.
     let mut reader = ember::history::Reader::open(

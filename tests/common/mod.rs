@@ -316,6 +316,20 @@ impl<T> Drop for Running<T> {
     }
 }
 
+/// `tasks` tasks of the built-in `noop` handler, failing the job at their first failure.
+pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
+    ember::protocol::SubmitJob {
+        name: "noops".into(),
+        tasks: vec![ember::protocol::TaskSpec::Handler {
+            name: "noop".into(),
+            arg: serde_json::Value::Null,
+        }],
+        repeat: tasks,
+        max_failures: 1,
+        cpus_per_task: 1,
+    }
+}
+
 /// `tasks` tasks of the built-in `sleep` handler, `ms` each.
 pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
     ember::protocol::SubmitJob {
