@@ -1215,7 +1215,9 @@ async fn losing_the_leaders_node_of_a_three_node_jetstream_cluster_loses_nothing
     .await;
     let killed_at = Instant::now();
     drop(doomed);
-    let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+    // On a loaded machine the raft elections after losing a node can outlast a client's
+    // failover patience; what this test judges is that nothing is lost, so it waits longer.
+    let summary = wait_end(&api, job_id).await;
     assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
     let results = api.results(job_id).await.unwrap();
     assert_eq!(results.len(), 40);
