@@ -335,6 +335,38 @@ async fn a_kill_reaches_the_worker() {
 }
 
 #[tokio::test]
+async fn a_stopped_worker_gets_sigterm_first_so_what_it_runs_may_clean_up() {
+    if !have_python() {
+        return;
+    }
+    let setup = cluster("py-grace", 1, workers(1)).await;
+    let api = &setup.api;
+    let file = pid_file("grace");
+    let cleaned = file.with_extension("cleaned");
+    // A shell that, told to stop, leaves a file behind: only SIGTERM lets it.
+    let script = format!(
+        "trap 'echo cleaned > {1}; exit 0' TERM; echo $$ > {0}.tmp && mv {0}.tmp {0}; \
+         while true; do sleep 0.1; done",
+        file.display(),
+        cleaned.display()
+    );
+    let task = call("os.system", &format!("(({script:?},), {{}})"), Some(1500));
+    let job_id = api.submit(job(vec![task])).await.unwrap();
+    let shell = shell_of(&file).await;
+    let summary = ended(api, job_id).await;
+    assert_eq!(summary.state, JobState::Failed);
+    eventually(LIMIT, "the shell's clean-up on SIGTERM", || async {
+        std::fs::read_to_string(&cleaned)
+            .ok()
+            .filter(|text| text.trim() == "cleaned")
+    })
+    .await;
+    assert_gone(shell).await;
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&cleaned);
+}
+
+#[tokio::test]
 async fn no_python_refuses_python_tasks_and_a_missing_interpreter_is_named() {
     if !have_python() {
         return;

@@ -114,8 +114,9 @@ fn failure(waited: &std::io::Result<ExitStatus>, stderr: &str) -> Option<String>
     }
 }
 
-/// A command's process group, led by the command itself.
-struct Group(Pid);
+/// A process group, led by the process started in it (a command, or a python worker): when
+/// dropped, SIGTERM to all of it, and SIGKILL [`KILL_GRACE`] later to what is left.
+pub(super) struct Group(pub(super) Pid);
 
 impl Group {
     /// Sends `signal` to the whole group; false if none of it is left.

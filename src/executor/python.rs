@@ -6,11 +6,12 @@
 //!
 //! Workers start on the first python task and are kept, at most one per slot of the pool. A
 //! worker that dies, hangs past the task's timeout, breaks the framing or whose task is killed
-//! is stopped (SIGKILL to its process group, so what it started ends too) and fails only that
-//! task; the next task starts a new one in its place.
+//! is stopped (SIGTERM to its process group, so what it started ends too, and SIGKILL
+//! [`KILL_GRACE`](super::command::KILL_GRACE) later to what is left, as for commands) and fails
+//! only that task; the next task starts a new one in its place.
 
+use super::command::Group;
 use super::tasks::{TaskContext, TaskResult};
-use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use std::process::Stdio;
@@ -186,7 +187,7 @@ struct Worker {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    group: Option<Pid>,
+    group: Option<Group>,
 }
 
 impl Worker {
@@ -200,14 +201,16 @@ impl Worker {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .process_group(0)
-            .kill_on_drop(true);
+            // Its group is stopped with a grace period when the worker is dropped; killing the
+            // leader at once would cut the grace short.
+            .kill_on_drop(false);
         let mut child = command
             .spawn()
             .map_err(|e| format!("could not start the python interpreter {interpreter:?}: {e}"))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err("the python worker's pipes were not set up".into());
         };
-        let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+        let group = child.id().map(|pid| Group(Pid::from_raw(pid as i32)));
         let mut worker = Worker {
             child,
             stdin,
@@ -276,11 +279,13 @@ impl Worker {
         ended
     }
 
+    /// SIGTERM to the worker's group, and SIGKILL to what is left of it after the grace
+    /// period; the worker alone at once if it has no group.
     fn kill(&mut self) {
-        if let Some(group) = self.group.take() {
-            let _ = killpg(group, Signal::SIGKILL);
+        match self.group.take() {
+            Some(group) => drop(group),
+            None => drop(self.child.start_kill()),
         }
-        let _ = self.child.start_kill();
     }
 }
 
