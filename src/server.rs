@@ -112,11 +112,29 @@ impl NatsServer {
     /// Starts nats-server on a free loopback port with JetStream on, in a fresh temporary
     /// store of its own (so that servers never share state), removed when it is dropped.
     pub fn start_with_jetstream(extra: &[&str]) -> Result<Self, ServerError> {
+        Self::start_with_store(extra, false)
+    }
+
+    /// As [`NatsServer::start_with_jetstream`], with `sync_interval: always`: the server
+    /// syncs every JetStream write to disk before it acknowledges it.
+    pub fn start_with_synced_jetstream(extra: &[&str]) -> Result<Self, ServerError> {
+        Self::start_with_store(extra, true)
+    }
+
+    fn start_with_store(extra: &[&str], sync_always: bool) -> Result<Self, ServerError> {
         let store =
             std::env::temp_dir().join(format!("ember-jetstream-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&store).map_err(ServerError::Store)?;
         let store_arg = store.display().to_string();
+        // The command line has no flag for it: a configuration file in the store does it.
+        let config = store.join("sync.conf");
+        let config_arg = config.display().to_string();
         let mut args = vec!["-js", "-sd", &store_arg];
+        if sync_always {
+            std::fs::write(&config, "jetstream { sync_interval: always }\n")
+                .map_err(ServerError::Store)?;
+            args.extend(["-c", &config_arg]);
+        }
         args.extend_from_slice(extra);
         let mut server = Self::start_on(free_port()?, &args);
         match &mut server {

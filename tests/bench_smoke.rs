@@ -94,3 +94,47 @@ fn ember_bench_refuses_an_empty_workload_before_it_starts_anything() {
         );
     }
 }
+
+/// `ember bench --sync-always`'s servers really sync every write: the server says so on its
+/// monitoring port.
+#[test]
+fn a_synced_jetstream_server_syncs_every_write() {
+    use std::io::{Read, Write};
+    let monitor = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let port = monitor.to_string();
+    let jetstream = |synced: bool| {
+        let server = match synced {
+            true => ember::server::NatsServer::start_with_synced_jetstream(&["-m", &port]),
+            false => ember::server::NatsServer::start_with_jetstream(&["-m", &port]),
+        }
+        .expect("a nats-server with JetStream");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let varz: serde_json::Value = loop {
+            let answer = std::net::TcpStream::connect(("127.0.0.1", monitor)).and_then(|mut s| {
+                s.write_all(b"GET /varz HTTP/1.0\r\n\r\n")?;
+                let mut text = String::new();
+                s.read_to_string(&mut text)?;
+                Ok(text)
+            });
+            let body = answer.ok().and_then(|text| {
+                let body = text.split_once("\r\n\r\n")?.1.to_string();
+                serde_json::from_str(&body).ok()
+            });
+            match body {
+                Some(varz) => break varz,
+                None if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                None => panic!("the server's /varz did not answer"),
+            }
+        };
+        drop(server);
+        varz["jetstream"]["config"]["sync_always"].as_bool()
+    };
+    assert_eq!(jetstream(true), Some(true));
+    assert_ne!(jetstream(false), Some(true));
+}

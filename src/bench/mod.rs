@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// the workloads again with `--journal off` beside it; `off` runs them without only.
     #[arg(long, value_enum, default_value_t = Journal::On)]
     pub journal: Journal,
+    /// Run the journaled workloads on servers that sync every JetStream write to disk before
+    /// acknowledging it (`sync_interval: always`, the durable choice nats.conf offers), to
+    /// measure what that costs; by default JetStream syncs every 2 minutes.
+    #[arg(long)]
+    pub sync_always: bool,
     /// Small sizes everywhere: a smoke test of the benchmark itself, not a measurement.
     #[arg(long)]
     pub quick: bool,
@@ -132,6 +137,9 @@ pub struct Report {
     /// Whether `throughput` and `latency` ran with the driver's journal on.
     #[serde(default)]
     pub journal: bool,
+    /// Whether the journaled servers synced every write to disk (`--sync-always`).
+    #[serde(default)]
+    pub sync_always: bool,
     pub register: Option<Register>,
     pub throughput: Vec<Throughput>,
     pub latency: Option<Percentiles>,
@@ -373,7 +381,11 @@ fn print_table(report: &Report) {
                 t.tasks,
                 t.executors,
                 cores(t.cores),
-                if report.journal { ", journal on" } else { "" }
+                match (report.journal, report.sync_always) {
+                    (true, true) => ", journal on, sync always",
+                    (true, false) => ", journal on",
+                    (false, _) => "",
+                }
             ),
             format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
             // An executor waits for one answer at a time: the bare loop at as many cores.

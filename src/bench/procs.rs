@@ -5,7 +5,7 @@ use crate::server::NatsServer;
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// A benchmark cluster: its processes are killed when it is dropped.
 pub struct Cluster {
@@ -20,6 +20,15 @@ pub struct Cluster {
 /// Slow-consumer events in this run, of every process and connection of the benchmark's: a
 /// driver's or executor's log line, or the event on one of the benchmark's own connections.
 static SLOW_CONSUMERS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the journaled servers sync every JetStream write to disk (`ember bench
+/// --sync-always`).
+static SYNC_ALWAYS: AtomicBool = AtomicBool::new(false);
+
+/// Makes every journaled server of this run sync each JetStream write to disk, or not.
+pub fn set_sync_always(on: bool) {
+    SYNC_ALWAYS.store(on, Relaxed);
+}
 
 /// Counts one slow-consumer event: NATS dropped messages for a subscriber that fell behind.
 pub fn count_slow_consumer() {
@@ -50,6 +59,7 @@ impl Cluster {
     /// As [`Cluster::start`], the driver started with `driver_args` too.
     pub fn start_with(name: &str, journal: bool, driver_args: &[&str]) -> anyhow::Result<Self> {
         let server = match journal {
+            true if SYNC_ALWAYS.load(Relaxed) => NatsServer::start_with_synced_jetstream(&[])?,
             true => NatsServer::start_with_jetstream(&[])?,
             false => NatsServer::start(&[])?,
         };

@@ -46,6 +46,8 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
 
     let mut memory = Memory::default_zero();
     report.journal = args.journal == super::Journal::On;
+    report.sync_always = args.sync_always;
+    super::procs::set_sync_always(args.sync_always);
     let (throughput, latency) = loop_and_latency(args, report.journal, &mut memory).await?;
     (report.throughput, report.latency) = (throughput, latency);
     if report.journal {
