@@ -12,7 +12,7 @@ use common::{noops, within, TestCluster};
 use ember::cli::creds::{self, User, PLACEHOLDER_PASSWORD};
 use ember::connect::NatsArgs;
 use ember::driver::{self, DriverConfig};
-use ember::executor::{self, Handlers};
+use ember::executor::{self, ExecutorConfig, Handlers};
 use ember::ids::ExecutorId;
 use ember::protocol::{
     encode, ApiRequest, Event as EmberEvent, ExecutorMessage, HeartbeatRequest, JobState,
@@ -23,6 +23,7 @@ use ember::subjects::Subjects;
 use futures::StreamExt;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
@@ -59,10 +60,12 @@ impl Drop for TempFile {
 }
 
 /// A nats-server running `ember creds`' config for executors exec-1 and exec-2 (plus extra
-/// config text), on a cluster name of its own.
+/// config text), on a cluster name of its own; or one of several clusters on one server.
 struct Secure {
-    cluster: TestCluster,
-    _config: TempFile,
+    cluster: Arc<TestCluster>,
+    name: String,
+    subjects: Subjects,
+    _config: Option<TempFile>,
 }
 
 impl Secure {
@@ -74,23 +77,46 @@ impl Secure {
         let cluster = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let subjects = Subjects::new(&cluster).expect("valid cluster");
         let ids = [id("exec-1"), id("exec-2")];
-        let mut users = creds::users(&ids, password);
+        let mut users = creds::users(&cluster, &ids, password);
         edit(&mut users);
         let text = format!("{}{extra}", creds::server_config(&subjects, &users));
         let config = TempFile::new("nats.conf", &text);
         let server = NatsServer::start(&["-c", config.path()]).expect("start nats-server");
+        Self::on(server, &cluster, Some(config))
+    }
+
+    /// Cluster `name` on `server`, whose config holds its users.
+    fn on(server: NatsServer, name: &str, config: Option<TempFile>) -> Self {
+        let subjects = Subjects::new(name).expect("valid cluster");
         Self {
-            cluster: TestCluster {
+            cluster: Arc::new(TestCluster {
                 server,
-                subjects,
-                cluster,
-            },
+                subjects: subjects.clone(),
+                cluster: name.to_string(),
+            }),
+            name: name.to_string(),
+            subjects,
             _config: config,
         }
     }
 
+    /// Cluster `name` on the server of `other`, whose config holds it too.
+    fn beside(other: &Secure, name: &str) -> Self {
+        Self {
+            cluster: Arc::clone(&other.cluster),
+            name: name.to_string(),
+            subjects: Subjects::new(name).expect("valid cluster"),
+            _config: None,
+        }
+    }
+
     fn subjects(&self) -> &Subjects {
-        &self.cluster.subjects
+        &self.subjects
+    }
+
+    /// The NATS user of `name` (a role or an executor id) in this cluster.
+    fn user(&self, name: &str) -> String {
+        creds::user_name(&self.name, name)
     }
 
     /// The shared flags, parsed as a binary would parse them.
@@ -101,45 +127,42 @@ impl Secure {
             nats: NatsArgs,
         }
         let url = self.cluster.url();
-        let mut argv = vec![
-            "test",
-            "--nats-url",
-            &url,
-            "--cluster",
-            &self.cluster.cluster,
-        ];
+        let mut argv = vec!["test", "--nats-url", &url, "--cluster", &self.name];
         argv.extend(extra);
         Flags::try_parse_from(argv).map(|f| f.nats)
     }
 
-    /// Connects through `NatsArgs` as `user`, executors with their own inbox prefix.
-    async fn login(&self, user: &str) -> Client {
-        let pw = password(user);
-        let prefix = user
+    /// Connects through `NatsArgs` as the user of `name` (a role or an executor id),
+    /// executors with their own inbox prefix.
+    async fn login(&self, name: &str) -> Client {
+        let user = self.user(name);
+        let pw = password(&user);
+        let prefix = name
             .starts_with("exec-")
-            .then(|| Subjects::executor_reply_prefix(&id(user)));
-        self.flags(&["--user", user, "--password", &pw])
+            .then(|| Subjects::executor_reply_prefix(&id(name)));
+        self.flags(&["--user", &user, "--password", &pw])
             .expect("flags parse")
-            .connect(user, prefix)
+            .connect(name, prefix)
             .await
             .expect("login")
     }
 
-    /// A raw connection as `user` whose server errors are collected.
-    async fn watched(&self, user: &str) -> Watched {
+    /// A raw connection as the user of `name` whose server errors are collected.
+    async fn watched(&self, name: &str) -> Watched {
+        let user = self.user(name);
         let (tx, events) = mpsc::unbounded_channel();
         let mut options = ConnectOptions::new()
-            .user_and_password(user.into(), password(user))
+            .user_and_password(user.clone(), password(&user))
             .event_callback(move |event| {
                 let tx = tx.clone();
                 async move {
                     let _ = tx.send(event);
                 }
             });
-        if user.starts_with("exec-") {
-            options = options.custom_inbox_prefix(Subjects::executor_reply_prefix(&id(user)));
+        if name.starts_with("exec-") {
+            options = options.custom_inbox_prefix(Subjects::executor_reply_prefix(&id(name)));
         }
-        if user == "listener" {
+        if name == "listener" {
             options = options.custom_inbox_prefix(Subjects::LISTENER_INBOX);
         }
         let client = options.connect(self.cluster.url()).await.expect("connect");
@@ -172,7 +195,10 @@ impl Secure {
 
     async fn start_executor_with(&self, name: &str, handlers: Handlers) -> Stoppable {
         let client = self.login(name).await;
-        let config = self.cluster.executor_config(name, 2);
+        let config = ExecutorConfig {
+            subjects: self.subjects.clone(),
+            ..self.cluster.executor_config(name, 2)
+        };
         Stoppable::spawn(|stop| async move {
             let _ = executor::run(client, config, handlers, stop).await;
         })
@@ -221,6 +247,17 @@ impl Stoppable {
 
     fn is_running(&self) -> bool {
         !self.handle.is_finished()
+    }
+
+    /// Tells it to stop and waits until it has: a driver so stopped has closed its NATS
+    /// service, which would otherwise go on answering discovery requests.
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        within(Duration::from_secs(10), &mut self.handle)
+            .await
+            .expect("it stops");
     }
 }
 
@@ -359,16 +396,20 @@ async fn anonymous_clients_and_wrong_passwords_are_refused() {
         ConnectOptions::new().connect(&url).await.is_err(),
         "anonymous"
     );
+    let user = |name: &str| secure.user(name);
     for (user, pw) in [
-        ("exec-2", "wrong"),
-        ("exec-2", ""),
-        ("driver", &password("exec-2")),
-        ("nobody", &password("exec-2")),
-        ("exec-1", PLACEHOLDER_PASSWORD),
-        ("exec-1", &password("exec-1")),
+        (user("exec-2"), "wrong".to_string()),
+        (user("exec-2"), String::new()),
+        (user("driver"), password(&user("exec-2"))),
+        (user("nobody"), password(&user("exec-2"))),
+        (user("exec-1"), PLACEHOLDER_PASSWORD.to_string()),
+        (user("exec-1"), password(&user("exec-1"))),
+        // The role's name alone is no user: every name carries the cluster.
+        ("exec-2".to_string(), password(&user("exec-2"))),
+        ("exec-2".to_string(), password("exec-2")),
     ] {
         let result = ConnectOptions::new()
-            .user_and_password(user.into(), pw.into())
+            .user_and_password(user.clone(), pw.clone())
             .connect(&url)
             .await;
         assert!(result.is_err(), "{user} with {pw:?} got in");
@@ -377,7 +418,9 @@ async fn anonymous_clients_and_wrong_passwords_are_refused() {
     // the right password for a user that has one gets in.
     secure.login("exec-2").await;
     // A user without a password is a mistake, not anonymous access.
-    let flags = secure.flags(&["--user", "driver"]).expect("flags parse");
+    let flags = secure
+        .flags(&["--user", &secure.user("driver")])
+        .expect("flags parse");
     assert!(flags.connect("test", None).await.is_err());
 }
 
@@ -903,10 +946,11 @@ async fn the_shipped_example_is_what_ember_creds_writes_and_lets_nobody_in() {
         "regenerate with: ember creds --executors 2 --placeholder --full > nats-secure.conf"
     );
     let server = NatsServer::start(&["-c", path]).expect("nats-secure.conf starts");
-    for user in ["driver", "exec-1", "client", "listener"] {
+    for name in ["driver", "exec-1", "client", "listener"] {
+        let user = creds::user_name(ember::DEFAULT_CLUSTER, name);
         for pw in [PLACEHOLDER_PASSWORD, "", "password"] {
             let result = ConnectOptions::new()
-                .user_and_password(user.into(), pw.into())
+                .user_and_password(user.clone(), pw.into())
                 .connect(server.url())
                 .await;
             assert!(result.is_err(), "{user} got in with {pw:?}");
@@ -1014,10 +1058,11 @@ async fn tls_flags_connect_to_a_server_that_verifies_clients() {
 #[tokio::test]
 async fn the_binaries_log_in_from_the_environment() {
     let secure = Secure::start("binaries");
-    let as_user = |mut command: tokio::process::Command, user: &str| {
+    let as_user = |mut command: tokio::process::Command, name: &str| {
+        let user = secure.user(name);
         command
-            .env("EMBER_USER", user)
-            .env("EMBER_PASSWORD", password(user))
+            .env("EMBER_USER", &user)
+            .env("EMBER_PASSWORD", password(&user))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         command
@@ -1093,4 +1138,196 @@ async fn a_client_finds_the_driver_by_its_nats_service_and_a_listener_may_not_as
     let subject = "$SRV.PING.ember-driver".to_string();
     listener.send(subject.clone(), bytes::Bytes::new()).await;
     listener.violation("Publish", &subject).await;
+}
+
+/// Two clusters' `ember creds` output in one server config (an `accounts` block that includes
+/// both files): both run jobs at the same time, each journaling in JetStream in its own
+/// account, and no user of one can read or publish into the other's subjects or inboxes.
+#[tokio::test]
+async fn two_clusters_share_one_server_and_see_nothing_of_each_other() {
+    let dir = TempDir(std::env::temp_dir().join(format!("ember-two-{}", uuid::Uuid::new_v4())));
+    std::fs::create_dir_all(&dir.0).expect("temp dir");
+    let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let names = [format!("a-{tag}"), format!("b-{tag}")];
+    for name in &names {
+        // `ember creds` keeps the passwords a password file already holds: these are the
+        // ones the test logs in with.
+        let file = dir.0.join(format!("{name}.passwords"));
+        let lines: String = ["driver", "exec-1", "exec-2", "client", "listener"]
+            .iter()
+            .map(|role| creds::user_name(name, role))
+            .map(|user| format!("{user} {}\n", password(&user)))
+            .collect();
+        std::fs::write(&file, lines).expect("password file");
+        let args = creds::CredsArgs {
+            executors: 2,
+            executor_ids: vec![],
+            password_file: Some(file),
+            random: false,
+            placeholder: false,
+            full: false,
+        };
+        let text = creds::creds(&args, name).expect("creds");
+        std::fs::write(dir.0.join(format!("{name}.conf")), text).expect("account file");
+    }
+    let config = dir.0.join("server.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "jetstream {{ store_dir: {:?} }}\naccounts {{\n  include {}.conf\n  include {}.conf\n}}\n",
+            dir.0.join("js").display().to_string(),
+            names[0],
+            names[1]
+        ),
+    )
+    .expect("server config");
+    let server = NatsServer::start(&["-c", config.to_str().expect("utf-8 path")])
+        .expect("one server for both clusters");
+    let a = Secure::on(server, &names[0], None);
+    let b = Secure::beside(&a, &names[1]);
+
+    // Both clusters at work at once, each with its journal in JetStream.
+    let mut running = Vec::new();
+    let mut apis = Vec::new();
+    for secure in [&a, &b] {
+        let driver = secure
+            .start_driver_with(ember::driver::JournalMode::On)
+            .await;
+        let exec1 = secure.start_executor("exec-1").await;
+        let api = ember::client::EmberClient::new(
+            secure.login("client").await,
+            secure.subjects().clone(),
+        );
+        common::eventually(Duration::from_secs(20), "exec-1 registered", || async {
+            (api.executors().await.ok()?.registered_executors == 1).then_some(())
+        })
+        .await;
+        running.push(Some((driver, exec1)));
+        apis.push(api);
+    }
+    let (job_a, job_b) = tokio::join!(
+        apis[0].run_job(noops(40), |_| {}),
+        apis[1].run_job(noops(40), |_| {})
+    );
+    for job in [job_a, job_b] {
+        let job = job.expect("a job runs");
+        assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 40));
+    }
+
+    // a stands still while b works: a's users hear nothing of it.
+    stop(running[0].take()).await;
+    hears_nothing_of(&a, &b, &apis[1]).await;
+    // And the other way round (a's driver back, without a journal this time, so without
+    // epochs: a new client, since the one above has seen epoch 1).
+    let driver = a.start_driver_with(ember::driver::JournalMode::Off).await;
+    let exec1 = a.start_executor("exec-1").await;
+    apis[0] = ember::client::EmberClient::new(a.login("client").await, a.subjects().clone());
+    common::eventually(
+        Duration::from_secs(20),
+        "exec-1 registered again",
+        || async { (apis[0].executors().await.ok()?.registered_executors == 1).then_some(()) },
+    )
+    .await;
+    running[0] = Some((driver, exec1));
+    stop(running[1].take()).await;
+    hears_nothing_of(&b, &a, &apis[0]).await;
+}
+
+/// Stops a cluster's driver and executor, the executor first.
+async fn stop(running: Option<(Stoppable, Stoppable)>) {
+    let (driver, executor) = running.expect("it runs");
+    executor.stop().await;
+    driver.stop().await;
+}
+
+/// While cluster `busy` runs a job and is pinged for its drivers, every user of `quiet` (whose
+/// driver and executors are stopped) hears nothing on all it may subscribe to, is refused
+/// every subject of `busy`, and what it may publish on a subject `busy` also uses (a NATS
+/// service ping) does not reach `busy`.
+async fn hears_nothing_of(quiet: &Secure, busy: &Secure, busy_api: &ember::client::EmberClient) {
+    // What the stopped processes had in flight is delivered before anyone listens.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let q = quiet.subjects().prefix().to_string();
+    let b = busy.subjects().prefix().to_string();
+    // busy's own driver user, to show what an ear in its account hears.
+    let busy_driver = busy.watched("driver").await;
+    let mut busy_inboxes = busy_driver.subscribe("_INBOX.>").await;
+    let mut busy_pings = busy_driver.subscribe("$SRV.>").await;
+    // A ping quiet's client may send: `$SRV.PING.ember-driver` is busy's subject too.
+    let quiet_client = quiet.watched("client").await;
+    quiet_client
+        .send("$SRV.PING.ember-driver".into(), bytes::Bytes::new())
+        .await;
+    silent(&mut busy_pings, "quiet's ping in busy's account").await;
+    let mut ears = Vec::new();
+    let mut connections = Vec::new();
+    for (role, allowed) in [
+        (
+            "driver",
+            vec![
+                format!("{q}.driver.>"),
+                "_INBOX.>".to_string(),
+                "$SRV.>".into(),
+            ],
+        ),
+        (
+            "client",
+            vec!["_INBOX.>".to_string(), format!("{q}.events.>")],
+        ),
+        (
+            "listener",
+            vec![
+                format!("{q}.events.>"),
+                format!("{}.>", Subjects::LISTENER_INBOX),
+            ],
+        ),
+        (
+            "exec-1",
+            vec![
+                format!("{q}.executor.exec-1"),
+                "_INBOX.exec-1.>".to_string(),
+            ],
+        ),
+    ] {
+        let mut watched = quiet.watched(role).await;
+        for subject in allowed {
+            let sub = watched.subscribe(&subject).await;
+            ears.push((format!("{} on {subject}", quiet.user(role)), sub));
+        }
+        for subject in [
+            format!("{b}.>"),
+            format!("{b}.executor.exec-1"),
+            format!("{b}.events.>"),
+        ] {
+            let _refused = watched.subscribe(&subject).await;
+            watched.violation("Subscription", &subject).await;
+        }
+        for subject in [
+            format!("{b}.driver.api"),
+            format!("{b}.executor.exec-1"),
+            format!("{b}.driver.register.exec-1"),
+        ] {
+            watched.send(subject.clone(), "{}".into()).await;
+            watched.violation("Publish", &subject).await;
+        }
+        connections.push(watched);
+    }
+    let busy_client = busy.watched("client").await;
+    busy_client
+        .send("$SRV.PING.ember-driver".into(), bytes::Bytes::new())
+        .await;
+    assert_eq!(
+        arrives(&mut busy_pings).await.subject.as_str(),
+        "$SRV.PING.ember-driver"
+    );
+    let job = busy_api
+        .run_job(noops(20), |_| {})
+        .await
+        .expect("a job runs");
+    assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
+    // The replies busy's users got (the ping's, the api's) pass through its inboxes.
+    arrives(&mut busy_inboxes).await;
+    for (what, mut ear) in ears {
+        silent(&mut ear, &what).await;
+    }
 }

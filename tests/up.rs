@@ -258,7 +258,7 @@ fn secure_files(tmp: &TempDir, cluster: &str) -> (PathBuf, PathBuf) {
         ember::ids::ExecutorId::parse("exec-1").unwrap(),
         ember::ids::ExecutorId::parse("exec-2").unwrap(),
     ];
-    let users = creds::users(&ids, |user| {
+    let users = creds::users(cluster, &ids, |user| {
         format!("pw-{user}-{}", uuid::Uuid::new_v4().simple())
     });
     let config = tmp.path().join("secure.conf");
@@ -309,8 +309,9 @@ async fn up_with_a_password_file_runs_a_job_on_a_locked_down_server() {
             "1",
         ],
     );
-    let client = password_of(&passwords, "client");
-    let api = up.client(Some(("client", &client)), 2).await;
+    let user = ember::cli::creds::user_name(&name, "client");
+    let client = password_of(&passwords, &user);
+    let api = up.client(Some((&user, &client)), 2).await;
     run_job(&api, 10).await;
     // Nobody gets in without a password: the children did log in as their own users.
     assert!(

@@ -101,9 +101,10 @@ def handler_task(name, arg=None):
     return {"kind": "handler", "name": str(name), "arg": arg}
 
 
-def _read_creds(creds, user):
+def _read_creds(creds, user, cluster):
     """Connection options for `creds`: a NATS JWT credentials file, a (user, password) pair,
-    or a password file that `ember creds --password-file` wrote (the line of `user`)."""
+    or a password file that `ember creds --password-file` wrote (the line of `user`, by
+    default `<cluster>.client`)."""
     if isinstance(creds, (tuple, list)):
         if len(creds) != 2:
             raise ValueError("creds as a pair is (user, password)")
@@ -116,7 +117,7 @@ def _read_creds(creds, user):
         raise EmberError(f"could not read the credentials file {path}: {error}") from None
     if "BEGIN NATS USER JWT" in text:
         return {"user_credentials": path}
-    user = user or "client"
+    user = user or f"{cluster}.client"
     for line in text.splitlines():
         if line.lstrip().startswith("#"):
             continue
@@ -161,15 +162,15 @@ class Client:
     ):
         """Connects to the NATS server at `url` (a string or a list of them) for cluster
         `cluster`. `creds` is a NATS JWT credentials file, a `(user, password)` pair, or a
-        password file written by `ember creds --password-file` (its `client` line, or the
-        line of `user`). Other keyword arguments go to `nats.connect`."""
+        password file written by `ember creds --password-file` (its `<cluster>.client` line,
+        or the line of `user`). Other keyword arguments go to `nats.connect`."""
         if not _CLUSTER_NAME.match(cluster or ""):
             raise ValueError(
                 f"cluster name {cluster!r} must be 1 to 64 of A-Z, a-z, 0-9, '_' and '-'"
             )
         auth = {}
         if creds is not None:
-            auth = _read_creds(creds, user)
+            auth = _read_creds(creds, user, cluster)
         elif user is not None:
             auth = {"user": user, "password": password or ""}
         if token is not None:

@@ -29,19 +29,23 @@ def test_credentials_from_ember_creds(tmp_path):
     cluster = Cluster(config)
     cluster.name = name
     try:
-        cluster.driver("--journal", "off", auth=("driver", users["driver"].strip()))
-        cluster.executor("exec-1", auth=("exec-1", users["exec-1"].strip()))
+        # Every user name carries the cluster's.
+        assert sorted(users) == sorted(f"{name}.{role}" for role in
+                                       ("driver", "exec-1", "client", "listener"))
+        driver, executor, client_user = (f"{name}.{role}" for role in ("driver", "exec-1", "client"))
+        cluster.driver("--journal", "off", auth=(driver, users[driver].strip()))
+        cluster.executor("exec-1", auth=(executor, users[executor].strip()))
         cluster.wait_for_executors(1, auth=str(passwords))
         with ember.connect(cluster.url, cluster=name, creds=str(passwords)) as client:
             assert client.map(square, range(6)).results() == [0, 1, 4, 9, 16, 25]
             assert client.submit(square, 4).result() == 16
-        with ember.connect(cluster.url, cluster=name, creds=("client", users["client"].strip())) as client:
-            assert client.submit(square, 5).result() == 25
+        with ember.connect(cluster.url, cluster=name, creds=(client_user, users[client_user].strip())) as api:
+            assert api.submit(square, 5).result() == 25
         # The server refuses the password; nats-py reads either its -ERR or the reset that
         # follows it first.
         with pytest.raises(ember.EmberError,
                            match="could not connect.*([Aa]uthorization|reset by peer)"):
-            ember.connect(cluster.url, cluster=name, creds=("client", "wrong"),
+            ember.connect(cluster.url, cluster=name, creds=(client_user, "wrong"),
                           connect_timeout=1)
     finally:
         cluster.stop()

@@ -84,8 +84,9 @@ enum Command {
     },
     /// Decommission every executor of the cluster.
     Shutdown,
-    /// Print the users block of a locked-down nats-server (see nats-secure.conf and
-    /// docs/security.md): a driver, a client, a listener and one user per executor.
+    /// Print the NATS account of a locked-down cluster (see nats-secure.conf and
+    /// docs/security.md): a driver, a client, a listener and one user per executor, each named
+    /// `<cluster>.<role or id>`; several clusters' accounts share one server.
     Creds(CredsArgs),
     /// Run the standard workloads against a cluster of its own, beside the broker alone.
     Bench(BenchArgs),

@@ -1,6 +1,11 @@
 //! `ember creds`: the users of a locked-down nats-server, one per role and one per executor,
 //! each with the permissions of its role (see docs/security.md).
 //!
+//! A cluster's users are one NATS account of their own, `EMBER_<cluster>`, and their names
+//! carry the cluster (`<cluster>.driver`), so several clusters' accounts go into one server
+//! config: nothing one account publishes reaches another account's subscribers, inboxes
+//! included, and no user name is used twice.
+//!
 //! The permissions bind an executor's credentials to its id: it may publish only subjects that
 //! end in its id and subscribe only its own inbox subjects, so it cannot register, heartbeat or
 //! report status as another executor, nor read what the driver sends another. What NATS cannot
@@ -12,10 +17,22 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// The user names of the roles that are not executors.
+/// The names of the roles that are not executors; a user's name is [`user_name`] of one of
+/// these (or of an executor id) and the cluster.
 pub const DRIVER_USER: &str = "driver";
 pub const CLIENT_USER: &str = "client";
 pub const LISTENER_USER: &str = "listener";
+
+/// The NATS user of `name` (a role's or an executor id) in `cluster`: `<cluster>.<name>`.
+/// Neither a cluster name nor an executor id holds a `.`, so no two clusters share a user name.
+pub fn user_name(cluster: &str, name: &str) -> String {
+    format!("{cluster}.{name}")
+}
+
+/// The NATS account that holds `cluster`'s users.
+pub fn account_name(cluster: &str) -> String {
+    format!("EMBER_{cluster}")
+}
 
 /// A bcrypt-shaped password no password matches: the shipped example config holds these, so a
 /// server started from it unchanged lets nobody in.
@@ -27,7 +44,8 @@ const PLACEHOLDER_NOTE: &str = "\
 #   ember creds --executors 4 --password-file ember-passwords --full > nats-secure.conf
 ";
 
-/// `ember creds`: prints the users block for a driver, a client, a listener and N executors.
+/// `ember creds`: prints the account of a cluster: users for a driver, a client, a listener and
+/// N executors.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CredsArgs {
     /// Make users for executors exec-1 .. exec-N (the ids `ember up` gives them).
@@ -47,8 +65,8 @@ pub struct CredsArgs {
     /// Placeholder passwords that match nothing, for an example config.
     #[arg(long)]
     pub placeholder: bool,
-    /// Print a complete server config (listen address, max_payload, the users), not only the
-    /// authorization block.
+    /// Print a complete server config (listen address, max_payload, the account), not only the
+    /// account (which goes in a config's `accounts { }` block, with other clusters' accounts).
     #[arg(long)]
     pub full: bool,
 }
@@ -246,12 +264,19 @@ pub fn executor_ids(args: &CredsArgs) -> Result<Vec<ExecutorId>, CredsError> {
     Ok(ids)
 }
 
-/// The users of a cluster with these executors; `password` gives each user name its password.
-pub fn users(executors: &[ExecutorId], mut password: impl FnMut(&str) -> String) -> Vec<User> {
-    let mut user = |name: &str, role| User {
-        name: name.to_string(),
-        password: password(name),
-        role,
+/// The users of `cluster` with these executors; `password` gives each user name its password.
+pub fn users(
+    cluster: &str,
+    executors: &[ExecutorId],
+    mut password: impl FnMut(&str) -> String,
+) -> Vec<User> {
+    let mut user = |name: &str, role| {
+        let name = user_name(cluster, name);
+        User {
+            password: password(&name),
+            name,
+            role,
+        }
     };
     let mut all = vec![user(DRIVER_USER, Role::Driver)];
     all.extend(
@@ -269,8 +294,10 @@ pub fn random_password() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-/// The `authorization { users = [...] }` block for `users` in `subjects`' cluster.
-pub fn authorization_block(subjects: &Subjects, users: &[User]) -> String {
+/// The account of `subjects`' cluster, as an entry of a server config's `accounts { }` block:
+/// JetStream enabled (used only if the server runs it) and `users`.
+pub fn account_block(subjects: &Subjects, users: &[User]) -> String {
+    let cluster = cluster_of(subjects);
     let executors: Vec<ExecutorId> = users
         .iter()
         .filter_map(|u| match &u.role {
@@ -278,7 +305,13 @@ pub fn authorization_block(subjects: &Subjects, users: &[User]) -> String {
             _ => None,
         })
         .collect();
-    let mut out = String::from("authorization {\n  users = [\n");
+    let mut out = format!(
+        "# The Ember cluster {cluster:?}, written by `ember creds`: an account of its own, whose\n\
+         # subjects and inboxes no other account's users see. It goes in the `accounts {{ }}`\n\
+         # block of a server config, next to other clusters' accounts (see docs/security.md).\n\
+         {}: {{\n  jetstream: enabled\n  users = [\n",
+        quote(&account_name(cluster))
+    );
     for user in users {
         let perms = user.role.permissions(subjects, &executors);
         let _ = writeln!(out, "    # {}", describe(&user.role));
@@ -304,8 +337,13 @@ pub fn authorization_block(subjects: &Subjects, users: &[User]) -> String {
 }
 
 /// A complete nats-server config: loopback, the limits of nats.conf, no anonymous access, and
-/// `users`. The port and address can be overridden on nats-server's command line.
+/// the account of `users`. The port and address can be overridden on nats-server's command
+/// line.
 pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
+    let account: String = account_block(subjects, users)
+        .lines()
+        .map(|line| format!("  {line}\n"))
+        .collect();
     format!(
         "# A locked-down nats-server for the Ember cluster {cluster:?}, written by `ember creds`.\n\
          # No anonymous access: every client logs in as one of the users below, whose\n\
@@ -314,10 +352,14 @@ pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
          port: 4222\n\
          max_payload: 8MB\n\
          write_deadline: \"10s\"\n\
-         \n{block}",
-        cluster = subjects.prefix().trim_start_matches("ember."),
-        block = authorization_block(subjects, users)
+         \naccounts {{\n{account}}}\n",
+        cluster = cluster_of(subjects),
     )
+}
+
+/// The cluster name of `subjects` (its prefix is `ember.<cluster>`).
+fn cluster_of(subjects: &Subjects) -> &str {
+    subjects.prefix().trim_start_matches("ember.")
 }
 
 fn describe(role: &Role) -> String {
@@ -409,19 +451,19 @@ pub fn creds(args: &CredsArgs, cluster: &str) -> Result<String, CredsError> {
     let users = match &args.password_file {
         Some(path) => {
             let known = read_passwords(path)?;
-            let users = users(&ids, |name| {
+            let users = users(cluster, &ids, |name| {
                 known.get(name).cloned().unwrap_or_else(random_password)
             });
             write_passwords(path, &users)?;
             users
         }
-        None if args.placeholder => users(&ids, |_| PLACEHOLDER_PASSWORD.to_string()),
-        None => users(&ids, |_| random_password()),
+        None if args.placeholder => users(cluster, &ids, |_| PLACEHOLDER_PASSWORD.to_string()),
+        None => users(cluster, &ids, |_| random_password()),
     };
     let text = if args.full {
         server_config(&subjects, &users)
     } else {
-        authorization_block(&subjects, &users)
+        account_block(&subjects, &users)
     };
     Ok(if args.placeholder {
         format!("{PLACEHOLDER_NOTE}{text}")
@@ -512,15 +554,22 @@ mod tests {
     }
 
     #[test]
-    fn the_block_lists_every_user_once() {
+    fn the_account_lists_every_user_once_under_the_cluster_name() {
         let s = Subjects::new("c").unwrap();
-        let users = users(&[id("exec-1"), id("exec-2")], |n| format!("pw-{n}"));
-        let block = authorization_block(&s, &users);
+        let users = users("c", &[id("exec-1"), id("exec-2")], |n| format!("pw-{n}"));
+        let block = account_block(&s, &users);
         for name in ["driver", "exec-1", "exec-2", "client", "listener"] {
-            let needle = format!("user: \"{name}\", password: \"pw-{name}\"");
+            let needle = format!("user: \"c.{name}\", password: \"pw-c.{name}\"");
             assert_eq!(block.matches(&needle).count(), 1, "{name}\n{block}");
         }
         assert_eq!(block.matches("allow_responses: true").count(), 1);
+        assert!(
+            block.contains("\"EMBER_c\": {\n  jetstream: enabled\n"),
+            "{block}"
+        );
+        let full = server_config(&s, &users);
+        assert!(full.contains("\naccounts {\n"), "{full}");
+        assert!(full.ends_with("  ]\n  }\n}\n"), "{full}");
     }
 
     #[test]

@@ -46,7 +46,8 @@ pub struct UpArgs {
     #[arg(long, env = "EMBER_UP_STORE_DIR", conflicts_with = "config")]
     pub store_dir: Option<PathBuf>,
     /// A file of `user password` lines, as `ember creds --password-file` writes: the driver
-    /// logs in as `driver`, each executor as its id, `ember up` itself as `client`. Without
+    /// logs in as `<cluster>.driver`, each executor as `<cluster>.<id>`, `ember up` itself as
+    /// `<cluster>.client`. Without
     /// it every child gets the NATS flags `ember up` was given (--user, --creds, --tls-ca...).
     #[arg(long, env = "EMBER_UP_PASSWORD_FILE")]
     pub password_file: Option<PathBuf>,

@@ -2,7 +2,7 @@
 //! from the one built into the binary, and its JetStream store), and the child processes,
 //! each started with the NATS flags and credentials it needs.
 
-use crate::cli::creds::{read_passwords, CLIENT_USER, DRIVER_USER};
+use crate::cli::creds::{read_passwords, user_name, CLIENT_USER, DRIVER_USER};
 use crate::connect::NatsArgs;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -86,23 +86,26 @@ impl Launcher {
         })
     }
 
-    /// The flags a process logged in as `user` connects with.
-    pub fn nats_for(&self, user: &str) -> anyhow::Result<NatsArgs> {
+    /// The flags a process logged in as the user of `name` (a role or an executor id) in the
+    /// cluster connects with.
+    pub fn nats_for(&self, name: &str) -> anyhow::Result<NatsArgs> {
         let mut nats = self.nats.clone();
         if let Some((path, passwords)) = &self.passwords {
-            let password = passwords.get(user).ok_or_else(|| {
+            let user = user_name(&nats.cluster, name);
+            let password = passwords.get(&user).ok_or_else(|| {
                 anyhow::anyhow!(
                     "no password for user {user:?} in {} (make one with `ember creds --password-file`)",
                     path.display()
                 )
             })?;
-            nats.user = Some(user.to_string());
+            nats.user = Some(user);
             nats.password = Some(password.clone());
         }
         Ok(nats)
     }
 
-    /// The flags of `ember up`'s own connection (the `client` user of a password file).
+    /// The flags of `ember up`'s own connection (the `<cluster>.client` user of a password
+    /// file).
     pub fn own_nats(&self) -> anyhow::Result<NatsArgs> {
         self.nats_for(CLIENT_USER)
     }
