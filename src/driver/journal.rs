@@ -138,6 +138,8 @@ struct Turns {
     next: AtomicU64,
     /// The sequence of this leader's mark.
     mark: u64,
+    /// The highest sequence the server acknowledged storing for this leader.
+    stored: AtomicU64,
     guard: Guard,
 }
 
@@ -266,6 +268,7 @@ impl Journal {
         self.turns = Some(Arc::new(Turns {
             next: AtomicU64::new(sequence),
             mark: sequence,
+            stored: AtomicU64::new(sequence),
             guard,
         }));
         Ok(())
@@ -448,7 +451,12 @@ fn joined(write: tokio::task::JoinHandle<()>) -> BoxFuture<'static, ()> {
 /// Stores `payload` once the journal's last sequence is `expected`, trying again until it is
 /// stored. A refusal because the journal is past `expected` means another driver wrote it:
 /// this one no longer leads, and gives the write up. What waited on it is not sent, as
-/// nothing is once the leadership is lost (the shell's sends check it).
+/// nothing is once the leadership is lost (the shell's sends check it). A write whose
+/// leadership is lost while it waits for the one before it gives up too: left waiting, it
+/// would land after the records of this driver's next leadership (or a successor's), out of
+/// its place. And one whose predecessor the server acknowledged, but no longer holds (a server
+/// that lost acknowledged writes in an OS crash), stands the driver down: the journal it
+/// leads from is not the one it wrote.
 async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload: bytes::Bytes) {
     let id = format!("{}.{}", turns.guard.epoch(), expected + 1);
     let mut retry = Retry::new(Some(journal.writes.clone()));
@@ -466,10 +474,16 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
             Err(e) => Err(e),
         };
         let error = match stored {
-            Ok(()) => return retry.stored(),
+            Ok(()) => {
+                turns.stored.fetch_max(expected + 1, SeqCst);
+                return retry.stored();
+            }
             Err(error) => error,
         };
         if error.kind() == PublishErrorKind::WrongLastSequence {
+            if !turns.guard.is_current() {
+                return;
+            }
             match journal.last_sequence().await {
                 Ok(last) if last > expected => {
                     turns
@@ -482,6 +496,13 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
                     turns
                         .guard
                         .depose("the journal was deleted or purged under this driver");
+                    return;
+                }
+                Ok(last) if last < expected && turns.stored.load(SeqCst) >= expected => {
+                    turns.guard.depose(&format!(
+                        "the journal lost records it had acknowledged (its last is {last}, \
+                         {expected} was stored): was its server restarted without them?"
+                    ));
                     return;
                 }
                 // The write before this one is not stored yet: it goes first.
