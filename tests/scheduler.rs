@@ -19,6 +19,7 @@ fn commands(scripts: &[&str]) -> SubmitJob {
         repeat: 1,
         max_failures: 1,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 
