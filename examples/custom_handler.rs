@@ -76,6 +76,7 @@ mod tests {
             task_id: 7,
             index: 3,
             attempt: 0,
+            resources: Default::default(),
         }
     }
 
@@ -129,6 +130,7 @@ mod tests {
             repeat: 4,
             max_failures: 1,
             cpus_per_task: 1,
+            resources: Default::default(),
         };
         let summary = tokio::time::timeout(Duration::from_secs(30), api.run_job(job, |_| {}))
             .await

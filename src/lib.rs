@@ -24,6 +24,7 @@ pub mod history;
 pub mod ids;
 pub mod metrics;
 pub mod protocol;
+pub mod resources;
 pub mod server;
 pub mod sim;
 pub mod subjects;

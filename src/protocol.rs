@@ -38,6 +38,9 @@ pub struct RegisterExecutor {
     pub log_urls: BTreeMap<String, String>,
     #[serde(default)]
     pub attributes: BTreeMap<String, String>,
+    /// Custom resources beside cores, each with its addresses (`{"gpu": ["0", "1"]}`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: crate::resources::Addresses,
 }
 
 /// The driver's answer to a registration.
@@ -159,6 +162,9 @@ pub struct SubmitJob {
     pub max_failures: u32,
     #[serde(default = "one")]
     pub cpus_per_task: u32,
+    /// Custom resources each task needs beside its cores (`{"gpu": 1}`); none if empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: crate::resources::Request,
 }
 
 fn one() -> u32 {
@@ -401,6 +407,16 @@ pub struct ExecutorSummary {
     /// When the driver last heard from it: a heartbeat, a status batch or a registration.
     #[serde(default)]
     pub last_seen_ms: u64,
+    /// Its custom resources: how many addresses of each it has, and how many are free.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, ResourceCount>,
+}
+
+/// How many addresses of one resource an executor has, and how many no task holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceCount {
+    pub total: u32,
+    pub free: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -416,6 +432,10 @@ pub struct JobSummary {
     pub submitted_at_ms: u64,
     pub ended_at_ms: Option<u64>,
     pub reason: Option<String>,
+    /// Why tasks of this running job wait although it has tasks to run (no executor has the
+    /// resources it asks for, or the start gate holds offers); none if nothing holds it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -488,6 +508,8 @@ pub struct TaskDescription {
     pub attempt: u32,
     pub cpus: u32,
     pub spec: std::sync::Arc<TaskSpec>,
+    /// The addresses of the custom resources this attempt holds; empty for most tasks.
+    pub resources: crate::resources::Addresses,
 }
 
 /// What an executor sends on `<p>.driver.status.<id>`: every status it has pending.

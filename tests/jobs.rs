@@ -32,6 +32,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
         repeat,
         max_failures: 4,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 
@@ -568,6 +569,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         repeat: 3,
         max_failures: 4,
         cpus_per_task: 1,
+        resources: Default::default(),
     };
     let job = within(LIMIT, api.run_job(echo.clone(), |_| {}))
         .await
@@ -631,6 +633,7 @@ async fn an_executor_takes_only_the_answer_to_the_batch_in_flight() {
         attempt: 0,
         cpus: 1,
         spec: std::sync::Arc::new(handler("noop", serde_json::Value::Null)),
+        resources: Default::default(),
     };
     let answer = |launch: Vec<TaskDescription>| {
         encode(&StatusReply::StatusAck {

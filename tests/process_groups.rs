@@ -33,6 +33,7 @@ fn sleepers(pid_file: &Path, timeout_ms: Option<u64>) -> SubmitJob {
         repeat: 1,
         max_failures: 1,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 

@@ -92,6 +92,7 @@ fn register_request() -> RegisterRequest {
         cores: 8,
         log_urls: map(&[("stderr", "http://worker-3/logs/stderr")]),
         attributes: map(&[("rack", "r1"), ("zone", "eu-1")]),
+        resources: Default::default(),
     })
 }
 
@@ -120,6 +121,7 @@ fn register_executor_without_maps() {
         cores: 1,
         log_urls: BTreeMap::new(),
         attributes: BTreeMap::new(),
+        resources: Default::default(),
     });
     golden(
         &value,
@@ -189,6 +191,7 @@ fn event_executor_added() {
             total_cores: 8,
             log_urls: map(&[("stderr", "http://worker-3/logs/stderr")]),
             attributes: map(&[("rack", "r1")]),
+            resources: Default::default(),
         },
     };
     assert_eq!(event.kind(), "executor.added");
@@ -218,6 +221,7 @@ fn executor_info() {
             total_cores: 2,
             log_urls: BTreeMap::new(),
             attributes: BTreeMap::new(),
+            resources: Default::default(),
         },
         json!({
             "host": "::1",
@@ -852,6 +856,7 @@ fn task_spec_python() {
             attempt: 0,
             cpus: 1,
             spec: Arc::new(call.clone()),
+            resources: Default::default(),
         }],
         driver_instance: None,
     };
@@ -895,6 +900,7 @@ fn full_job() -> SubmitJob {
         repeat: 3,
         max_failures: 2,
         cpus_per_task: 4,
+        resources: Default::default(),
     }
 }
 
@@ -921,6 +927,7 @@ fn default_job() -> SubmitJob {
         repeat: 1,
         max_failures: 4,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 
@@ -1188,6 +1195,7 @@ fn api_reply_executors() {
                 attributes: BTreeMap::new(),
                 registered_at_ms: 1_700_000_000_000,
                 last_seen_ms: 1_700_000_002_000,
+                resources: Default::default(),
             }],
             total_cores: 8,
             registered_executors: 1,
@@ -1400,6 +1408,7 @@ fn running_summary() -> JobSummary {
         submitted_at_ms: 1000,
         ended_at_ms: None,
         reason: None,
+        waiting: None,
     }
 }
 
@@ -1433,6 +1442,7 @@ fn api_reply_jobs() {
         submitted_at_ms: 2000,
         ended_at_ms: Some(2500),
         reason: Some("task 0 failed 4 times; last error: boom".into()),
+        waiting: None,
     };
     golden(
         &ApiReply::Jobs {
@@ -1608,6 +1618,7 @@ fn executor_launch_tasks() {
                     cwd: Some("/srv".into()),
                     timeout_ms: None,
                 }),
+                resources: Default::default(),
             },
         ],
         driver_instance: Some(driver_instance()),
@@ -1662,6 +1673,7 @@ fn launched(
         attempt,
         cpus: 1,
         spec: Arc::clone(spec),
+        resources: Default::default(),
     }
 }
 
@@ -1840,6 +1852,7 @@ fn a_one_task_launch_is_its_spec_and_little_more() {
         attempt: u32::MAX,
         cpus: u32::MAX,
         spec: Arc::clone(&spec),
+        resources: Default::default(),
     };
     let spec_bytes = encode(&*spec).len();
     let launch = ExecutorMessage::LaunchTasks {
@@ -2291,6 +2304,7 @@ fn journal_records() {
         repeat: 50,
         max_failures: 4,
         cpus_per_task: 1,
+        resources: Default::default(),
     };
     golden(
         &JournalRecord::JobSubmitted {
@@ -2548,4 +2562,174 @@ fn decode_refuses_trailing_garbage_and_wrong_types() {
         &[],
     );
     json_error::<ApiRequest>(br#"[]"#, &[]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Custom resources
+// ---------------------------------------------------------------------------------------------
+
+fn addresses(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+    pairs
+        .iter()
+        .map(|(name, list)| {
+            (
+                name.to_string(),
+                list.iter().map(|a| a.to_string()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn register_executor_with_resources() {
+    let RegisterRequest::RegisterExecutor(mut request) = register_request();
+    request.attributes = BTreeMap::new();
+    request.log_urls = BTreeMap::new();
+    request.resources = addresses(&[("gpu", &["0", "3"]), ("mem_gb", &["0", "1"])]);
+    golden(
+        &RegisterRequest::RegisterExecutor(request),
+        json!({
+            "type": "RegisterExecutor",
+            "executor_id": "exec-1",
+            "instance_id": INSTANCE,
+            "host_port": "worker-3:7078",
+            "cores": 8,
+            "log_urls": {},
+            "attributes": {},
+            "resources": {"gpu": ["0", "3"], "mem_gb": ["0", "1"]}
+        }),
+    );
+}
+
+#[test]
+fn executor_added_with_resources() {
+    let event = Event::ExecutorAdded {
+        time_ms: 5,
+        executor_id: exec("exec-1"),
+        info: ExecutorInfo {
+            host: "worker-3".into(),
+            host_port: "worker-3:7078".into(),
+            total_cores: 8,
+            log_urls: BTreeMap::new(),
+            attributes: BTreeMap::new(),
+            resources: addresses(&[("gpu", &["0", "1"])]),
+        },
+    };
+    golden(
+        &event,
+        json!({
+            "type": "ExecutorAdded",
+            "time_ms": 5,
+            "executor_id": "exec-1",
+            "info": {
+                "host": "worker-3",
+                "host_port": "worker-3:7078",
+                "total_cores": 8,
+                "log_urls": {},
+                "attributes": {},
+                "resources": {"gpu": ["0", "1"]}
+            }
+        }),
+    );
+}
+
+#[test]
+fn submit_job_asking_for_resources() {
+    let mut job = default_job();
+    job.resources = [("gpu".to_string(), 1), ("mem_gb".to_string(), 4)].into();
+    golden(
+        &job,
+        json!({
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "resources": {"gpu": 1, "mem_gb": 4}
+        }),
+    );
+    json_error::<SubmitJob>(
+        br#"{"tasks":[],"resources":{"gpu":-1}}"#,
+        &["invalid value"],
+    );
+}
+
+#[test]
+fn executor_summary_with_resources() {
+    let summary = ExecutorSummary {
+        executor_id: exec("exec-1"),
+        host: "worker-3".into(),
+        host_port: "worker-3:7078".into(),
+        free_cores: 6,
+        total_cores: 8,
+        log_urls: BTreeMap::new(),
+        attributes: BTreeMap::new(),
+        registered_at_ms: 1,
+        last_seen_ms: 2,
+        resources: [(
+            "gpu".to_string(),
+            ember::protocol::ResourceCount { total: 2, free: 1 },
+        )]
+        .into(),
+    };
+    golden(
+        &summary,
+        json!({
+            "executor_id": "exec-1",
+            "host": "worker-3",
+            "host_port": "worker-3:7078",
+            "free_cores": 6,
+            "total_cores": 8,
+            "log_urls": {},
+            "attributes": {},
+            "registered_at_ms": 1,
+            "last_seen_ms": 2,
+            "resources": {"gpu": {"total": 2, "free": 1}}
+        }),
+    );
+}
+
+#[test]
+fn job_summary_that_waits() {
+    let summary = JobSummary {
+        waiting: Some("no executor has gpu=4; largest: gpu=2".into()),
+        ..running_summary()
+    };
+    let mut wire = running_summary_wire();
+    wire["waiting"] = json!("no executor has gpu=4; largest: gpu=2");
+    golden(
+        &ApiReply::Job { job: summary },
+        json!({"type": "Job", "job": wire}),
+    );
+}
+
+#[test]
+fn launch_tasks_holding_resources() {
+    let noop = noop();
+    let mut first = launched(10, 1, 0, 0, &noop);
+    first.resources = addresses(&[("gpu", &["0"])]);
+    let mut second = launched(11, 1, 1, 0, &noop);
+    second.resources = addresses(&[("gpu", &["1"])]);
+    let plain = launched(20, 2, 0, 0, &noop);
+    let plain_too = launched(21, 2, 1, 0, &noop);
+    let with = |tasks: Value, gpu: &str| {
+        json!({
+            "job_id": 1,
+            "cpus": 1,
+            "spec": noop_wire(),
+            "resources": {"gpu": [gpu]},
+            "tasks": tasks
+        })
+    };
+    golden(
+        &launch(vec![first, second, plain, plain_too]),
+        json!({
+            "type": "LaunchTasks",
+            "tasks": [
+                with(json!([[10, 0, 0]]), "0"),
+                with(json!([[11, 1, 0]]), "1"),
+                group(2, noop_wire(), json!([[20, 0, 0], [21, 1, 0]])),
+            ]
+        }),
+    );
 }

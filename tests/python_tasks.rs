@@ -75,6 +75,7 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
         repeat: 1,
         max_failures: 1,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 

@@ -24,6 +24,7 @@ fn request(id: &str, instance: uuid::Uuid) -> RegisterExecutor {
         cores: 4,
         log_urls: BTreeMap::new(),
         attributes: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+        resources: Default::default(),
     }
 }
 

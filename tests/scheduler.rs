@@ -19,6 +19,7 @@ fn commands(scripts: &[&str]) -> SubmitJob {
         repeat: 1,
         max_failures: 1,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 
@@ -277,4 +278,141 @@ async fn start_gate_flags_that_make_no_sense_are_refused() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
+}
+
+/// Starts `ember-executor --executor-id ID --cores CORES --resource ...` and waits until the
+/// driver has `registered` executors.
+async fn executor_process_with(
+    cluster: &TestCluster,
+    api: &EmberClient,
+    id: &str,
+    args: &[&str],
+    registered: u64,
+) -> tokio::process::Child {
+    let child = cluster.executor_process(id, args).spawn().unwrap();
+    eventually(LIMIT, "the executor to register", || async {
+        let snapshot = api.executors().await.ok()?;
+        (snapshot.registered_executors == registered).then_some(())
+    })
+    .await;
+    child
+}
+
+#[tokio::test]
+async fn tasks_asking_for_a_gpu_run_one_at_a_time_where_it_is_and_see_its_address() {
+    let cluster = TestCluster::start("resources-gpu");
+    let _driver = cluster.driver().await;
+    let api = cluster.api(cluster.client().await);
+    let _plain = cluster.executor("e1", 2, Handlers::builtin()).await;
+    let args = ["--cores", "2", "--resource", "gpu=1"];
+    let _gpu = executor_process_with(&cluster, &api, "e2", &args, 2).await;
+    let registry = api.executors().await.unwrap();
+    let e2 = registry
+        .executors
+        .iter()
+        .find(|e| e.executor_id.as_str() == "e2");
+    let gpu = e2.and_then(|e| e.resources.get("gpu").copied()).unwrap();
+    assert_eq!((gpu.total, gpu.free), (1, 1));
+
+    // Each task holds a lock directory while it runs: a second task on the GPU at once would
+    // find it taken and fail the job (one attempt each).
+    let dir = std::env::temp_dir().join(format!("ember-gpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lock = dir.join("lock");
+    let _ = std::fs::remove_dir(&lock);
+    let script = format!(
+        "mkdir {lock} || exit 3; sleep 0.2; rmdir {lock}; \
+         printf '%s %s' \"$EMBER_RESOURCE_GPU\" \"$EMBER_TASK_RESOURCES\"",
+        lock = lock.display()
+    );
+    let submit = cluster
+        .cli(&[
+            "submit",
+            "--json",
+            "--tasks",
+            "4",
+            "--max-failures",
+            "1",
+            "--resource",
+            "gpu=1",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .output();
+    let out = within(LIMIT, submit).await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let results = api.results(1).await.unwrap();
+    assert_eq!(results.len(), 4);
+    for task in &results {
+        assert_eq!(task.state, TaskState::Finished, "{task:?}");
+        assert_eq!(task.executor_id.as_ref().unwrap().as_str(), "e2");
+        let stdout = task.result.as_ref().unwrap()["stdout"].as_str().unwrap();
+        assert_eq!(stdout, r#"0 {"gpu":["0"]}"#);
+    }
+    let registry = api.executors().await.unwrap();
+    let e2 = registry
+        .executors
+        .iter()
+        .find(|e| e.executor_id.as_str() == "e2");
+    let gpu = e2.and_then(|e| e.resources.get("gpu").copied()).unwrap();
+    assert_eq!(gpu.free, 1, "the GPU is free again");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_job_asking_more_gpus_than_any_executor_has_waits_and_the_cli_says_why() {
+    let cluster = TestCluster::start("resources-wait");
+    let _driver = cluster.driver().await;
+    let api = cluster.api(cluster.client().await);
+    let _plain = cluster.executor("e1", 2, Handlers::builtin()).await;
+    let _gpu = executor_process_with(&cluster, &api, "e2", &["--resource", "gpu=1"], 2).await;
+    let mut job = noops(2);
+    job.resources = [("gpu".to_string(), 2)].into();
+    let job_id = api.submit(job).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let job = api.job(job_id).await.unwrap();
+    assert_eq!(
+        (job.state, job.running, job.succeeded),
+        (JobState::Running, 0, 0)
+    );
+    let why = "no executor has gpu=2; largest: gpu=1";
+    assert_eq!(job.waiting.as_deref(), Some(why));
+
+    let out = cluster.cli(&["jobs", "--json"]).output().await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["jobs"][0]["waiting"], why);
+    let out = cluster.cli(&["jobs"]).output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("job {job_id} waits: {why}")),
+        "{stdout}"
+    );
+    let out = cluster.cli(&["executors"]).output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("gpu 1/1"), "{stdout}");
+
+    // Bad requests are refused before they are sent, and by the driver.
+    let out = cluster
+        .cli(&["submit", "--resource", "gpu=0"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let mut bad = noops(1);
+    bad.resources = [("GPU".to_string(), 1)].into();
+    match api.submit(bad).await {
+        Err(ClientError::Driver(message)) => assert!(message.contains("not valid"), "{message}"),
+        other => panic!("an invalid resource name was accepted: {other:?}"),
+    }
+    // An executor whose flag makes no sense does not start.
+    let out = cluster
+        .executor_process("e3", &["--resource", "gpu=0,0"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("twice"));
 }

@@ -359,6 +359,7 @@ fn register_as(claimed: &str) -> bytes::Bytes {
         cores: 64,
         log_urls: Default::default(),
         attributes: Default::default(),
+        resources: Default::default(),
     }))
 }
 

@@ -134,6 +134,7 @@ fn launch(task_id: u64, index: u32) -> TaskDescription {
         attempt: 0,
         cpus: 1,
         spec: Arc::new(noop()),
+        resources: Default::default(),
     }
 }
 

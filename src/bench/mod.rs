@@ -317,6 +317,7 @@ fn noops(tasks: u32) -> crate::protocol::SubmitJob {
         repeat: tasks,
         max_failures: 4,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 

@@ -56,6 +56,7 @@ fn printers(tasks: u32) -> SubmitJob {
         repeat: tasks,
         max_failures: 4,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 

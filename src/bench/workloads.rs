@@ -232,6 +232,7 @@ fn registration(executor_id: ExecutorId) -> RegisterExecutor {
         cores: 1,
         log_urls: Default::default(),
         attributes: Default::default(),
+        resources: Default::default(),
     }
 }
 

@@ -42,6 +42,11 @@ struct Args {
     /// A free-form attribute, as KEY=VALUE (repeatable).
     #[arg(long = "attribute", value_parser = parse_key_value)]
     attributes: Vec<(String, String)>,
+    /// A custom resource beside cores (repeatable): NAME=COUNT offers addresses 0 to COUNT-1
+    /// (--resource gpu=2), NAME=A,B,.. those addresses (--resource gpu=0,3; one as gpu=3,).
+    /// A task that asks for some sees their addresses in EMBER_RESOURCE_<NAME>.
+    #[arg(long = "resource", value_name = "NAME=COUNT", value_parser = ember::resources::parse_executor_flag)]
+    resources: Vec<(String, Vec<String>)>,
     /// How long to keep trying to register while no driver answers.
     #[arg(long, env = "EMBER_REGISTER_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     register_timeout: Duration,
@@ -95,6 +100,18 @@ fn main() -> ExitCode {
         eprintln!("ember-executor: --host-port: {message}");
         return ExitCode::from(2);
     }
+    let resources = match ember::resources::gather(args.resources.clone()) {
+        Ok(resources) => resources,
+        Err(message) => {
+            eprintln!("ember-executor: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    if resources.len() > ember::resources::MAX_RESOURCES {
+        let max = ember::resources::MAX_RESOURCES;
+        eprintln!("ember-executor: --resource: at most {max} resources");
+        return ExitCode::from(2);
+    }
     let cores = args
         .cores
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
@@ -116,6 +133,7 @@ fn main() -> ExitCode {
             let config = ExecutorConfig {
                 log_urls: to_map(&args.log_urls),
                 attributes: to_map(&args.attributes),
+                resources,
                 register_timeout: args.register_timeout,
                 heartbeat_interval: args.heartbeat_interval,
                 driver_timeout: args.driver_timeout,

@@ -247,6 +247,7 @@ mod tests {
             submitted_at_ms: 0,
             ended_at_ms: None,
             reason: None,
+            waiting: None,
         }
     }
 

@@ -27,6 +27,11 @@ pub struct SubmitArgs {
     /// Cores each task takes.
     #[arg(long, default_value_t = 1)]
     pub cpus_per_task: u32,
+    /// A custom resource each task needs, as NAME=COUNT (repeatable), e.g. --resource gpu=1:
+    /// tasks run only where that many are free, and see their addresses in
+    /// EMBER_RESOURCE_<NAME>.
+    #[arg(long = "resource", value_name = "NAME=COUNT", value_parser = crate::resources::parse_request_flag)]
+    pub resources: Vec<(String, u32)>,
     /// Kill a command task after this long (e.g. 30s).
     #[arg(long, value_parser = super::parse_duration)]
     pub timeout: Option<std::time::Duration>,
@@ -76,6 +81,8 @@ impl SubmitArgs {
             repeat: self.tasks,
             max_failures: self.max_failures,
             cpus_per_task: self.cpus_per_task,
+            resources: crate::resources::gather(self.resources.clone())
+                .map_err(anyhow::Error::msg)?,
         })
     }
 }
@@ -199,6 +206,7 @@ mod tests {
             submitted_at_ms: 0,
             ended_at_ms: Some(3),
             reason: None,
+            waiting: None,
         }
     }
 

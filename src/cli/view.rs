@@ -27,14 +27,25 @@ pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<
     }
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
-    table.set_header(["executor", "host:port", "cores free/total", "registered at"]);
+    // A resources column only when some executor has custom resources.
+    let resources = snapshot.executors.iter().any(|e| !e.resources.is_empty());
+    let mut header = vec!["executor", "host:port", "cores free/total"];
+    if resources {
+        header.push("resources free/total");
+    }
+    header.push("registered at");
+    table.set_header(header);
     for e in &snapshot.executors {
-        table.add_row([
+        let mut row = vec![
             e.executor_id.to_string(),
             e.host_port.clone(),
             format!("{}/{}", e.free_cores, e.total_cores),
-            format_time(e.registered_at_ms),
-        ]);
+        ];
+        if resources {
+            row.push(show_resources(&e.resources));
+        }
+        row.push(format_time(e.registered_at_ms));
+        table.add_row(row);
     }
     println!("{table}");
     println!(
@@ -101,5 +112,20 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
         ]);
     }
     println!("{table}");
+    for j in jobs.iter().filter(|j| j.waiting.is_some()) {
+        let waiting = j.waiting.as_deref().unwrap_or_default();
+        println!("job {} waits: {waiting}", j.job_id);
+    }
     Ok(())
+}
+
+/// `gpu 1/2, mem_gb 64/64`: each resource's free and total addresses.
+fn show_resources(
+    resources: &std::collections::BTreeMap<String, crate::protocol::ResourceCount>,
+) -> String {
+    resources
+        .iter()
+        .map(|(name, c)| format!("{name} {}/{}", c.free, c.total))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

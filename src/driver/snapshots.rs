@@ -219,6 +219,7 @@ mod tests {
                 repeat: tasks as u32,
                 max_failures: 4,
                 cpus_per_task: 1,
+                resources: Default::default(),
             },
         };
         let ended = (0..tasks).map(|i| JournaledTask {

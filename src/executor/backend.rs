@@ -36,6 +36,8 @@ pub struct ExecutorConfig {
     pub cores: u32,
     pub log_urls: BTreeMap<String, String>,
     pub attributes: BTreeMap<String, String>,
+    /// Custom resources beside cores, each with its addresses (`--resource gpu=2`).
+    pub resources: crate::resources::Addresses,
     /// How long the first registration keeps trying while no driver answers.
     pub register_timeout: Duration,
     pub heartbeat_interval: Duration,
@@ -62,6 +64,7 @@ impl ExecutorConfig {
             cores,
             log_urls: BTreeMap::new(),
             attributes: BTreeMap::new(),
+            resources: BTreeMap::new(),
             register_timeout: crate::DEFAULT_REGISTER_TIMEOUT,
             heartbeat_interval: crate::DEFAULT_HEARTBEAT_INTERVAL,
             driver_timeout: crate::DEFAULT_EXECUTOR_TIMEOUT,
@@ -173,6 +176,7 @@ async fn register(
         cores: config.cores,
         log_urls: config.log_urls.clone(),
         attributes: config.attributes.clone(),
+        resources: config.resources.clone(),
     });
     let payload = encode(&request);
     let subject = config.subjects.register(&config.executor_id);

@@ -97,6 +97,13 @@ fn spawn(
     if let Some(cwd) = cwd {
         command.current_dir(cwd);
     }
+    if !context.resources.is_empty() {
+        let all = serde_json::to_string(&context.resources).unwrap_or_default();
+        command.env(crate::resources::ENV_ALL, all);
+        for (name, addresses) in &context.resources {
+            command.env(crate::resources::env_name(name), addresses.join(","));
+        }
+    }
     command
         .spawn()
         .map_err(|e| format!("could not start {program:?}: {e}"))

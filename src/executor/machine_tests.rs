@@ -38,6 +38,7 @@ fn task(task_id: TaskId) -> TaskDescription {
             name: "sim".into(),
             arg: serde_json::Value::Null,
         }),
+        resources: Default::default(),
     }
 }
 

@@ -89,6 +89,7 @@ impl Runner {
             task_id: task.task_id,
             index: task.index,
             attempt: task.attempt,
+            resources: task.resources.clone(),
         };
         let (task_id, attempt) = (task.task_id, task.attempt);
         self.metrics.launched();

@@ -17,6 +17,9 @@ pub struct TaskContext {
     pub task_id: TaskId,
     pub index: u32,
     pub attempt: u32,
+    /// The addresses of the custom resources the driver gave this attempt (Spark's
+    /// `TaskContext.resources()`); empty unless its job asked for some.
+    pub resources: crate::resources::Addresses,
 }
 
 /// A handler's outcome: a JSON result, or an error message (the attempt FAILED).

@@ -14,6 +14,9 @@ pub struct ExecutorInfo {
     pub total_cores: u32,
     pub log_urls: BTreeMap<String, String>,
     pub attributes: BTreeMap<String, String>,
+    /// Custom resources beside cores, each with its addresses.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: crate::resources::Addresses,
 }
 
 /// The listener bus, on `<p>.events.<kind>` ([`Event::kind`]).

@@ -186,6 +186,7 @@ impl<'a> Cursor<'a> {
                     attempt: u32::try_from(attempt).ok()?,
                     cpus,
                     spec: Arc::clone(&spec),
+                    resources: Default::default(),
                 });
                 Some(())
             })?;
@@ -258,6 +259,7 @@ mod tests {
             attempt: 1,
             cpus: 2,
             spec: Arc::clone(spec),
+            resources: Default::default(),
         }
     }
 

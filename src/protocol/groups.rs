@@ -5,7 +5,8 @@
 //! Written out in full, a no-op task cost about 110 bytes, most of them field names and a spec
 //! that every task of a job repeats, and escaping those field names led the driver's profile. In
 //! memory the list stays a `Vec<TaskDescription>`: encoding reads it where it lies, and the tasks
-//! decoded from one group share one `Arc<TaskSpec>`, decoded once.
+//! decoded from one group share one `Arc<TaskSpec>`, decoded once. A task that holds custom
+//! resources has a group of its own, with a `resources` field between `spec` and `tasks`.
 
 use super::compact::attempt_array;
 use super::{TaskDescription, TaskSpec, TaskStarted};
@@ -27,7 +28,10 @@ pub(super) fn serialize<S: Serializer>(
 /// Whether `b` may ride in the group that `a` heads. Tasks of one job share one `Arc`, so the
 /// pointer comparison settles almost every case before the specs are compared.
 fn same_group(a: &TaskDescription, b: &TaskDescription) -> bool {
-    a.job_id == b.job_id && a.cpus == b.cpus && (Arc::ptr_eq(&a.spec, &b.spec) || a.spec == b.spec)
+    a.job_id == b.job_id
+        && a.cpus == b.cpus
+        && (Arc::ptr_eq(&a.spec, &b.spec) || a.spec == b.spec)
+        && a.resources == b.resources
 }
 
 /// The runs of consecutive tasks that make one group each.
@@ -50,10 +54,16 @@ struct Group<'a> {
 
 impl Serialize for Group<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut group = serializer.serialize_struct("TaskGroup", 4)?;
+        let resources = !self.head.resources.is_empty();
+        let mut group = serializer.serialize_struct("TaskGroup", 4 + usize::from(resources))?;
         group.serialize_field("job_id", &self.head.job_id)?;
         group.serialize_field("cpus", &self.head.cpus)?;
         group.serialize_field("spec", &*self.head.spec)?;
+        // Only a task that holds custom resources has them: its own group, since no two
+        // attempts hold the same addresses at once.
+        if resources {
+            group.serialize_field("resources", &self.head.resources)?;
+        }
         group.serialize_field("tasks", &Attempts(self.run))?;
         group.end()
     }
@@ -103,6 +113,8 @@ struct GroupWire {
     job_id: Option<JobId>,
     cpus: Option<u32>,
     spec: Option<TaskSpec>,
+    #[serde(default)]
+    resources: crate::resources::Addresses,
     tasks: Option<Vec<Attempt>>,
 }
 
@@ -127,6 +139,7 @@ impl GroupWire {
             attempt: a.attempt,
             cpus,
             spec: Arc::clone(&spec),
+            resources: self.resources.clone(),
         }));
         Ok(())
     }

@@ -74,6 +74,7 @@ impl World {
             cores: self.config.cores,
             log_urls: BTreeMap::new(),
             attributes: BTreeMap::new(),
+            resources: Default::default(),
         });
         let deadline = now + crate::DEFAULT_REGISTER_TIMEOUT.as_millis() as u64;
         self.procs.push(Process {

@@ -327,6 +327,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
         repeat: tasks,
         max_failures: 1,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 
@@ -341,6 +342,7 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
         repeat: tasks,
         max_failures: 4,
         cpus_per_task: 1,
+        resources: Default::default(),
     }
 }
 

@@ -27,6 +27,8 @@ pub struct Job {
     pub first_task: TaskId,
     pub max_failures: u32,
     pub cpus_per_task: u32,
+    /// Custom resources each task needs; empty for most jobs.
+    pub resources: crate::resources::Request,
     /// Every task's record and which of them wait for cores.
     pub tasks: Tasks,
     /// Where superseded attempts ran: (index, attempt) -> executor; for telling a late repeat
@@ -64,6 +66,7 @@ impl Job {
             first_task,
             max_failures: submit.max_failures,
             cpus_per_task: submit.cpus_per_task,
+            resources: submit.resources,
             tasks: Tasks::new(count),
             past_attempts: HashMap::default(),
             results: HashMap::default(),
@@ -107,6 +110,7 @@ impl Job {
             repeat: self.len() / self.specs.len() as u32,
             max_failures: self.max_failures,
             cpus_per_task: self.cpus_per_task,
+            resources: self.resources.clone(),
         }
     }
 
@@ -161,6 +165,7 @@ impl Job {
             submitted_at_ms: self.submitted_at_ms,
             ended_at_ms: self.ended_at_ms,
             reason: self.reason.clone(),
+            waiting: None,
         }
     }
 
@@ -480,6 +485,7 @@ pub(super) fn validate_job(
             submit.cpus_per_task
         ));
     }
+    crate::resources::validate_request(&submit.resources)?;
     // A launch of one task must fit in one message: it is one group, the spec and under 250
     // bytes of ids and framing, so 1024 bytes of room is plenty.
     let spec_limit = max_bytes.saturating_sub(1024);

@@ -11,6 +11,7 @@ mod jobs;
 mod liveness;
 mod offers;
 mod registry;
+mod resources;
 mod restore;
 mod retention;
 mod snapshot;
@@ -28,6 +29,7 @@ pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
 pub use jobs::Job;
 pub use liveness::Liveness;
 pub use registry::{ExecutorData, MAX_CORES};
+pub use resources::ExecutorResources;
 pub use restore::{ReplayError, Restored};
 pub use retention::{
     Retention, DEFAULT_MAX_JOB_RESULT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETAIN_JOBS,
@@ -178,7 +180,9 @@ impl Core {
                 from_job,
             } => self.jobs_page(from_job, offset, limit),
             ApiRequest::GetJob { job_id } => match self.jobs.get(&job_id) {
-                Some(job) => ApiReply::Job { job: job.summary() },
+                Some(job) => ApiReply::Job {
+                    job: self.job_summary(job),
+                },
                 None => self.no_such_job(job_id),
             },
             ApiRequest::GetResults {

@@ -109,15 +109,19 @@ impl Core {
 
     /// Launches one waiting task on `executor` if one fits; FIFO over jobs.
     fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
-        let free = self.executors.get(executor)?.free_cores;
+        let data = self.executors.get(executor)?;
+        let free = data.free_cores;
         let (job_id, position) = self.queue.iter().find_map(|id| {
             let job = self.jobs.get(id)?;
             if job.cpus_per_task > free {
                 return None;
             }
+            // One branch for the jobs that ask for no custom resources.
+            if !job.resources.is_empty() && !data.resources.fits(&job.resources) {
+                return None;
+            }
             let pick = job.tasks.find_waiting(AVOID_LOOKAHEAD, |_, record| {
-                !last_failed_on(record, executor)
-                    || !self.another_can_take(executor, job.cpus_per_task)
+                !last_failed_on(record, executor) || !self.another_can_take(executor, job)
             })?;
             Some((*id, pick))
         })?;
@@ -142,6 +146,10 @@ impl Core {
         let data = self.executors.get_mut(executor)?;
         data.free_cores -= cpus;
         data.running.insert(task_id, attempt);
+        let resources = match job.resources.is_empty() {
+            true => Default::default(),
+            false => data.resources.take(task_id, &job.resources),
+        };
         Some(TaskDescription {
             task_id,
             job_id,
@@ -149,17 +157,22 @@ impl Core {
             attempt,
             cpus,
             spec,
+            resources,
         })
     }
 }
 
 impl Core {
-    /// Whether an executor other than `executor` has `cpus` free right now. A retry avoids the
-    /// executor it failed on only then, so it never waits for cores that may not come.
-    fn another_can_take(&self, executor: &ExecutorId, cpus: u32) -> bool {
-        self.executors
-            .iter()
-            .any(|(id, data)| id != executor && data.free_cores >= cpus && !data.decommissioning)
+    /// Whether an executor other than `executor` has the cores and resources a task of `job`
+    /// needs free right now. A retry avoids the executor it failed on only then, so it never
+    /// waits for cores that may not come.
+    fn another_can_take(&self, executor: &ExecutorId, job: &super::Job) -> bool {
+        self.executors.iter().any(|(id, data)| {
+            id != executor
+                && data.free_cores >= job.cpus_per_task
+                && !data.decommissioning
+                && (job.resources.is_empty() || data.resources.fits(&job.resources))
+        })
     }
 }
 

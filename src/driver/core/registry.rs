@@ -28,6 +28,8 @@ pub struct ExecutorData {
     pub decommissioning: bool,
     /// When it last became idle: its registration, or the end of its last running task.
     pub idle_since_ms: u64,
+    /// Its custom resources, and which attempts hold which.
+    pub resources: super::ExecutorResources,
 }
 
 impl Core {
@@ -58,6 +60,7 @@ impl Core {
             total_cores: req.cores,
             log_urls: req.log_urls,
             attributes: req.attributes,
+            resources: req.resources,
         };
         self.total_cores += u64::from(req.cores);
         self.no_executors_since = None;
@@ -73,6 +76,7 @@ impl Core {
                 running: HashMap::default(),
                 decommissioning: false,
                 idle_since_ms: now,
+                resources: super::ExecutorResources::new(&info.resources),
             },
         );
         self.publish(Event::ExecutorAdded {
@@ -114,6 +118,7 @@ impl Core {
                     attributes: e.info.attributes.clone(),
                     registered_at_ms: e.registered_at_ms,
                     last_seen_ms: e.last_seen_ms,
+                    resources: e.resources.counts(),
                 });
         let (executors, next) = super::page(summaries, offset, limit, self.config.max_reply_bytes);
         ExecutorsSnapshot {
@@ -174,7 +179,8 @@ fn validate_registration(subject_id: &str, req: &RegisterExecutor) -> Result<(),
     }
     validate_host_port(&req.host_port)?;
     validate_map("log_urls", &req.log_urls)?;
-    validate_map("attributes", &req.attributes)
+    validate_map("attributes", &req.attributes)?;
+    crate::resources::validate_addresses(&req.resources)
 }
 
 fn validate_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), String> {

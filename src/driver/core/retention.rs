@@ -257,7 +257,7 @@ impl Core {
     pub(super) fn jobs_page(&self, from_job: JobId, offset: u32, limit: Option<u32>) -> ApiReply {
         let listed = self.jobs.range(from_job..).skip(offset as usize);
         let (jobs, next) = super::page(
-            listed.map(|(_, job)| job.summary()),
+            listed.map(|(_, job)| self.job_summary(job)),
             offset,
             limit,
             self.config.max_reply_bytes,
@@ -275,7 +275,11 @@ impl Core {
     /// what a page that shows the latest jobs first asks for.
     pub fn recent_jobs(&self, before: JobId, limit: u32) -> ApiReply {
         let end = if before == 0 { JobId::MAX } else { before };
-        let listed = self.jobs.range(..end).rev().map(|(_, job)| job.summary());
+        let listed = self
+            .jobs
+            .range(..end)
+            .rev()
+            .map(|(_, job)| self.job_summary(job));
         let (jobs, next) = super::page(listed, 0, Some(limit.max(1)), self.config.max_reply_bytes);
         ApiReply::Jobs {
             next_offset: None,

@@ -202,6 +202,9 @@ impl Core {
         if let Some(executor) = self.executors.get_mut(from) {
             executor.free_cores += job.cpus_per_task;
             executor.running.remove(&task_id);
+            if !job.resources.is_empty() {
+                executor.resources.give_back(task_id);
+            }
             if executor.running.is_empty() {
                 executor.idle_since_ms = now;
             }

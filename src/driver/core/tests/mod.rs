@@ -10,6 +10,7 @@ mod kills;
 mod offers;
 mod props;
 mod registration;
+mod resources;
 mod restore;
 mod retention;
 mod retries;
@@ -84,6 +85,7 @@ fn registration(id: &str, cores: u32) -> RegisterExecutor {
         cores,
         log_urls: BTreeMap::new(),
         attributes: BTreeMap::new(),
+        resources: Default::default(),
     }
 }
 
@@ -118,6 +120,7 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
         repeat: tasks,
         max_failures,
         cpus_per_task,
+        resources: Default::default(),
     }
 }
 
@@ -648,6 +651,19 @@ fn check_executors(core: &Core) {
             e.info.total_cores
         );
         let mut used = 0u64;
+        // Every attempt that holds resources runs here, and holds what its job asks for.
+        let holders = e.resources.audit();
+        for (task_id, held) in &holders {
+            let (job_id, _) = core.locate(*task_id).expect("a holder of a known task");
+            assert!(
+                e.running.contains_key(task_id),
+                "{id}: {task_id} holds but does not run"
+            );
+            assert_eq!(
+                held, &core.jobs[&job_id].resources,
+                "{id}: what {task_id} holds"
+            );
+        }
         for (&task_id, &attempt) in &e.running {
             let (job_id, index) = core
                 .locate(task_id)
@@ -658,6 +674,12 @@ fn check_executors(core: &Core) {
             assert_eq!(record.attempts, attempt + 1, "task {task_id} on {id}");
             assert_eq!(record.executor.as_ref(), Some(id), "task {task_id}");
             used += u64::from(job.cpus_per_task);
+            if !job.resources.is_empty() {
+                assert!(
+                    holders.contains_key(&task_id),
+                    "{id}: {task_id} holds nothing"
+                );
+            }
         }
         assert_eq!(
             u64::from(e.free_cores) + used,
@@ -765,6 +787,12 @@ fn check_effects(core: &Core, effects: &[Effect]) {
                         (t.job_id, t.index, t.cpus),
                         (job_id, index, job.cpus_per_task)
                     );
+                    let handed: BTreeMap<String, u32> = t
+                        .resources
+                        .iter()
+                        .map(|(name, addresses)| (name.clone(), addresses.len() as u32))
+                        .collect();
+                    assert_eq!(handed, job.resources, "what task {} was handed", t.task_id);
                     assert_eq!(core.executors[to].running.get(&t.task_id), Some(&t.attempt));
                     assert!(launched.insert((to.clone(), t.task_id, t.attempt)));
                 }

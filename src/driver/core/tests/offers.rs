@@ -18,6 +18,7 @@ fn a_job_submitted_with_no_executors_launches_when_one_registers() {
         attempt: 0,
         cpus: 1,
         spec: std::sync::Arc::new(noop()),
+        resources: Default::default(),
     };
     let started = |task_id, index| crate::protocol::TaskStarted {
         task_id,

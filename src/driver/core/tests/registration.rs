@@ -19,6 +19,7 @@ fn a_new_executor_is_registered_and_announced() {
         cores: 4,
         log_urls: log_urls.clone(),
         attributes: attributes.clone(),
+        resources: Default::default(),
     };
     assert_eq!(
         core.register("exec-1", request, 1_000),
@@ -30,6 +31,7 @@ fn a_new_executor_is_registered_and_announced() {
         total_cores: 4,
         log_urls: log_urls.clone(),
         attributes: attributes.clone(),
+        resources: Default::default(),
     };
     assert_eq!(
         core.take_effects(),
@@ -52,6 +54,7 @@ fn a_new_executor_is_registered_and_announced() {
                 attributes,
                 registered_at_ms: 1_000,
                 last_seen_ms: 1_000,
+                resources: Default::default(),
             }],
             total_cores: 4,
             registered_executors: 1,

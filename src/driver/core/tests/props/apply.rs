@@ -8,9 +8,9 @@ impl Sim {
         self.now += 7;
         let running = !running_attempts(&self.core).is_empty();
         match op {
-            Op::Register { cores } => {
+            Op::Register { cores, gpus } => {
                 let name = format!("e{}", self.executors.len());
-                self.register(name, *cores);
+                self.register_with(name, *cores, *gpus);
             }
             Op::Retry { pick } | Op::Impostor { pick } if !self.executors.is_empty() => {
                 self.register_again(*pick, matches!(op, Op::Retry { .. }));
@@ -19,7 +19,8 @@ impl Sim {
                 tasks,
                 cpus,
                 max_failures,
-            } => self.submit(*tasks, *cpus, *max_failures),
+                gpus,
+            } => self.submit(*tasks, *cpus, *max_failures, *gpus),
             Op::Status {
                 pick,
                 state,
@@ -68,8 +69,12 @@ impl Sim {
         assert_eq!(reply, expected);
     }
 
-    fn submit(&mut self, tasks: u32, cpus: u32, max_failures: u32) {
-        let job_id = submit(&mut self.core, job(tasks, cpus, max_failures), self.now);
+    fn submit(&mut self, tasks: u32, cpus: u32, max_failures: u32, gpus: u32) {
+        let mut submission = job(tasks, cpus, max_failures);
+        if gpus > 0 {
+            submission.resources = [("gpu".to_string(), gpus)].into();
+        }
+        let job_id = submit(&mut self.core, submission, self.now);
         let effects = self.effects();
         assert_eq!(
             effects[0],

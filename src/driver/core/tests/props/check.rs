@@ -63,9 +63,9 @@ fn names_each_executor_once<T>(groups: &[ExecutorTasks<T>]) {
 
 impl Sim {
     /// Finishes every running attempt, round after round, until nothing runs. A job that waits
-    /// with nothing running and every executor free must need more cpus per task than any
-    /// executor has (a retry never waits for cores elsewhere); it gets a fresh large executor,
-    /// once.
+    /// with nothing running and every executor free must need more cpus per task, or GPUs with
+    /// them, than any executor has (a retry never waits for cores elsewhere); it gets a fresh
+    /// large executor, once.
     pub(super) fn drain(&mut self) {
         let mut extra = false;
         for _ in 0..10_000 {
@@ -77,28 +77,42 @@ impl Sim {
                 if !running_attempts(&self.core).is_empty() {
                     continue;
                 }
-                let largest = self.executors.iter().map(|(_, c)| *c).max().unwrap_or(0);
-                let waiting: Vec<(JobId, u32)> = self
+                let waiting: Vec<(JobId, u32, u32)> = self
                     .core
                     .jobs
                     .values()
                     .filter(|j| j.is_active())
-                    .map(|j| (j.id, j.cpus_per_task))
+                    .map(|j| {
+                        (
+                            j.id,
+                            j.cpus_per_task,
+                            j.resources.get("gpu").copied().unwrap_or(0),
+                        )
+                    })
                     .collect();
                 if waiting.is_empty() {
                     return;
                 }
+                let fits = |cpus: u32, gpus: u32| {
+                    self.executors.iter().any(|(name, cores)| {
+                        *cores >= cpus && self.gpus.get(name).copied().unwrap_or(0) >= gpus
+                    })
+                };
                 assert!(
-                    waiting.iter().all(|(_, cpus)| *cpus > largest),
-                    "jobs (id, cpus per task) {waiting:?} wait though an executor of {largest} \
-                     cores is free"
+                    waiting.iter().all(|(_, cpus, gpus)| !fits(*cpus, *gpus)),
+                    "jobs (id, cpus, gpus per task) {waiting:?} wait though an executor that \
+                     has them is free"
                 );
+                for (job_id, ..) in waiting.iter().filter(|_| !self.executors.is_empty()) {
+                    let why = self.core.waiting_reason(&self.core.jobs[job_id]);
+                    assert!(why.is_some(), "job {job_id} waits and does not say why");
+                }
                 assert!(
                     !extra,
                     "jobs {waiting:?} wait though a large executor is free"
                 );
                 extra = true;
-                self.register("drain".into(), 64);
+                self.register_with("drain".into(), 64, 2);
                 check_invariants(&self.core);
                 continue;
             }

@@ -29,6 +29,8 @@ enum Sender {
 enum Op {
     Register {
         cores: u32,
+        /// GPUs it offers beside its cores (none, mostly).
+        gpus: u32,
     },
     /// The same process registers again.
     Retry {
@@ -42,6 +44,8 @@ enum Op {
         tasks: u32,
         cpus: u32,
         max_failures: u32,
+        /// GPUs each task asks for (none, mostly).
+        gpus: u32,
     },
     Status {
         pick: usize,
@@ -98,12 +102,15 @@ fn op() -> impl Strategy<Value = Op> {
     )
         .prop_map(|(executor, picks)| Op::Batch { executor, picks });
     prop_oneof![
-        2 => (1u32..=6).prop_map(|cores| Op::Register { cores }),
+        2 => (1u32..=6, prop_oneof![3 => Just(0u32), 1 => 1u32..=2])
+            .prop_map(|(cores, gpus)| Op::Register { cores, gpus }),
         2 => batch,
         1 => any::<usize>().prop_map(|pick| Op::Retry { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Impostor { pick }),
-        3 => (1u32..=8, 1u32..=3, 1u32..=4)
-            .prop_map(|(tasks, cpus, max_failures)| Op::Submit { tasks, cpus, max_failures }),
+        3 => (1u32..=8, 1u32..=3, 1u32..=4, prop_oneof![3 => Just(0u32), 1 => Just(1u32)])
+            .prop_map(|(tasks, cpus, max_failures, gpus)| {
+                Op::Submit { tasks, cpus, max_failures, gpus }
+            }),
         10 => (any::<usize>(), state, sender)
             .prop_map(|(pick, state, sender)| Op::Status { pick, state, sender }),
         2 => any::<usize>().prop_map(|pick| Op::Repeat { pick }),
@@ -120,6 +127,8 @@ struct Sim {
     now: u64,
     /// Registered executors and their cores.
     executors: Vec<(String, u32)>,
+    /// The GPUs of those that have some.
+    gpus: BTreeMap<String, u32>,
     /// Terminal statuses that were accepted, for delivering again.
     accepted: Vec<(String, StatusUpdate)>,
     log: Vec<Effect>,
@@ -142,6 +151,7 @@ impl Sim {
             core,
             now: 1_000,
             executors: Vec::new(),
+            gpus: BTreeMap::new(),
             accepted: Vec::new(),
             log: Vec::new(),
             journal: Vec::new(),
@@ -174,10 +184,19 @@ impl Sim {
     }
 
     fn register(&mut self, name: String, cores: u32) {
+        self.register_with(name, cores, 0);
+    }
+
+    /// Registers `name` with `cores` and `gpus` GPUs (addresses 0 to `gpus - 1`).
+    fn register_with(&mut self, name: String, cores: u32, gpus: u32) {
         let before = self.core.executors_snapshot();
-        let reply = self
-            .core
-            .register(&name, registration(&name, cores), self.now);
+        let mut request = registration(&name, cores);
+        if gpus > 0 {
+            let addresses = (0..gpus).map(|i| i.to_string()).collect();
+            request.resources = [("gpu".to_string(), addresses)].into();
+            self.gpus.insert(name.clone(), gpus);
+        }
+        let reply = self.core.register(&name, request, self.now);
         assert_eq!(reply, registered(&name));
         let effects = self.effects();
         assert!(matches!(
