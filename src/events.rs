@@ -36,6 +36,30 @@ pub fn describe(event: &Event) -> String {
             reason,
             ..
         } => format!("executor target   {previous} -> {target_executors}: {reason}"),
+        Event::ExecutorExcluded {
+            executor_id,
+            scope,
+            job_id,
+            index,
+            reason,
+            until_ms,
+            ..
+        } => format!(
+            "executor excluded {executor_id} from {} until {}: {reason}",
+            exclusion_target(*scope, *job_id, *index),
+            crate::cli::format_time(*until_ms)
+        ),
+        Event::ExecutorUnexcluded {
+            executor_id,
+            scope,
+            job_id,
+            index,
+            reason,
+            ..
+        } => format!(
+            "executor back     {executor_id} for {}: {reason}",
+            exclusion_target(*scope, *job_id, *index)
+        ),
         Event::ExecutorAdded {
             executor_id, info, ..
         } => format!(
@@ -95,5 +119,23 @@ pub fn describe(event: &Event) -> String {
             }
             line
         }
+    }
+}
+
+/// What an exclusion covers, in words: "task 3 of job 7", "job 7" or "every job".
+pub fn exclusion_target(
+    scope: crate::protocol::ExclusionScope,
+    job_id: Option<u64>,
+    index: Option<u32>,
+) -> String {
+    use crate::protocol::ExclusionScope;
+    let job = job_id.map_or_else(|| "?".to_string(), |id| id.to_string());
+    match scope {
+        ExclusionScope::Task => format!(
+            "task {} of job {job}",
+            index.map_or_else(|| "?".to_string(), |i| i.to_string())
+        ),
+        ExclusionScope::Job => format!("job {job}"),
+        ExclusionScope::Cluster => "every job".into(),
     }
 }

@@ -112,12 +112,13 @@ impl Core {
         let free = self.executors.get(executor)?.free_cores;
         let (job_id, position) = self.queue.iter().find_map(|id| {
             let job = self.jobs.get(id)?;
-            if job.cpus_per_task > free {
+            if job.cpus_per_task > free || self.excluded(*id, None, executor) {
                 return None;
             }
-            let pick = job.tasks.find_waiting(AVOID_LOOKAHEAD, |_, record| {
-                !last_failed_on(record, executor)
-                    || !self.another_can_take(executor, job.cpus_per_task)
+            let pick = job.tasks.find_waiting(AVOID_LOOKAHEAD, |index, record| {
+                !self.excluded(*id, Some(index), executor)
+                    && (!last_failed_on(record, executor)
+                        || !self.another_can_take(executor, *id, index, job.cpus_per_task))
             })?;
             Some((*id, pick))
         })?;
@@ -154,12 +155,22 @@ impl Core {
 }
 
 impl Core {
-    /// Whether an executor other than `executor` has `cpus` free right now. A retry avoids the
-    /// executor it failed on only then, so it never waits for cores that may not come.
-    fn another_can_take(&self, executor: &ExecutorId, cpus: u32) -> bool {
-        self.executors
-            .iter()
-            .any(|(id, data)| id != executor && data.free_cores >= cpus && !data.decommissioning)
+    /// Whether an executor other than `executor`, not excluded from task `index` of job
+    /// `job_id`, has `cpus` free right now. A retry avoids the executor it failed on only then,
+    /// so it never waits for cores that may not come.
+    fn another_can_take(
+        &self,
+        executor: &ExecutorId,
+        job_id: JobId,
+        index: u32,
+        cpus: u32,
+    ) -> bool {
+        self.executors.iter().any(|(id, data)| {
+            id != executor
+                && data.free_cores >= cpus
+                && !data.decommissioning
+                && !self.excluded(job_id, Some(index), id)
+        })
     }
 }
 

@@ -114,6 +114,7 @@ impl Core {
                     attributes: e.info.attributes.clone(),
                     registered_at_ms: e.registered_at_ms,
                     last_seen_ms: e.last_seen_ms,
+                    exclusions: self.exclusions_of(id),
                 });
         let (executors, next) = super::page(summaries, offset, limit, self.config.max_reply_bytes);
         ExecutorsSnapshot {

@@ -4,6 +4,7 @@
 //! reply, readers of effects, and the invariant checks.
 
 mod allocation;
+mod exclusion;
 mod gate;
 mod jobs;
 mod kills;
@@ -727,7 +728,13 @@ fn check_job_tasks(core: &Core, job: &super::Job) {
                 "task {task_id} runs on {executor} but the executor does not know it"
             );
         }
-        if record.status == TaskStatus::Failed {
+        // A task fails when it has used up its attempts, or when no executor may run it
+        // (exclusion on failure).
+        let unschedulable = job
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("cannot run anywhere"));
+        if record.status == TaskStatus::Failed && !unschedulable {
             assert_eq!(record.failures, job.max_failures, "task {task_id}");
         }
     }
@@ -766,6 +773,10 @@ fn check_effects(core: &Core, effects: &[Effect]) {
                         (job_id, index, job.cpus_per_task)
                     );
                     assert_eq!(core.executors[to].running.get(&t.task_id), Some(&t.attempt));
+                    assert!(
+                        !core.excluded(job_id, Some(index), to),
+                        "task {index} of job {job_id} launched on {to}, which is excluded from it"
+                    );
                     assert!(launched.insert((to.clone(), t.task_id, t.attempt)));
                 }
             }
