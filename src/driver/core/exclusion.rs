@@ -23,10 +23,12 @@
 //! Exclusions are not journaled: a restarted driver starts with none, and failures count anew.
 
 use super::jobs::TaskStatus;
-use super::tasks::Pick;
 use super::Core;
 use crate::ids::{ExecutorId, JobId};
-use crate::protocol::{Event, ExclusionScope, ExclusionStatus, JobState, MAX_EXCLUSIONS_SHOWN};
+use crate::protocol::{
+    Event, ExclusionScope, ExclusionStatus, JobState, JournalRecord, JournaledTask, TaskState,
+    MAX_EXCLUSIONS_SHOWN,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -301,7 +303,13 @@ impl Exclusion {
     /// A waiting task of `job` that no executor of `live` may run, if there is one. `live` is
     /// not empty.
     fn blocked(&self, job: &super::Job, live: &[&ExecutorId]) -> Option<Blocked> {
-        let health = self.jobs.get(&job.id)?;
+        static NO_FAILURES: JobHealth = JobHealth {
+            executors: BTreeMap::new(),
+            excluded: BTreeMap::new(),
+            unschedulable_since: None,
+            last_error: String::new(),
+        };
+        let health = self.jobs.get(&job.id).unwrap_or(&NO_FAILURES);
         let wide = |e: &ExecutorId| self.cluster.contains_key(e) || health.excluded.contains_key(e);
         let names = |scope: &dyn Fn(&ExecutorId) -> &'static str| {
             let mut text: Vec<String> = live
@@ -465,37 +473,50 @@ impl Core {
             .map(|(id, _)| id)
             .collect();
         let timeout = exclusion.config.unschedulable_timeout_ms;
+        // The jobs with failures counted; and, while an executor is excluded from every job,
+        // the queued jobs without (all of whose tasks it may keep from running).
+        let mut candidates: Vec<JobId> = exclusion.jobs.keys().copied().collect();
+        if !exclusion.cluster.is_empty() {
+            candidates.extend(
+                self.queue
+                    .iter()
+                    .filter(|id| !exclusion.jobs.contains_key(id)),
+            );
+        }
         let mut since = Vec::new();
         let mut doomed = Vec::new();
-        for (job_id, health) in &exclusion.jobs {
+        for job_id in candidates {
             // With no live executor, the no-executors timeout is the one that applies.
             let blocked = self
                 .jobs
-                .get(job_id)
+                .get(&job_id)
                 .filter(|job| job.is_active() && !live.is_empty())
                 .and_then(|job| exclusion.blocked(job, &live));
+            let health = exclusion.jobs.get(&job_id);
             let Some(blocked) = blocked else {
-                since.push((*job_id, None));
+                if health.is_some() {
+                    since.push((job_id, None));
+                }
                 continue;
             };
-            let start = health.unschedulable_since.unwrap_or(now);
-            since.push((*job_id, Some(start)));
+            let start = health.and_then(|h| h.unschedulable_since).unwrap_or(now);
+            since.push((job_id, Some(start)));
             if now.saturating_sub(start) >= timeout {
-                doomed.push((*job_id, blocked, health.last_error.clone()));
+                let last_error = health.map(|h| h.last_error.clone()).unwrap_or_default();
+                doomed.push((job_id, blocked, last_error));
             }
         }
         if let Some(exclusion) = self.exclusion.as_deref_mut() {
             for (job_id, start) in since {
-                if let Some(health) = exclusion.jobs.get_mut(&job_id) {
-                    if health.unschedulable_since.is_none() && start.is_some() {
-                        tracing::info!(
-                            job_id,
-                            "a task of the job cannot run on any live executor after failures; \
-                             it fails unless that changes within --exclude-unschedulable-timeout"
-                        );
-                    }
-                    health.unschedulable_since = start;
+                let health = exclusion.jobs.entry(job_id).or_default();
+                if health.unschedulable_since.is_none() && start.is_some() {
+                    tracing::info!(
+                        job_id,
+                        "a task of the job cannot run on any live executor after failures; \
+                         it fails unless that changes within --exclude-unschedulable-timeout"
+                    );
                 }
+                health.unschedulable_since = start;
             }
         }
         for (job_id, blocked, last_error) in doomed {
@@ -504,7 +525,9 @@ impl Core {
     }
 
     /// Fails job `job_id` because its task `blocked.index` cannot run anywhere (Spark's
-    /// `abortSinceCompletelyExcludedOnFailure`): that task ends FAILED, with the reason.
+    /// `abortSinceCompletelyExcludedOnFailure`). A task that has run ends FAILED, as its last
+    /// attempt did, and the journal says so; one that has never run ends KILLED with the job's
+    /// other waiting tasks, as a restarted driver would end it.
     fn abort_unschedulable(
         &mut self,
         job_id: JobId,
@@ -513,35 +536,51 @@ impl Core {
         timeout_ms: u64,
         now: u64,
     ) {
-        let Some(job) = self.jobs.get_mut(&job_id) else {
-            return;
-        };
-        let mut index = blocked.index;
-        if index < job.tasks.launched().len() as u32 {
-            if !job.tasks.kill_waiting(index) {
-                return;
-            }
-        } else {
-            match job.tasks.take(Pick::Fresh) {
-                Some(fresh) => index = fresh,
-                None => return,
-            }
-        }
-        job.tasks[index].status = TaskStatus::Failed;
-        job.failed += 1;
-        let message = format!(
-            "task {index} cannot run anywhere: {} (exclusion on failure), for {}",
-            blocked.why,
-            humantime::format_duration(Duration::from_millis(timeout_ms))
-        );
+        let index = blocked.index;
         let last = if last_error.is_empty() {
             "none"
         } else {
             last_error
         };
         let cap = crate::text::error_cap(self.config.max_reply_bytes);
-        let error = crate::text::clip_owned(format!("{message}; last error: {last}"), cap);
-        job.errors.insert(index, error.clone());
+        let error = crate::text::clip_owned(
+            format!(
+                "task {index} cannot run anywhere: {} (exclusion on failure), for {}; last \
+                 error: {last}",
+                blocked.why,
+                humantime::format_duration(Duration::from_millis(timeout_ms))
+            ),
+            cap,
+        );
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        let ran = index < job.tasks.launched().len() as u32 && job.tasks[index].attempts > 0;
+        let executor = job.tasks[index].executor.clone();
+        if let (true, Some(executor_id)) = (ran, executor) {
+            if !job.tasks.kill_waiting(index) {
+                return;
+            }
+            let record = &mut job.tasks[index];
+            record.status = TaskStatus::Failed;
+            let attempt = record.attempts - 1;
+            job.failed += 1;
+            job.errors.insert(index, error.clone());
+            let entry = JournaledTask {
+                task_id: job.first_task + u64::from(index),
+                attempt,
+                executor_id,
+                state: TaskState::Failed,
+                result: job.results.get(&index).cloned(),
+                error: Some(error.clone()),
+                in_bucket: job.in_bucket(index),
+                result_chunks: job.chunked.get(&index).copied(),
+            };
+            self.journal(|| JournalRecord::TasksEnded {
+                time_ms: now,
+                tasks: vec![entry],
+            });
+        }
         self.end_job(job_id, JobState::Failed, Some(error), now);
     }
 }

@@ -331,3 +331,93 @@ fn kills_and_losses_do_not_count_and_exclusion_is_off_by_default() {
     assert_eq!(launches(&effects), [("a".into(), vec![(1, 0, 1)])]);
     assert_eq!(shown(&core, "a"), []);
 }
+
+#[test]
+fn a_job_failed_for_want_of_an_executor_is_restored_as_it_ended() {
+    let mut core = excluding();
+    core.config.journal = true;
+    let mut journal = Vec::new();
+    add(&mut core, "a", 1, 1);
+    let job_id = submit(&mut core, job(2, 1, 4), 10);
+    take_journal(&mut core, &mut journal);
+    status(&mut core, "a", vec![failed(1, 0, "disk full")], 20);
+    // a runs task 1 meanwhile, and finishes it; task 0 may not run on a.
+    status(&mut core, "a", vec![finished(2, 0)], 30);
+    core.tick(40);
+    core.tick(40 + UNSCHEDULABLE);
+    let effects = take_journal(&mut core, &mut journal);
+    let ends = job_ends(&effects);
+    assert!(
+        matches!(
+            &ends[..],
+            [Event::JobEnd {
+                state: JobState::Failed,
+                failed: 1,
+                ..
+            }]
+        ),
+        "{ends:?}"
+    );
+    assert!(matches!(
+        &journal[journal.len() - 2..],
+        [
+            JournalRecord::TasksEnded { .. },
+            JournalRecord::JobEnded { .. }
+        ]
+    ));
+    let mut restored = restored(&journal, 2);
+    assert_eq!(summary(&mut restored, job_id), summary(&mut core, job_id));
+    let task = outcome(&mut core, job_id, 0);
+    assert_eq!((task.state, task.attempts), (TaskState::Failed, 1));
+    assert_eq!(
+        outcome(&mut restored, job_id, 0),
+        TaskOutcome {
+            started_ms: None,
+            duration_ms: None,
+            ..task
+        }
+    );
+    check_invariants(&restored);
+}
+
+#[test]
+fn a_new_job_fails_when_every_executor_is_excluded_from_every_job() {
+    let mut core = excluding();
+    add(&mut core, "a", 1, 1);
+    let (first, _) = start(&mut core, job(3, 1, 4), 10);
+    report(&mut core, "a", vec![failed(1, 0, "boom")], 20);
+    report(&mut core, "a", vec![failed(2, 0, "boom")], 30);
+    // A second executor runs the first job to its end: a is excluded from every job.
+    add(&mut core, "b", 1, 40);
+    for now in [50, 60, 70] {
+        let running = running_attempts(&core);
+        let [(_, task_id, attempt)] = running[..] else {
+            panic!("one attempt runs: {running:?}");
+        };
+        report(&mut core, "b", vec![finished(task_id, attempt)], now);
+    }
+    assert_eq!(summary(&mut core, first).state, JobState::Succeeded);
+    assert_eq!(shown(&core, "a"), [(ExclusionScope::Cluster, None, None)]);
+    core.remove_executor(&eid("b"), "gone".into(), 80);
+    let (second, launched) = start(&mut core, job(2, 1, 4), 90);
+    assert_eq!(launched, []);
+    core.tick(100);
+    core.tick(100 + UNSCHEDULABLE);
+    let ends = job_ends(&core.take_effects());
+    let [Event::JobEnd {
+        reason: Some(reason),
+        failed,
+        killed,
+        ..
+    }] = &ends[..]
+    else {
+        panic!("the second job should have failed: {ends:?}");
+    };
+    assert!(
+        reason.starts_with("task 0 cannot run anywhere: the one live executor is excluded after failures: a (every job)"),
+        "{reason}"
+    );
+    assert_eq!((*failed, *killed), (0, 2), "task 0 never ran");
+    assert_eq!(summary(&mut core, second).state, JobState::Failed);
+    check_invariants(&core);
+}
