@@ -139,3 +139,42 @@ pub fn exclusion_target(
         ExclusionScope::Cluster => "every job".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::ExecutorId;
+    use crate::protocol::ExclusionScope;
+
+    #[test]
+    fn an_exclusion_and_its_end_read_as_one_line_each() {
+        let executor_id = ExecutorId::parse("bad").unwrap();
+        let excluded = Event::ExecutorExcluded {
+            time_ms: 0,
+            executor_id: executor_id.clone(),
+            scope: ExclusionScope::Task,
+            job_id: Some(7),
+            index: Some(3),
+            reason: "task 3 failed once on it".into(),
+            until_ms: 3_600_000,
+        };
+        assert_eq!(
+            describe(&excluded),
+            "executor excluded bad from task 3 of job 7 until 1970-01-01T01:00:00Z: task 3 \
+             failed once on it"
+        );
+        let back = Event::ExecutorUnexcluded {
+            time_ms: 3_600_000,
+            executor_id,
+            scope: ExclusionScope::Cluster,
+            job_id: None,
+            index: None,
+            reason: "excluded for 1h (--exclude-timeout), which has passed".into(),
+        };
+        assert_eq!(
+            describe(&back),
+            "executor back     bad for every job: excluded for 1h (--exclude-timeout), which \
+             has passed"
+        );
+    }
+}
