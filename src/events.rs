@@ -36,6 +36,30 @@ pub fn describe(event: &Event) -> String {
             reason,
             ..
         } => format!("executor target   {previous} -> {target_executors}: {reason}"),
+        Event::ExecutorExcluded {
+            executor_id,
+            scope,
+            job_id,
+            index,
+            reason,
+            until_ms,
+            ..
+        } => format!(
+            "executor excluded {executor_id} from {} until {}: {reason}",
+            exclusion_target(*scope, *job_id, *index),
+            crate::cli::format_time(*until_ms)
+        ),
+        Event::ExecutorUnexcluded {
+            executor_id,
+            scope,
+            job_id,
+            index,
+            reason,
+            ..
+        } => format!(
+            "executor back     {executor_id} for {}: {reason}",
+            exclusion_target(*scope, *job_id, *index)
+        ),
         Event::ExecutorAdded {
             executor_id, info, ..
         } => format!(
@@ -95,5 +119,62 @@ pub fn describe(event: &Event) -> String {
             }
             line
         }
+    }
+}
+
+/// What an exclusion covers, in words: "task 3 of job 7", "job 7" or "every job".
+pub fn exclusion_target(
+    scope: crate::protocol::ExclusionScope,
+    job_id: Option<u64>,
+    index: Option<u32>,
+) -> String {
+    use crate::protocol::ExclusionScope;
+    let job = job_id.map_or_else(|| "?".to_string(), |id| id.to_string());
+    match scope {
+        ExclusionScope::Task => format!(
+            "task {} of job {job}",
+            index.map_or_else(|| "?".to_string(), |i| i.to_string())
+        ),
+        ExclusionScope::Job => format!("job {job}"),
+        ExclusionScope::Cluster => "every job".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::ExecutorId;
+    use crate::protocol::ExclusionScope;
+
+    #[test]
+    fn an_exclusion_and_its_end_read_as_one_line_each() {
+        let executor_id = ExecutorId::parse("bad").unwrap();
+        let excluded = Event::ExecutorExcluded {
+            time_ms: 0,
+            executor_id: executor_id.clone(),
+            scope: ExclusionScope::Task,
+            job_id: Some(7),
+            index: Some(3),
+            reason: "task 3 failed once on it".into(),
+            until_ms: 3_600_000,
+        };
+        assert_eq!(
+            describe(&excluded),
+            "executor excluded bad from task 3 of job 7 until 1970-01-01T01:00:00Z: task 3 \
+             failed once on it"
+        );
+        let back = Event::ExecutorUnexcluded {
+            time_ms: 3_600_000,
+            executor_id,
+            scope: ExclusionScope::Cluster,
+            job_id: None,
+            index: None,
+            reason: "excluded for 1h (--exclude-timeout), which has passed".into(),
+        };
+        assert_eq!(
+            describe(&back),
+            "executor back     bad for every job: excluded for 1h (--exclude-timeout), which \
+             has passed"
+        );
     }
 }

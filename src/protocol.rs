@@ -11,7 +11,7 @@ mod groups;
 mod journal;
 mod wire;
 
-pub use event::{Event, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
+pub use event::{Event, ExclusionScope, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
 pub use journal::{JournalRecord, JournaledTask};
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
@@ -410,6 +410,10 @@ pub struct ExecutorSummary {
     /// Its custom resources: how many addresses of each it has, and how many are free.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, ResourceCount>,
+    /// What it is excluded from after failures (`--exclude-on-failure`), the widest first and
+    /// at most [`MAX_EXCLUSIONS_SHOWN`]; absent when nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclusions: Vec<ExclusionStatus>,
 }
 
 /// How many addresses of one resource an executor has, and how many no task holds.
@@ -417,6 +421,22 @@ pub struct ExecutorSummary {
 pub struct ResourceCount {
     pub total: u32,
     pub free: u32,
+}
+
+/// The most exclusions one executor's summary lists.
+pub const MAX_EXCLUSIONS_SHOWN: usize = 32;
+
+/// One exclusion of an executor, as `ListExecutors` shows it (see docs/protocol.md, exclusion on
+/// failure).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExclusionStatus {
+    pub scope: ExclusionScope,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<JobId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    pub reason: String,
+    pub until_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

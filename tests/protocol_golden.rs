@@ -1196,6 +1196,7 @@ fn api_reply_executors() {
                 registered_at_ms: 1_700_000_000_000,
                 last_seen_ms: 1_700_000_002_000,
                 resources: Default::default(),
+                exclusions: Vec::new(),
             }],
             total_cores: 8,
             registered_executors: 1,
@@ -1375,6 +1376,129 @@ fn event_executor_target() {
             "target_executors": 4,
             "previous": 2,
             "reason": "96 tasks have waited; 2 more asked for (they need 50)"
+        }),
+    );
+}
+
+#[test]
+fn event_executor_excluded_and_unexcluded() {
+    let event = Event::ExecutorExcluded {
+        time_ms: 1_700_000_000_000,
+        executor_id: exec("exec-1"),
+        scope: ExclusionScope::Task,
+        job_id: Some(7),
+        index: Some(3),
+        reason: "task 3 failed once on it".into(),
+        until_ms: 1_700_003_600_000,
+    };
+    assert_eq!(event.kind(), "executor.excluded");
+    assert_eq!(event.job_id(), Some(7));
+    golden(
+        &event,
+        json!({
+            "type": "ExecutorExcluded",
+            "time_ms": 1_700_000_000_000u64,
+            "executor_id": "exec-1",
+            "scope": "task",
+            "job_id": 7,
+            "index": 3,
+            "reason": "task 3 failed once on it",
+            "until_ms": 1_700_003_600_000u64
+        }),
+    );
+    let event = Event::ExecutorExcluded {
+        time_ms: 1_700_000_000_000,
+        executor_id: exec("exec-1"),
+        scope: ExclusionScope::Cluster,
+        job_id: None,
+        index: None,
+        reason: "2 tasks failed on it in jobs that succeeded, within 1h".into(),
+        until_ms: 1_700_003_600_000,
+    };
+    assert_eq!(event.job_id(), None);
+    golden(
+        &event,
+        json!({
+            "type": "ExecutorExcluded",
+            "time_ms": 1_700_000_000_000u64,
+            "executor_id": "exec-1",
+            "scope": "cluster",
+            "reason": "2 tasks failed on it in jobs that succeeded, within 1h",
+            "until_ms": 1_700_003_600_000u64
+        }),
+    );
+    let event = Event::ExecutorUnexcluded {
+        time_ms: 1_700_003_600_000,
+        executor_id: exec("exec-1"),
+        scope: ExclusionScope::Job,
+        job_id: Some(7),
+        index: None,
+        reason: "excluded for 1h (--exclude-timeout), which has passed".into(),
+    };
+    assert_eq!(event.kind(), "executor.unexcluded");
+    golden(
+        &event,
+        json!({
+            "type": "ExecutorUnexcluded",
+            "time_ms": 1_700_003_600_000u64,
+            "executor_id": "exec-1",
+            "scope": "job",
+            "job_id": 7,
+            "reason": "excluded for 1h (--exclude-timeout), which has passed"
+        }),
+    );
+    let error = json_error::<Event>(
+        br#"{"type":"ExecutorExcluded","time_ms":1,"executor_id":"e","scope":"rack","reason":"r","until_ms":2}"#,
+        &["rack"],
+    );
+    assert!(error.contains("task"), "{error}");
+}
+
+#[test]
+fn executor_summary_with_exclusions() {
+    golden(
+        &ExecutorSummary {
+            executor_id: exec("exec-1"),
+            host: "worker-3".into(),
+            host_port: "worker-3:7078".into(),
+            free_cores: 8,
+            total_cores: 8,
+            log_urls: BTreeMap::new(),
+            attributes: BTreeMap::new(),
+            registered_at_ms: 1_700_000_000_000,
+            last_seen_ms: 1_700_000_002_000,
+            resources: Default::default(),
+            exclusions: vec![
+                ExclusionStatus {
+                    scope: ExclusionScope::Job,
+                    job_id: Some(7),
+                    index: None,
+                    reason: "2 tasks of job 7 failed on it".into(),
+                    until_ms: 1_700_003_600_000,
+                },
+                ExclusionStatus {
+                    scope: ExclusionScope::Task,
+                    job_id: Some(7),
+                    index: Some(3),
+                    reason: "task 3 failed once on it".into(),
+                    until_ms: 1_700_003_600_000,
+                },
+            ],
+        },
+        json!({
+            "executor_id": "exec-1",
+            "host": "worker-3",
+            "host_port": "worker-3:7078",
+            "free_cores": 8,
+            "total_cores": 8,
+            "log_urls": {},
+            "attributes": {},
+            "registered_at_ms": 1_700_000_000_000u64,
+            "last_seen_ms": 1_700_000_002_000u64,
+            "exclusions": [
+                {"scope": "job", "job_id": 7, "reason": "2 tasks of job 7 failed on it", "until_ms": 1_700_003_600_000u64},
+                {"scope": "task", "job_id": 7, "index": 3, "reason": "task 3 failed once on it", "until_ms": 1_700_003_600_000u64}
+            ]
         }),
     );
 }
@@ -2671,6 +2795,7 @@ fn executor_summary_with_resources() {
             ember::protocol::ResourceCount { total: 2, free: 1 },
         )]
         .into(),
+        exclusions: Vec::new(),
     };
     golden(
         &summary,

@@ -6,7 +6,8 @@ use ember::cli::{
 };
 use ember::connect::NatsArgs;
 use ember::driver::core::{
-    AllocationConfig, Liveness, Retention, StartGate, DEFAULT_MIN_EXECUTORS, DEFAULT_RETAIN_JOBS,
+    AllocationConfig, ExclusionConfig, Liveness, Retention, StartGate, DEFAULT_MIN_EXECUTORS,
+    DEFAULT_RETAIN_JOBS,
 };
 use ember::driver::{run, DriverConfig, JournalMode, Replicas};
 use std::process::ExitCode;
@@ -39,6 +40,38 @@ struct Args {
     #[arg(long, env = "EMBER_MAX_REGISTERED_WAIT", default_value = "30s",
           value_parser = parse_duration, requires = "gate")]
     max_registered_wait: Duration,
+    /// Exclude executors on which tasks fail (Spark's spark.excludeOnFailure.enabled): from a
+    /// task that failed there, from a job of which several tasks failed there, and from every
+    /// job after failures across jobs, each for --exclude-timeout. A job with a task no live
+    /// executor may run fails after --exclude-unschedulable-timeout. Off unless given.
+    #[arg(long, env = "EMBER_EXCLUDE_ON_FAILURE")]
+    exclude_on_failure: bool,
+    /// Exclude an executor from a task once the task has failed this many times on it (Spark's
+    /// excludeOnFailure.task.maxTaskAttemptsPerExecutor).
+    #[arg(long, env = "EMBER_EXCLUDE_TASK_FAILURES", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..), requires = "exclude_on_failure")]
+    exclude_task_failures: u32,
+    /// Exclude an executor from a job once this many of the job's tasks have failed on it
+    /// (Spark's excludeOnFailure.stage.maxFailedTasksPerExecutor).
+    #[arg(long, env = "EMBER_EXCLUDE_JOB_FAILURES", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..), requires = "exclude_on_failure")]
+    exclude_job_failures: u32,
+    /// Exclude an executor from every job once this many tasks have failed on it, within
+    /// --exclude-timeout, in jobs that went on to succeed (Spark's
+    /// excludeOnFailure.application.maxFailedTasksPerExecutor).
+    #[arg(long, env = "EMBER_EXCLUDE_CLUSTER_FAILURES", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..), requires = "exclude_on_failure")]
+    exclude_cluster_failures: u32,
+    /// How long an exclusion lasts, and a failure counts across jobs (Spark's
+    /// excludeOnFailure.timeout).
+    #[arg(long, env = "EMBER_EXCLUDE_TIMEOUT", default_value = "1h", value_parser = parse_duration,
+          requires = "exclude_on_failure")]
+    exclude_timeout: Duration,
+    /// Fail a job once one of its tasks has had no live executor it may run on for this long
+    /// (Spark's excludeOnFailure.unschedulableTaskSetTimeout).
+    #[arg(long, env = "EMBER_EXCLUDE_UNSCHEDULABLE_TIMEOUT", default_value = "120s",
+          value_parser = parse_duration, requires = "exclude_on_failure")]
+    exclude_unschedulable_timeout: Duration,
     /// How often free cores are offered even when nothing else prompts it.
     #[arg(long, env = "EMBER_REVIVE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     revive_interval: Duration,
@@ -199,6 +232,7 @@ fn main() -> ExitCode {
                 allocation: allocation(&args)?,
                 web,
                 start_gate: start_gate(&args),
+                exclusion: exclusion(&args),
             };
             run(client, config, shutdown_signal()).await?;
             Ok(())
@@ -245,6 +279,17 @@ fn start_gate(args: &Args) -> Option<StartGate> {
     Some(StartGate {
         min_registered,
         max_wait_ms: args.max_registered_wait.as_millis() as u64,
+    })
+}
+
+/// Exclusion on failure's settings, if `--exclude-on-failure` turns it on.
+fn exclusion(args: &Args) -> Option<ExclusionConfig> {
+    args.exclude_on_failure.then_some(ExclusionConfig {
+        max_task_attempts_per_executor: args.exclude_task_failures,
+        max_failed_tasks_per_executor: args.exclude_job_failures,
+        cluster_max_failed_tasks_per_executor: args.exclude_cluster_failures,
+        timeout_ms: args.exclude_timeout.as_millis() as u64,
+        unschedulable_timeout_ms: args.exclude_unschedulable_timeout.as_millis() as u64,
     })
 }
 

@@ -48,6 +48,17 @@ pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<
         table.add_row(row);
     }
     println!("{table}");
+    for e in &snapshot.executors {
+        for x in &e.exclusions {
+            println!(
+                "executor {} is excluded from {} until {}: {}",
+                e.executor_id,
+                crate::events::exclusion_target(x.scope, x.job_id, x.index),
+                format_time(x.until_ms),
+                x.reason
+            );
+        }
+    }
     println!(
         "{} executors registered, {} cores in total, {} pending",
         snapshot.registered_executors, snapshot.total_cores, snapshot.pending_executors

@@ -4,7 +4,9 @@
 //! costs no channel hop per message.
 
 use super::coalesce::TaskEvents;
-use super::core::{AllocationConfig, Core, CoreConfig, Effect, Liveness, Retention, StartGate};
+use super::core::{
+    AllocationConfig, Core, CoreConfig, Effect, ExclusionConfig, Liveness, Retention, StartGate,
+};
 use super::discovery::{self, ApiCounts, Identity};
 use super::history::{self, History};
 use super::journal::{Journal, JournalError, JournalMode, Replicas};
@@ -72,6 +74,8 @@ pub struct DriverConfig {
     pub web: Option<crate::web::Link>,
     /// Hold offers until enough executors have registered, if set (`--min-registered`).
     pub start_gate: Option<StartGate>,
+    /// Exclude executors on which tasks fail, if set (`--exclude-on-failure`).
+    pub exclusion: Option<ExclusionConfig>,
 }
 
 impl DriverConfig {
@@ -97,6 +101,7 @@ impl DriverConfig {
             allocation: None,
             web: None,
             start_gate: None,
+            exclusion: None,
         }
     }
 }
@@ -390,6 +395,9 @@ async fn start(
     }
     if let Some(gate) = &config.start_gate {
         core.set_start_gate(gate.clone(), now_ms());
+    }
+    if let Some(exclusion) = &config.exclusion {
+        core.set_exclusion(exclusion.clone());
     }
     let mut schedule = None;
     if let Some(journal) = &journal {

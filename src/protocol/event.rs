@@ -67,6 +67,52 @@ pub enum Event {
         previous: u64,
         reason: String,
     },
+    /// An executor gets no more tasks of `scope` (exclusion on failure) until `until_ms`:
+    /// task `index` of job `job_id`, any task of job `job_id`, or any task at all.
+    ExecutorExcluded {
+        time_ms: u64,
+        executor_id: ExecutorId,
+        scope: ExclusionScope,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        job_id: Option<JobId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        index: Option<u32>,
+        reason: String,
+        until_ms: u64,
+    },
+    /// An exclusion ended before its job did: its time passed.
+    ExecutorUnexcluded {
+        time_ms: u64,
+        executor_id: ExecutorId,
+        scope: ExclusionScope,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        job_id: Option<JobId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        index: Option<u32>,
+        reason: String,
+    },
+}
+
+/// What an executor is excluded from (Spark's task, stage and application exclusion).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExclusionScope {
+    /// One task of one job.
+    Task,
+    /// Every task of one job.
+    Job,
+    /// Every task of every job.
+    Cluster,
+}
+
+impl std::fmt::Display for ExclusionScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ExclusionScope::Task => "task",
+            ExclusionScope::Job => "job",
+            ExclusionScope::Cluster => "cluster",
+        })
+    }
 }
 
 impl Event {
@@ -97,6 +143,8 @@ impl Event {
             Event::TaskEnd { .. } => "task.end",
             Event::JobEnd { .. } => "job.end",
             Event::ExecutorTarget { .. } => "executor.target",
+            Event::ExecutorExcluded { .. } => "executor.excluded",
+            Event::ExecutorUnexcluded { .. } => "executor.unexcluded",
         }
     }
 
@@ -107,6 +155,9 @@ impl Event {
             | Event::TaskStart { job_id, .. }
             | Event::TaskEnd { job_id, .. }
             | Event::JobEnd { job_id, .. } => Some(*job_id),
+            Event::ExecutorExcluded { job_id, .. } | Event::ExecutorUnexcluded { job_id, .. } => {
+                *job_id
+            }
             Event::ExecutorAdded { .. }
             | Event::ExecutorRemoved { .. }
             | Event::ExecutorTarget { .. } => None,

@@ -201,9 +201,11 @@ impl Ledger {
             Event::JobEnd { job_id, state, .. } => {
                 self.job_ended(leadership, *job_id, *state, seen)
             }
-            Event::JobStart { .. } | Event::TaskStart { .. } | Event::ExecutorTarget { .. } => {
-                Ok(())
-            }
+            Event::JobStart { .. }
+            | Event::TaskStart { .. }
+            | Event::ExecutorTarget { .. }
+            | Event::ExecutorExcluded { .. }
+            | Event::ExecutorUnexcluded { .. } => Ok(()),
         }
     }
 

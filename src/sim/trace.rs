@@ -77,6 +77,8 @@ pub fn event_words(event: &Event) -> Vec<u64> {
         Event::ExecutorTarget {
             target_executors, ..
         } => vec![7, *target_executors],
+        Event::ExecutorExcluded { until_ms, .. } => vec![8, *until_ms],
+        Event::ExecutorUnexcluded { .. } => vec![9],
     }
 }
 

@@ -438,6 +438,7 @@ impl Core {
             self.send_kill(executor, task_id, attempt, reason);
         }
         self.publish(end);
+        self.exclusion_job_ended(job_id, state, now);
         self.retire(job_id);
     }
 }

@@ -6,6 +6,7 @@
 //! tests and simulations drive it with any clock they like.
 
 mod allocation;
+mod exclusion;
 mod gate;
 mod jobs;
 mod liveness;
@@ -25,6 +26,7 @@ use std::collections::{BTreeMap, VecDeque};
 pub use allocation::{
     AllocationConfig, DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MIN_EXECUTORS,
 };
+pub use exclusion::{ExclusionConfig, DEFAULT_EXCLUDE_TIMEOUT, DEFAULT_UNSCHEDULABLE_TIMEOUT};
 pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
 pub use jobs::Job;
 pub use liveness::Liveness;
@@ -118,6 +120,8 @@ pub struct Core {
     allocation: Option<allocation::Allocation>,
     /// The start gate, when set.
     gate: Option<crate::protocol::StartGateStatus>,
+    /// Exclusion on failure, when on.
+    exclusion: Option<Box<exclusion::Exclusion>>,
     effects: Vec<Effect>,
 }
 
@@ -142,6 +146,7 @@ impl Core {
             offer_rounds: 0,
             allocation: None,
             gate: None,
+            exclusion: None,
             effects: Vec::new(),
         }
     }
@@ -239,6 +244,7 @@ impl Core {
     /// too long, and offers free cores even if nothing else prompted it (Spark's revive).
     pub fn tick(&mut self, now: u64) {
         self.expire(now);
+        self.exclusion_tick(now);
         self.make_offers(None, now);
     }
 

@@ -113,15 +113,17 @@ impl Core {
         let free = data.free_cores;
         let (job_id, position) = self.queue.iter().find_map(|id| {
             let job = self.jobs.get(id)?;
-            if job.cpus_per_task > free {
+            if job.cpus_per_task > free || self.excluded(*id, None, executor) {
                 return None;
             }
             // One branch for the jobs that ask for no custom resources.
             if !job.resources.is_empty() && !data.resources.fits(&job.resources) {
                 return None;
             }
-            let pick = job.tasks.find_waiting(AVOID_LOOKAHEAD, |_, record| {
-                !last_failed_on(record, executor) || !self.another_can_take(executor, job)
+            let pick = job.tasks.find_waiting(AVOID_LOOKAHEAD, |index, record| {
+                !self.excluded(*id, Some(index), executor)
+                    && (!last_failed_on(record, executor)
+                        || !self.another_can_take(executor, *id, index, job))
             })?;
             Some((*id, pick))
         })?;
@@ -163,15 +165,23 @@ impl Core {
 }
 
 impl Core {
-    /// Whether an executor other than `executor` has the cores and resources a task of `job`
-    /// needs free right now. A retry avoids the executor it failed on only then, so it never
-    /// waits for cores that may not come.
-    fn another_can_take(&self, executor: &ExecutorId, job: &super::Job) -> bool {
+    /// Whether an executor other than `executor`, not excluded from task `index` of job
+    /// `job_id`, has the cores and resources a task of `job` needs free right now. A retry
+    /// avoids the executor it failed on only then, so it never waits for cores that may not
+    /// come.
+    fn another_can_take(
+        &self,
+        executor: &ExecutorId,
+        job_id: JobId,
+        index: u32,
+        job: &super::Job,
+    ) -> bool {
         self.executors.iter().any(|(id, data)| {
             id != executor
                 && data.free_cores >= job.cpus_per_task
                 && !data.decommissioning
                 && (job.resources.is_empty() || data.resources.fits(&job.resources))
+                && !self.excluded(job_id, Some(index), id)
         })
     }
 }

@@ -119,6 +119,7 @@ impl Core {
                     registered_at_ms: e.registered_at_ms,
                     last_seen_ms: e.last_seen_ms,
                     resources: e.resources.counts(),
+                    exclusions: self.exclusions_of(id),
                 });
         let (executors, next) = super::page(summaries, offset, limit, self.config.max_reply_bytes);
         ExecutorsSnapshot {

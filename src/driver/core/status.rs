@@ -263,6 +263,17 @@ impl Core {
             }
         }
         let last_of_ended = !active && job.running == 0;
+        let retried =
+            update.state == TaskState::Failed && job.tasks[index].status == TaskStatus::Pending;
+        if retried && self.exclusion.is_some() {
+            self.note_failure(
+                job_id,
+                index,
+                from,
+                error.as_deref().unwrap_or_default(),
+                now,
+            );
+        }
         self.keep_result(job_id, index, result, false);
         if let Some(chunks) = update.result_chunks {
             self.keep_chunks(job_id, index, chunks);

@@ -105,6 +105,8 @@ function renderExecutors(snapshot) {
   const now = snapshot.now_ms;
   const rows = snapshot.executors.map((e) => {
     const attributes = Object.entries(e.attributes || {}).map(([k, v]) => el("span", { class: "attr" }, `${k}=${v}`));
+    const exclusions = (e.exclusions || []).map((x) =>
+      el("span", { class: "attr stale", title: `${x.reason}, until ${clock(x.until_ms)}` }, `excluded from ${exclusionTarget(x)}`));
     const logs = Object.entries(e.log_urls || {}).map(([name, url]) =>
       /^https?:\/\//i.test(url)
         ? el("a", { href: url, target: "_blank", rel: "noopener noreferrer" }, name, " ")
@@ -114,7 +116,7 @@ function renderExecutors(snapshot) {
       el("td", { class: "mono" }, e.executor_id),
       el("td", {}, e.host),
       el("td", { class: "num" }, `${e.free_cores} / ${e.total_cores}`),
-      el("td", {}, ...attributes),
+      el("td", {}, ...attributes, ...exclusions),
       el("td", {}, ...logs),
       el("td", { class: "num" + (seen !== null && seen > 5000 ? " stale" : "") }, seen === null ? "" : `${duration(seen)} ago`));
   });
@@ -125,6 +127,15 @@ function renderExecutors(snapshot) {
   const more = $("executors-more");
   more.hidden = !snapshot.next_offset;
   more.textContent = snapshot.next_offset ? `showing the first ${snapshot.executors.length}` : "";
+}
+
+// What an exclusion covers, in words (as `ember executors` says it).
+function exclusionTarget(x) {
+  switch (x.scope) {
+    case "task": return `task ${x.index} of job ${x.job_id}`;
+    case "job": return `job ${x.job_id}`;
+    default: return "every job";
+  }
 }
 
 // ---- jobs ----
@@ -254,6 +265,10 @@ function describe(n) {
       return ["added", "executor added", `${n.executor_id} on ${n.info.host}, ${n.info.total_cores} cores`];
     case "ExecutorRemoved":
       return ["removed", "executor removed", `${n.executor_id}: ${n.reason}`];
+    case "ExecutorExcluded":
+      return ["removed", "executor excluded", `${n.executor_id} from ${exclusionTarget(n)}: ${n.reason}`];
+    case "ExecutorUnexcluded":
+      return ["added", "executor back", `${n.executor_id} for ${exclusionTarget(n)}: ${n.reason}`];
     case "JobStart":
       return ["started", "job started", `job ${n.job_id}${n.name ? " (" + n.name + ")" : ""}, ${n.tasks} tasks`];
     case "JobEnd":
@@ -310,6 +325,8 @@ function onNotice(notice) {
   switch (notice.type) {
     case "ExecutorAdded":
     case "ExecutorRemoved":
+    case "ExecutorExcluded":
+    case "ExecutorUnexcluded":
       refreshExecutors();
       break;
     case "JobStart":

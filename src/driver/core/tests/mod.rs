@@ -4,6 +4,7 @@
 //! reply, readers of effects, and the invariant checks.
 
 mod allocation;
+mod exclusion;
 mod gate;
 mod jobs;
 mod kills;
@@ -574,8 +575,13 @@ fn check_invariants(core: &Core) {
                 assert!(job.reason.is_none());
             }
             JobState::Failed => {
-                assert!(job.failed >= 1, "job {job_id} failed with no failed task");
                 let reason = job.reason.as_deref().unwrap_or_default();
+                // A job no executor may run fails with no task failed if the task it could
+                // not run had never run.
+                assert!(
+                    job.failed >= 1 || reason.contains("cannot run anywhere"),
+                    "job {job_id} failed with no failed task"
+                );
                 assert!(reason.contains("last error:"), "job {job_id}: {reason}");
             }
             JobState::Killed => {
@@ -749,7 +755,13 @@ fn check_job_tasks(core: &Core, job: &super::Job) {
                 "task {task_id} runs on {executor} but the executor does not know it"
             );
         }
-        if record.status == TaskStatus::Failed {
+        // A task fails when it has used up its attempts, or when no executor may run it
+        // (exclusion on failure).
+        let unschedulable = job
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("cannot run anywhere"));
+        if record.status == TaskStatus::Failed && !unschedulable {
             assert_eq!(record.failures, job.max_failures, "task {task_id}");
         }
     }
@@ -794,6 +806,10 @@ fn check_effects(core: &Core, effects: &[Effect]) {
                         .collect();
                     assert_eq!(handed, job.resources, "what task {} was handed", t.task_id);
                     assert_eq!(core.executors[to].running.get(&t.task_id), Some(&t.attempt));
+                    assert!(
+                        !core.excluded(job_id, Some(index), to),
+                        "task {index} of job {job_id} launched on {to}, which is excluded from it"
+                    );
                     assert!(launched.insert((to.clone(), t.task_id, t.attempt)));
                 }
             }

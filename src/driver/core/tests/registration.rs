@@ -55,6 +55,7 @@ fn a_new_executor_is_registered_and_announced() {
                 registered_at_ms: 1_000,
                 last_seen_ms: 1_000,
                 resources: Default::default(),
+                exclusions: Vec::new(),
             }],
             total_cores: 4,
             registered_executors: 1,
