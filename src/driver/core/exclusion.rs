@@ -399,6 +399,19 @@ impl Core {
         self.exclusion = Some(Box::new(Exclusion::new(config)));
     }
 
+    /// Whether exclusion is on, some executor is live (registered, not decommissioning), and
+    /// every live executor is excluded from job `job_id` (or from every job).
+    pub(super) fn every_live_executor_excludes(&self, job_id: JobId) -> bool {
+        let mut live = self
+            .executors
+            .iter()
+            .filter(|(_, data)| !data.decommissioning)
+            .peekable();
+        self.exclusion.is_some()
+            && live.peek().is_some()
+            && live.all(|(id, _)| self.excluded(job_id, None, id))
+    }
+
     /// Whether `executor` is excluded from task `index` of job `job_id` (from any of its
     /// tasks, without an index). One branch when exclusion is off.
     #[inline]

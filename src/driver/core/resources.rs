@@ -153,8 +153,9 @@ impl Core {
     }
 
     /// Why the tasks of `job` wait though some are ready to run: offers are held by the start
-    /// gate, or no registered executor has as many cores, or as much of a resource, as each
-    /// task asks for. None if nothing holds it back (or the job does not run).
+    /// gate, every live executor is excluded from the job after failures, or no registered
+    /// executor has as many cores, or as much of a resource, as each task asks for. None if
+    /// nothing holds it back (or the job does not run).
     pub(super) fn waiting_reason(&self, job: &Job) -> Option<String> {
         if !job.is_active() || !job.tasks.has_waiting() {
             return None;
@@ -170,6 +171,13 @@ impl Core {
                 ),
                 gate.min_registered,
             ));
+        }
+        if self.every_live_executor_excludes(job.id) {
+            return Some(
+                "every live executor is excluded from this job after failures (exclusion on \
+                 failure); it fails after --exclude-unschedulable-timeout unless one may run it"
+                    .into(),
+            );
         }
         let cpus = job.cpus_per_task;
         if job.resources.is_empty() {

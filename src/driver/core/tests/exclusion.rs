@@ -294,6 +294,11 @@ fn every_executor_excluded_from_a_job_blocks_its_fresh_tasks_too() {
     report(&mut core, "a", vec![failed(1, 0, "boom")], 20);
     // a takes task 1, which fails too: a is excluded from the job, and task 2 has never run.
     report(&mut core, "a", vec![failed(2, 0, "boom")], 30);
+    let waiting = summary(&mut core, job_id).waiting.unwrap_or_default();
+    assert!(
+        waiting.starts_with("every live executor is excluded from this job after failures"),
+        "{waiting:?}"
+    );
     core.tick(40);
     core.tick(40 + UNSCHEDULABLE);
     let ends = job_ends(&core.take_effects());
