@@ -402,14 +402,18 @@ impl Core {
     /// Whether exclusion is on, some executor is live (registered, not decommissioning), and
     /// every live executor is excluded from job `job_id` (or from every job).
     pub(super) fn every_live_executor_excludes(&self, job_id: JobId) -> bool {
-        let mut live = self
-            .executors
-            .iter()
-            .filter(|(_, data)| !data.decommissioning)
-            .peekable();
+        let mut live = self.live_executors().peekable();
         self.exclusion.is_some()
             && live.peek().is_some()
-            && live.all(|(id, _)| self.excluded(job_id, None, id))
+            && live.all(|id| self.excluded(job_id, None, id))
+    }
+
+    /// The executors that may take tasks: registered and not decommissioning.
+    fn live_executors(&self) -> impl Iterator<Item = &ExecutorId> {
+        self.executors
+            .iter()
+            .filter(|(_, data)| !data.decommissioning)
+            .map(|(id, _)| id)
     }
 
     /// Whether `executor` is excluded from task `index` of job `job_id` (from any of its
@@ -479,12 +483,7 @@ impl Core {
         let Some(exclusion) = self.exclusion.as_deref() else {
             return;
         };
-        let live: Vec<&ExecutorId> = self
-            .executors
-            .iter()
-            .filter(|(_, e)| !e.decommissioning)
-            .map(|(id, _)| id)
-            .collect();
+        let live: Vec<&ExecutorId> = self.live_executors().collect();
         let timeout = exclusion.config.unschedulable_timeout_ms;
         // The jobs with failures counted; and, while an executor is excluded from every job,
         // the queued jobs without (all of whose tasks it may keep from running).

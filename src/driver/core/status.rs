@@ -263,9 +263,11 @@ impl Core {
             }
         }
         let last_of_ended = !active && job.running == 0;
-        let retried =
-            update.state == TaskState::Failed && job.tasks[index].status == TaskStatus::Pending;
-        if retried && self.exclusion.is_some() {
+        // A failure counts against the executor only when its task runs again.
+        if self.exclusion.is_some()
+            && update.state == TaskState::Failed
+            && job.tasks[index].status == TaskStatus::Pending
+        {
             self.note_failure(
                 job_id,
                 index,
