@@ -89,6 +89,14 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
         );
         report.soak = Some(super::soak::run(args).await?);
     }
+    if let Some(python) = &args.python {
+        eprintln!(
+            "bench: Python functions from Python, under {}",
+            python.display()
+        );
+        report.python =
+            Some(super::python::run(python, args.python_calls, args.python_round_trips).await?);
+    }
     report.slow_consumers = super::procs::slow_consumers();
     Ok(report)
 }
