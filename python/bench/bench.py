@@ -58,7 +58,10 @@ class Cluster:
         self.url = f"nats://127.0.0.1:{self.port}"
         self.name = "bench-" + uuid.uuid4().hex[:8]
         server = os.environ.get("EMBER_NATS_SERVER") or shutil.which("nats-server")
-        bins = Path(os.environ.get("EMBER_BIN_DIR", REPO / "target" / "release"))
+        if not server:
+            raise RuntimeError("no nats-server: set EMBER_NATS_SERVER or put it on the PATH")
+        server = os.path.abspath(server)
+        bins = Path(os.environ.get("EMBER_BIN_DIR", REPO / "target" / "release")).resolve()
         quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
         self.processes = [
             subprocess.Popen(
