@@ -1,11 +1,16 @@
 """Clusters of their own: credentials from `ember creds`, and executors that refuse python."""
 
+import os
+import signal
 import subprocess
+import sys
+import time
+import uuid
 
 import pytest
 
 import ember
-from conftest import Cluster, binary
+from conftest import Cluster, binary, free_port, nats_server_binary, wait_listening
 
 
 def square(x):
@@ -63,3 +68,39 @@ def test_an_executor_with_no_python_refuses_python_tasks():
             assert client.submit_handler("echo", {"value": 1}).results() == [1]
     finally:
         cluster.stop()
+
+
+def test_ember_up_gives_its_executors_the_python_it_is_told(tmp_path):
+    # The first python3 on the PATH cannot run anything: only --python makes the map work.
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    (broken / "python3").write_text("#!/bin/sh\nexit 3\n")
+    (broken / "python3").chmod(0o755)
+    port = free_port()
+    env = dict(os.environ, PATH=f"{broken}:{os.environ['PATH']}",
+               EMBER_NATS_SERVER=nats_server_binary(), RUST_LOG="warn")
+    name = "py-up-" + uuid.uuid4().hex[:6]
+    up = subprocess.Popen(
+        [binary("ember"), "--cluster", name, "up", "--executors", "1", "--port", str(port),
+         "--http", "off", "--python", sys.executable],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        wait_listening(port, up, "ember up")
+        with ember.connect(f"nats://127.0.0.1:{port}", cluster=name) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if client.executors()["registered_executors"] == 1:
+                        break
+                except ember.NoDriver:
+                    pass
+                assert time.monotonic() < deadline, "the executor did not register"
+                time.sleep(0.1)
+            assert client.map(square, range(4)).results() == [0, 1, 4, 9]
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(20)
+        except subprocess.TimeoutExpired:
+            up.kill()

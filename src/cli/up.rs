@@ -33,6 +33,11 @@ pub struct UpArgs {
     /// Cores each executor offers [default: this machine's].
     #[arg(long, env = "EMBER_UP_CORES")]
     pub cores: Option<u32>,
+    /// The Python interpreter of the executors' Python workers [default: python3 on the
+    /// PATH]. It needs the clients' version of cloudpickle: give the one you installed the
+    /// `ember` package into (e.g. .venv/bin/python) if that is not the first python3.
+    #[arg(long, env = "EMBER_UP_PYTHON")]
+    pub python: Option<PathBuf>,
     /// Port for the nats-server it starts.
     #[arg(long, env = "EMBER_UP_PORT", default_value_t = 4222)]
     pub port: u16,
@@ -116,7 +121,8 @@ pub async fn up(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (server, _run_dir, nats) = server(args, nats)?;
-    let launcher = Launcher::new(nats, args.password_file.as_deref())?;
+    let launcher =
+        Launcher::new(nats, args.password_file.as_deref())?.with_python(args.python.clone());
     let own = launcher.own_nats()?;
     let client = own.connect("ember-up", None).await?;
     let subjects = own.subjects()?;

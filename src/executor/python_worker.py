@@ -107,7 +107,16 @@ def unpickle(data, what):
         answer["unimportable"] = module
         return None, answer
     except Exception as error:
-        return None, failure(error, f"could not unpickle the task's {what}")
+        answer = failure(error, f"could not unpickle the task's {what}")
+        version = getattr(sys.modules.get("cloudpickle"), "__version__", "not installed")
+        answer["error"] += (
+            f" (this executor's interpreter is {sys.executable}, with cloudpickle {version}: "
+            f"what one version of cloudpickle pickles, another may not load. Start the "
+            f"executors with --python naming an interpreter with the client's cloudpickle)"
+        )
+        # The client raises this text, not the bare exception, which would lose the hint.
+        answer["exception"] = None
+        return None, answer
 
 
 def run(request):

@@ -63,6 +63,8 @@ pub struct Launcher {
     bin: PathBuf,
     nats: NatsArgs,
     passwords: Option<(PathBuf, BTreeMap<String, String>)>,
+    /// The interpreter of the executors' Python workers, if not their default.
+    python: Option<PathBuf>,
 }
 
 impl Launcher {
@@ -83,7 +85,14 @@ impl Launcher {
             bin,
             nats,
             passwords,
+            python: None,
         })
+    }
+
+    /// Has every executor run its Python workers with `python`.
+    pub fn with_python(mut self, python: Option<PathBuf>) -> Self {
+        self.python = python;
+        self
     }
 
     /// The flags a process logged in as the user of `name` (a role or an executor id) in the
@@ -118,6 +127,9 @@ impl Launcher {
         let mut extra = vec!["--executor-id".to_string(), id.to_string()];
         if let Some(cores) = cores {
             extra.extend(["--cores".into(), cores.to_string()]);
+        }
+        if let Some(python) = &self.python {
+            extra.extend(["--python".into(), python.display().to_string()]);
         }
         self.spawn("ember-executor", id, &extra)
     }
