@@ -15,7 +15,8 @@
 
 use ember::protocol::{
     decode, encode, ApiReply, ApiRequest, DecodeError, Event, ExecutorMessage, HeartbeatReply,
-    HeartbeatRequest, RegisterReply, RegisterRequest, StatusReply, StatusRequest, TaskSpec,
+    HeartbeatRequest, Message, RegisterReply, RegisterRequest, StatusReply, StatusRequest,
+    TaskSpec,
 };
 use proptest::prelude::*;
 use serde::{de::DeserializeOwned, Serialize};
@@ -59,7 +60,7 @@ const SEEDS: &[&str] = &[
 /// `floats_in_task_args_survive_the_wire_exactly`, which checks them exactly.
 fn check<T>(payload: &[u8]) -> Result<(), TestCaseError>
 where
-    T: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug + 'static,
+    T: Message + Serialize + PartialEq + std::fmt::Debug + 'static,
 {
     let _ = decode::<T>(payload, 64);
     let decoded = decode::<T>(payload, usize::MAX);

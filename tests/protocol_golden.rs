@@ -4,7 +4,6 @@
 
 use ember::ids::{ExecutorId, InstanceId};
 use ember::protocol::*;
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,7 +38,7 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 /// `value` serializes to exactly `wire`, `encode` agrees, and `wire` decodes back to `value`.
 fn golden<T>(value: &T, wire: Value)
 where
-    T: Serialize + DeserializeOwned + PartialEq + Debug + 'static,
+    T: Serialize + Message + PartialEq + Debug + 'static,
 {
     assert_eq!(
         serde_json::to_value(value).unwrap(),
@@ -51,12 +50,32 @@ where
     let bytes = serde_json::to_vec(&wire).unwrap();
     let back: T = decode(&bytes, LIMIT).unwrap_or_else(|e| panic!("decode {wire}: {e}"));
     assert_eq!(&back, value, "decoded value");
+    // Both readers of what `encode` writes agree: `decode`, which tries a message's own fast
+    // reader first where it has one (`fast_reads` checks that it did), and serde alone.
+    let written = encode(value);
+    let read: T = decode(&written, LIMIT).unwrap_or_else(|e| panic!("decode {wire}: {e}"));
+    assert_eq!(&read, value, "decode() of encode()'s bytes");
+    let by_serde: T = serde_json::from_slice(&written).unwrap();
+    assert_eq!(&by_serde, value, "serde's read of encode()'s bytes");
+}
+
+/// The message's fast reader, not serde, reads what `encode` writes of `value`: a golden
+/// message of the hot path that serde alone would read leaves the fast reader untested.
+fn fast_reads<T>(value: &T)
+where
+    T: Serialize + Message + PartialEq + Debug,
+{
+    assert_eq!(
+        T::decode_fast(&encode(value)).as_ref(),
+        Some(value),
+        "the fast reader of {value:?}"
+    );
 }
 
 /// `wire` decodes to `value` (for inputs that leave out defaulted fields).
 fn decodes_to<T>(wire: Value, value: &T)
 where
-    T: DeserializeOwned + PartialEq + Debug + 'static,
+    T: Message + PartialEq + Debug + 'static,
 {
     let bytes = serde_json::to_vec(&wire).unwrap();
     let back: T = decode(&bytes, LIMIT).unwrap_or_else(|e| panic!("decode {wire}: {e}"));
@@ -64,7 +83,7 @@ where
 }
 
 /// Decoding `payload` as `T` fails with a JSON error whose message contains every `needles`.
-fn json_error<T: DeserializeOwned + Debug + 'static>(payload: &[u8], needles: &[&str]) -> String {
+fn json_error<T: Message + Debug + 'static>(payload: &[u8], needles: &[&str]) -> String {
     match decode::<T>(payload, LIMIT) {
         Err(DecodeError::Json(e)) => {
             let message = DecodeError::Json(e).to_string();
@@ -1747,6 +1766,7 @@ fn executor_launch_tasks() {
         ],
         driver_instance: Some(driver_instance()),
     };
+    fast_reads(&message);
     golden(
         &message,
         json!({
@@ -2213,6 +2233,11 @@ fn status_updates() {
         },
         json!({"type": "StatusUpdates", "executor_id": "exec-1", "updates": [[44, 1], [44, 1]]}),
     );
+    fast_reads(&StatusRequest::StatusUpdates {
+        executor_id: exec("exec-1"),
+        updates: vec![plain.clone(), plain.clone()],
+        driver_instance: Some(driver_instance()),
+    });
     decodes_to(
         json!({"task_id": 44, "attempt": 1, "state": "FINISHED"}),
         &plain,
@@ -2301,16 +2326,18 @@ fn status_ack() {
         json!({"type": "StatusAck", "accepted": 0, "refused": []}),
     );
     let noop = noop();
+    let ack = StatusReply::StatusAck {
+        accepted: 1,
+        refused: vec![],
+        launch: vec![
+            launched(44, 2, 3, 0, &noop),
+            launched(45, 2, 4, 0, &noop),
+            launched(41, 2, 0, 1, &noop),
+        ],
+    };
+    fast_reads(&ack);
     golden(
-        &StatusReply::StatusAck {
-            accepted: 1,
-            refused: vec![],
-            launch: vec![
-                launched(44, 2, 3, 0, &noop),
-                launched(45, 2, 4, 0, &noop),
-                launched(41, 2, 0, 1, &noop),
-            ],
-        },
+        &ack,
         json!({
             "type": "StatusAck",
             "accepted": 1,

@@ -214,7 +214,7 @@ fn millis(duration: Duration) -> u64 {
 /// timeout, and counting the wait to hand the request to the client's connection (which the
 /// client's timeout does not). An answer from an older epoch than the newest seen is no
 /// answer.
-fn request<T: serde::de::DeserializeOwned + 'static>(
+fn request<T: crate::protocol::Message + 'static>(
     client: &Client,
     subject: Subject,
     payload: bytes::Bytes,

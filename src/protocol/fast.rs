@@ -19,22 +19,24 @@ use super::{ExecutorMessage, StatusReply, StatusRequest, StatusUpdate, TaskDescr
 use crate::ids::InstanceId;
 use serde::de::value::{BorrowedStrDeserializer, Error};
 use serde::Deserialize;
-use std::any::Any;
 use std::sync::Arc;
 
-/// `payload` as a `T`, if `T` is one of the messages with a fast path and `payload` is in the
-/// form `encode` writes.
-pub(super) fn decode<T: 'static>(payload: &[u8]) -> Option<T> {
-    let mut decoded: Option<T> = None;
-    let slot: &mut dyn Any = &mut decoded;
-    if let Some(slot) = slot.downcast_mut::<Option<StatusRequest>>() {
-        *slot = status_request(Cursor(payload));
-    } else if let Some(slot) = slot.downcast_mut::<Option<StatusReply>>() {
-        *slot = status_ack(Cursor(payload));
-    } else if let Some(slot) = slot.downcast_mut::<Option<ExecutorMessage>>() {
-        *slot = launch_tasks(Cursor(payload));
+impl super::Message for StatusRequest {
+    fn decode_fast(payload: &[u8]) -> Option<Self> {
+        status_request(Cursor(payload))
     }
-    decoded
+}
+
+impl super::Message for StatusReply {
+    fn decode_fast(payload: &[u8]) -> Option<Self> {
+        status_ack(Cursor(payload))
+    }
+}
+
+impl super::Message for ExecutorMessage {
+    fn decode_fast(payload: &[u8]) -> Option<Self> {
+        launch_tasks(Cursor(payload))
+    }
 }
 
 /// `{"type":"StatusUpdates","executor_id":"..","updates":[[task_id,attempt],..]` then
@@ -248,8 +250,13 @@ impl<'a> Cursor<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{self, TaskState};
+    use crate::protocol::{self, Message, TaskState};
     use serde_json::json;
+
+    /// What the fast reader of `T` makes of `payload`.
+    fn decode<T: Message>(payload: &[u8]) -> Option<T> {
+        T::decode_fast(payload)
+    }
 
     fn task(task_id: u64, job_id: u64, spec: &Arc<TaskSpec>) -> TaskDescription {
         TaskDescription {
