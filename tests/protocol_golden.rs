@@ -901,6 +901,7 @@ fn full_job() -> SubmitJob {
         max_failures: 2,
         cpus_per_task: 4,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 
@@ -928,6 +929,7 @@ fn default_job() -> SubmitJob {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 
@@ -1533,6 +1535,7 @@ fn running_summary() -> JobSummary {
         ended_at_ms: None,
         reason: None,
         waiting: None,
+        placement: None,
     }
 }
 
@@ -1567,6 +1570,7 @@ fn api_reply_jobs() {
         ended_at_ms: Some(2500),
         reason: Some("task 0 failed 4 times; last error: boom".into()),
         waiting: None,
+        placement: None,
     };
     golden(
         &ApiReply::Jobs {
@@ -2429,6 +2433,7 @@ fn journal_records() {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     };
     golden(
         &JournalRecord::JobSubmitted {

@@ -127,6 +127,11 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
         let waiting = j.waiting.as_deref().unwrap_or_default();
         println!("job {} waits: {waiting}", j.job_id);
     }
+    for j in &jobs {
+        if let Some(placement) = j.placement.as_ref().filter(|p| !p.is_empty()) {
+            println!("job {} placement: {}", j.job_id, placement.describe());
+        }
+    }
     Ok(())
 }
 
