@@ -227,3 +227,37 @@ async fn a_preferred_executor_takes_the_tasks_while_it_has_room_and_others_after
         );
     }
 }
+
+#[tokio::test]
+async fn a_restarted_driver_keeps_a_jobs_constraints() {
+    let cluster = TestCluster::start_with_jetstream("placement-journal");
+    let first = cluster.driver().await;
+    let _r2 = executor_with(&cluster, "e2", 2, &[("rack", "r2")]).await;
+    let api = cluster.api(cluster.client().await);
+    until_registered(&api, 1).await;
+    let job = with_placement(sleepers(3, 50), constraints(&["rack=r1"]));
+    let job_id = api.submit(job).await.unwrap();
+    let reason = |api: EmberClient| async move {
+        eventually(LIMIT, "the job to say why it waits", || async {
+            let job = api.job(job_id).await.ok()?;
+            job.waiting.is_some().then_some(job)
+        })
+        .await
+    };
+    let before = reason(api.clone()).await;
+    first.stop().await.unwrap();
+
+    let _next = cluster.driver().await;
+    // `e2` registers with the new driver, which restored the job from the journal.
+    let after = reason(api.clone()).await;
+    assert_eq!(after.waiting, before.waiting);
+    assert_eq!(
+        after.waiting.as_deref(),
+        Some("no live executor meets rack=r1")
+    );
+    assert_eq!(after.placement, before.placement);
+    let _r1 = executor_with(&cluster, "e1", 1, &[("rack", "r1")]).await;
+    let (summary, results) = until_ended(&api, job_id).await;
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    assert_eq!(executors_of(&results), ["e1", "e1", "e1"]);
+}

@@ -158,17 +158,46 @@ impl Core {
             .any(|p| self.executors.get(p).is_some_and(|e| !e.decommissioning))
     }
 
-    /// Why `job`'s tasks wait because of its constraints: no live executor meets them. None
-    /// if some does, if the job has none, or if no executor is registered at all.
+    /// Why `job`'s tasks wait because of its constraints: no live executor meets them, or
+    /// none that does has the cores and resources a task needs. None if one does, if the job
+    /// has no constraints, or if no executor is registered at all.
     pub(super) fn placement_waiting(&self, job: &Job) -> Option<String> {
         let placement = job.placement.as_ref()?;
         if placement.constraints.is_empty() {
             return None;
         }
-        let mut live = self.executors.iter().filter(|(_, e)| !e.decommissioning);
+        let live = self.executors.iter().filter(|(_, e)| !e.decommissioning);
         live.clone().next()?;
-        if live.any(|(id, _)| placement.meets.contains(id)) {
-            return None;
+        let all = || {
+            placement
+                .constraints
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut meeting = live
+            .filter(|(id, _)| placement.meets.contains(id))
+            .peekable();
+        if meeting.peek().is_some() {
+            let room = |e: &ExecutorData| {
+                e.info.total_cores >= job.cpus_per_task
+                    && job
+                        .resources
+                        .iter()
+                        .all(|(name, count)| e.resources.total(name) >= *count)
+            };
+            if meeting.any(|(_, e)| room(e)) {
+                return None;
+            }
+            let mut need = crate::text::count(job.cpus_per_task, "core", "cores");
+            if !job.resources.is_empty() {
+                need = format!("{need}, {}", crate::resources::show_request(&job.resources));
+            }
+            return Some(format!(
+                "no live executor that meets {} has {need} for a task",
+                all()
+            ));
         }
         let unmet = placement.constraints.iter().find(|c| {
             !self
@@ -178,15 +207,7 @@ impl Core {
         });
         Some(match unmet {
             Some(c) => format!("no live executor meets {c}"),
-            None => format!(
-                "no live executor meets {} together",
-                placement
-                    .constraints
-                    .iter()
-                    .map(|c| c.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            None => format!("no live executor meets {} together", all()),
         })
     }
 }

@@ -556,6 +556,7 @@ fn check_invariants(core: &Core) {
         assert_eq!(job.id, job_id);
         check_job_counts(job);
         check_job_tasks(core, job);
+        placement::check_placement(core, job);
         match job.state {
             JobState::Running => {
                 // A running job's KILLED tasks were killed by request, one at a time.

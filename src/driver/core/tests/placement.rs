@@ -65,6 +65,33 @@ fn counts(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
     pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect()
 }
 
+/// Every running attempt of `job` runs on an executor that meets its constraints, read again
+/// from the text submitted and the attributes registered.
+pub(super) fn check_placement(core: &Core, job: &super::super::Job) {
+    let Some(placement) = &job.placement else {
+        return;
+    };
+    let constraints = placement
+        .wire
+        .validate()
+        .expect("accepted constraints parse");
+    for (index, record) in job.tasks.launched().iter().enumerate() {
+        let (TaskStatus::Running, Some(executor)) = (record.status, &record.executor) else {
+            continue;
+        };
+        let Some(data) = core.executors.get(executor) else {
+            continue;
+        };
+        for c in &constraints {
+            assert!(
+                c.holds(&data.info.attributes),
+                "task {index} of job {} runs on {executor}, which does not meet {c}",
+                job.id
+            );
+        }
+    }
+}
+
 fn tick(core: &mut Core, now: u64) -> Vec<Effect> {
     core.tick(now);
     let effects = core.take_effects();
@@ -137,6 +164,17 @@ fn a_job_no_live_executor_meets_waits_and_says_which_constraint() {
             ..
         }
     )));
+    // An executor meets it, but has too few cores for a task, though another has them.
+    add_with(&mut core, "s", 1, &[("rack", "r5")], 4);
+    let big = SubmitJob {
+        cpus_per_task: 2,
+        ..constrained(1, &["rack=r5"])
+    };
+    let (small, _) = start(&mut core, big, 5);
+    assert_eq!(
+        summary(&mut core, small).waiting.as_deref(),
+        Some("no live executor that meets rack=r5 has 2 cores for a task")
+    );
     // An executor that meets them registers: the tasks run there, and the job no longer waits.
     add_with(&mut core, "c", 4, &[("rack", "r9")], 2_000);
     let mut on: Vec<String> = core
