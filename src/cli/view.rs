@@ -128,8 +128,10 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
         println!("job {} waits: {waiting}", j.job_id);
     }
     for j in &jobs {
-        if let Some(placement) = j.placement.as_ref().filter(|p| !p.is_empty()) {
-            println!("job {} placement: {}", j.job_id, placement.describe());
+        // A locality wait alone, without preferences, says nothing.
+        let shown = j.placement.as_ref().map(|p| p.describe());
+        if let Some(placement) = shown.filter(|d| !d.is_empty()) {
+            println!("job {} placement: {placement}", j.job_id);
         }
     }
     Ok(())
