@@ -131,6 +131,7 @@ mod tests {
             max_failures: 1,
             cpus_per_task: 1,
             resources: Default::default(),
+            placement: Default::default(),
         };
         let summary = tokio::time::timeout(Duration::from_secs(30), api.run_job(job, |_| {}))
             .await

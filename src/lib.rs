@@ -23,6 +23,7 @@ pub mod executor;
 pub mod history;
 pub mod ids;
 pub mod metrics;
+pub mod placement;
 pub mod protocol;
 pub mod resources;
 pub mod server;

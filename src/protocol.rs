@@ -165,6 +165,10 @@ pub struct SubmitJob {
     /// Custom resources each task needs beside its cores (`{"gpu": 1}`); none if empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: crate::resources::Request,
+    /// Where tasks may run and would rather run: `constraints`, `prefer_executors`,
+    /// `prefer_hosts` and `locality_wait_ms`, each optional.
+    #[serde(flatten)]
+    pub placement: crate::placement::Placement,
 }
 
 fn one() -> u32 {
@@ -456,6 +460,9 @@ pub struct JobSummary {
     /// resources it asks for, or the start gate holds offers); none if nothing holds it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// The job's placement as submitted, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement::Placement>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

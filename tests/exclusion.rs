@@ -39,6 +39,7 @@ fn work_job(tasks: u32) -> SubmitJob {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 

@@ -33,6 +33,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 
@@ -570,6 +571,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     };
     let job = within(LIMIT, api.run_job(echo.clone(), |_| {}))
         .await

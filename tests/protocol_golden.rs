@@ -920,6 +920,7 @@ fn full_job() -> SubmitJob {
         max_failures: 2,
         cpus_per_task: 4,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 
@@ -947,6 +948,7 @@ fn default_job() -> SubmitJob {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 
@@ -1552,6 +1554,7 @@ fn running_summary() -> JobSummary {
         ended_at_ms: None,
         reason: None,
         waiting: None,
+        placement: None,
     }
 }
 
@@ -1586,6 +1589,7 @@ fn api_reply_jobs() {
         ended_at_ms: Some(2500),
         reason: Some("task 0 failed 4 times; last error: boom".into()),
         waiting: None,
+        placement: None,
     };
     golden(
         &ApiReply::Jobs {
@@ -2456,6 +2460,7 @@ fn journal_records() {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     };
     golden(
         &JournalRecord::JobSubmitted {
@@ -2883,5 +2888,80 @@ fn launch_tasks_holding_resources() {
                 group(2, noop_wire(), json!([[20, 0, 0], [21, 1, 0]])),
             ]
         }),
+    );
+}
+
+/// The placement of docs/protocol.md's `SubmitJob` example.
+fn placement() -> ember::placement::Placement {
+    ember::placement::Placement {
+        constraints: vec!["rack=r1".into(), "os in (linux,freebsd)".into()],
+        prefer_executors: vec![exec("worker-3")],
+        prefer_hosts: vec!["10.0.0.7".into()],
+        locality_wait_ms: Some(1500),
+    }
+}
+
+#[test]
+fn submit_job_with_a_placement() {
+    let job = SubmitJob {
+        placement: placement(),
+        ..default_job()
+    };
+    let wire = json!({
+        "name": "",
+        "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+        "repeat": 1,
+        "max_failures": 4,
+        "cpus_per_task": 1,
+        "constraints": ["rack=r1", "os in (linux,freebsd)"],
+        "prefer_executors": ["worker-3"],
+        "prefer_hosts": ["10.0.0.7"],
+        "locality_wait_ms": 1500
+    });
+    golden(&job, wire.clone());
+    // Inside the api's tagged request too.
+    let mut request = wire;
+    request["type"] = json!("SubmitJob");
+    golden(&ApiRequest::SubmitJob(job), request);
+    // Each field alone; the rest absent.
+    let only = SubmitJob {
+        placement: ember::placement::Placement {
+            constraints: vec!["zone!=z3".into()],
+            ..Default::default()
+        },
+        ..default_job()
+    };
+    decodes_to(
+        json!({"tasks": [{"kind": "handler", "name": "noop"}], "constraints": ["zone!=z3"]}),
+        &only,
+    );
+    json_error::<SubmitJob>(
+        br#"{"tasks":[],"constraints":"rack=r1"}"#,
+        &["invalid type"],
+    );
+    json_error::<SubmitJob>(
+        br#"{"tasks":[],"prefer_executors":["a b"]}"#,
+        &["executor id"],
+    );
+}
+
+#[test]
+fn job_summary_with_a_placement() {
+    let summary = JobSummary {
+        placement: Some(placement()),
+        waiting: Some("no live executor meets rack=r1".into()),
+        ..running_summary()
+    };
+    let mut wire = running_summary_wire();
+    wire["waiting"] = json!("no live executor meets rack=r1");
+    wire["placement"] = json!({
+        "constraints": ["rack=r1", "os in (linux,freebsd)"],
+        "prefer_executors": ["worker-3"],
+        "prefer_hosts": ["10.0.0.7"],
+        "locality_wait_ms": 1500
+    });
+    golden(
+        &ApiReply::Job { job: summary },
+        json!({"type": "Job", "job": wire}),
     );
 }

@@ -76,6 +76,7 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
         max_failures: 1,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 

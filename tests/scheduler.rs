@@ -20,6 +20,7 @@ fn commands(scripts: &[&str]) -> SubmitJob {
         max_failures: 1,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 

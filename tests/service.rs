@@ -27,6 +27,7 @@ fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 
@@ -200,6 +201,7 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
         max_failures: 1,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     };
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.unwrap();

@@ -355,6 +355,7 @@ fn noops(tasks: u32) -> crate::protocol::SubmitJob {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 

@@ -57,6 +57,7 @@ fn printers(tasks: u32) -> SubmitJob {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 

@@ -248,6 +248,7 @@ mod tests {
             ended_at_ms: None,
             reason: None,
             waiting: None,
+            placement: None,
         }
     }
 

@@ -32,6 +32,23 @@ pub struct SubmitArgs {
     /// EMBER_RESOURCE_<NAME>.
     #[arg(long = "resource", value_name = "NAME=COUNT", value_parser = crate::resources::parse_request_flag)]
     pub resources: Vec<(String, u32)>,
+    /// Run only on executors whose attributes (ember-executor --attribute) meet this
+    /// (repeatable; all must hold): KEY=VALUE, KEY!=VALUE, 'KEY in (A,B)' or 'KEY not in (A,B)'.
+    /// An executor without the attribute fails = and in, and meets != and not in.
+    #[arg(long = "constraint", value_name = "CONSTRAINT", value_parser = crate::placement::parse_constraint_flag)]
+    pub constraints: Vec<String>,
+    /// Prefer this executor (repeatable): tasks wait up to --locality-wait for a free slot on a
+    /// preferred executor or host before they take any other.
+    #[arg(long = "prefer-executor", value_name = "ID", value_parser = parse_executor_id)]
+    pub prefer_executors: Vec<crate::ids::ExecutorId>,
+    /// Prefer the executors on this host (repeatable), as --prefer-executor does.
+    #[arg(long = "prefer-host", value_name = "HOST", value_parser = crate::placement::parse_host_flag)]
+    pub prefer_hosts: Vec<String>,
+    /// How long tasks wait for a slot on a preferred executor or host, since the job last
+    /// launched on one, before they take any executor (Spark's spark.locality.wait); 0 takes any
+    /// at once. [default: 3s]
+    #[arg(long, value_parser = super::parse_wait)]
+    pub locality_wait: Option<std::time::Duration>,
     /// Kill a command task after this long (e.g. 30s).
     #[arg(long, value_parser = super::parse_duration)]
     pub timeout: Option<std::time::Duration>,
@@ -83,8 +100,18 @@ impl SubmitArgs {
             cpus_per_task: self.cpus_per_task,
             resources: crate::resources::gather(self.resources.clone())
                 .map_err(anyhow::Error::msg)?,
+            placement: crate::placement::Placement {
+                constraints: self.constraints.clone(),
+                prefer_executors: self.prefer_executors.clone(),
+                prefer_hosts: self.prefer_hosts.clone(),
+                locality_wait_ms: self.locality_wait.map(|w| w.as_millis() as u64),
+            },
         })
     }
+}
+
+fn parse_executor_id(text: &str) -> Result<crate::ids::ExecutorId, String> {
+    crate::ids::ExecutorId::parse(text)
 }
 
 /// Submits, waits and reports; `Ok(true)` if the job succeeded.
@@ -207,6 +234,7 @@ mod tests {
             ended_at_ms: Some(3),
             reason: None,
             waiting: None,
+            placement: None,
         }
     }
 

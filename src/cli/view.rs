@@ -127,6 +127,13 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
         let waiting = j.waiting.as_deref().unwrap_or_default();
         println!("job {} waits: {waiting}", j.job_id);
     }
+    for j in &jobs {
+        // A locality wait alone, without preferences, says nothing.
+        let shown = j.placement.as_ref().map(|p| p.describe());
+        if let Some(placement) = shown.filter(|d| !d.is_empty()) {
+            println!("job {} placement: {placement}", j.job_id);
+        }
+    }
     Ok(())
 }
 

@@ -220,6 +220,7 @@ mod tests {
                 max_failures: 4,
                 cpus_per_task: 1,
                 resources: Default::default(),
+                placement: Default::default(),
             },
         };
         let ended = (0..tasks).map(|i| JournaledTask {

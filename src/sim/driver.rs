@@ -447,6 +447,7 @@ impl World {
                 max_failures: crate::DEFAULT_MAX_FAILURES,
                 cpus_per_task: 1,
                 resources: Default::default(),
+                placement: Default::default(),
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             if let ApiReply::JobAccepted { job_id } = reply {

@@ -328,6 +328,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
         max_failures: 1,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 
@@ -343,6 +344,7 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
         max_failures: 4,
         cpus_per_task: 1,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Job {
     pub cpus_per_task: u32,
     /// Custom resources each task needs; empty for most jobs.
     pub resources: crate::resources::Request,
+    /// Where its tasks may and would rather run; none for most jobs.
+    pub placement: Option<Box<super::placement::JobPlacement>>,
     /// Every task's record and which of them wait for cores.
     pub tasks: Tasks,
     /// Where superseded attempts ran: (index, attempt) -> executor; for telling a late repeat
@@ -67,6 +69,7 @@ impl Job {
             max_failures: submit.max_failures,
             cpus_per_task: submit.cpus_per_task,
             resources: submit.resources,
+            placement: super::placement::JobPlacement::new(submit.placement, now),
             tasks: Tasks::new(count),
             past_attempts: HashMap::default(),
             results: HashMap::default(),
@@ -111,6 +114,11 @@ impl Job {
             max_failures: self.max_failures,
             cpus_per_task: self.cpus_per_task,
             resources: self.resources.clone(),
+            placement: self
+                .placement
+                .as_ref()
+                .map(|p| p.wire.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -166,6 +174,7 @@ impl Job {
             ended_at_ms: self.ended_at_ms,
             reason: self.reason.clone(),
             waiting: None,
+            placement: self.placement.as_ref().map(|p| p.wire.clone()),
         }
     }
 
@@ -276,6 +285,7 @@ impl Core {
         });
         self.first_tasks.insert(first_task, id);
         self.jobs.insert(id, job);
+        self.placement_job_added(id);
         self.queue.push_back(id);
         self.make_offers(None, now);
         ApiReply::JobAccepted { job_id: id }
@@ -487,6 +497,7 @@ pub(super) fn validate_job(
         ));
     }
     crate::resources::validate_request(&submit.resources)?;
+    submit.placement.validate()?;
     // A launch of one task must fit in one message: it is one group, the spec and under 250
     // bytes of ids and framing, so 1024 bytes of room is plenty.
     let spec_limit = max_bytes.saturating_sub(1024);

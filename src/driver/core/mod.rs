@@ -11,6 +11,7 @@ mod gate;
 mod jobs;
 mod liveness;
 mod offers;
+mod placement;
 mod registry;
 mod resources;
 mod restore;
@@ -30,6 +31,7 @@ pub use exclusion::{ExclusionConfig, DEFAULT_EXCLUDE_TIMEOUT, DEFAULT_UNSCHEDULA
 pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
 pub use jobs::Job;
 pub use liveness::Liveness;
+pub use placement::JobPlacement;
 pub use registry::{ExecutorData, MAX_CORES};
 pub use resources::ExecutorResources;
 pub use restore::{ReplayError, Restored};

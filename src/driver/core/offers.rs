@@ -120,6 +120,12 @@ impl Core {
             if !job.resources.is_empty() && !data.resources.fits(&job.resources) {
                 return None;
             }
+            // One branch for the jobs without constraints or preferences.
+            if let Some(placement) = &job.placement {
+                if !self.placement_allows(placement, executor, now) {
+                    return None;
+                }
+            }
             let pick = job.tasks.find_waiting(AVOID_LOOKAHEAD, |index, record| {
                 !self.excluded(*id, Some(index), executor)
                     && (!last_failed_on(record, executor)
@@ -129,6 +135,9 @@ impl Core {
         })?;
         let job = self.jobs.get_mut(&job_id)?;
         let index = job.tasks.take(position)?;
+        if let Some(placement) = &mut job.placement {
+            placement.launched(executor, now);
+        }
         let cpus = job.cpus_per_task;
         let task_id = job.first_task + u64::from(index);
         let record = &mut job.tasks[index];
@@ -181,6 +190,7 @@ impl Core {
                 && data.free_cores >= job.cpus_per_task
                 && !data.decommissioning
                 && (job.resources.is_empty() || data.resources.fits(&job.resources))
+                && job.placement.as_ref().map_or(true, |p| p.admits(id))
                 && !self.excluded(job_id, Some(index), id)
         })
     }

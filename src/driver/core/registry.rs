@@ -84,6 +84,7 @@ impl Core {
             executor_id: id.clone(),
             info,
         });
+        self.placement_executor_added(&id);
         let reply = self.registered(id);
         self.make_offers(None, now);
         reply

@@ -179,6 +179,9 @@ impl Core {
                     .into(),
             );
         }
+        if let Some(reason) = self.placement_waiting(job) {
+            return Some(reason);
+        }
         let cpus = job.cpus_per_task;
         if job.resources.is_empty() {
             // More cores per task than any executor has (none registered: nothing to say).

@@ -158,6 +158,7 @@ impl Core {
         for job_id in done {
             self.end_job_if_done(job_id, now);
         }
+        self.placement_resumed(now);
         restored
     }
 
@@ -183,6 +184,7 @@ impl Core {
         self.next_task = first_task + u64::from(job.len());
         self.first_tasks.insert(first_task, job_id);
         self.jobs.insert(job_id, job);
+        self.placement_job_added(job_id);
         Ok(())
     }
 

@@ -9,6 +9,7 @@ mod gate;
 mod jobs;
 mod kills;
 mod offers;
+mod placement;
 mod props;
 mod registration;
 mod resources;
@@ -122,6 +123,7 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
         max_failures,
         cpus_per_task,
         resources: Default::default(),
+        placement: Default::default(),
     }
 }
 
@@ -554,6 +556,7 @@ fn check_invariants(core: &Core) {
         assert_eq!(job.id, job_id);
         check_job_counts(job);
         check_job_tasks(core, job);
+        placement::check_placement(core, job);
         match job.state {
             JobState::Running => {
                 // A running job's KILLED tasks were killed by request, one at a time.

@@ -74,6 +74,20 @@ impl Sim {
         if gpus > 0 {
             submission.resources = [("gpu".to_string(), gpus)].into();
         }
+        // A third of the jobs run only on the even executors (`rack=r0`); another third prefer
+        // `e1`, waiting a few steps for it.
+        submission.placement = match tasks % 3 {
+            0 => crate::placement::Placement {
+                constraints: vec!["rack=r0".into()],
+                ..Default::default()
+            },
+            1 => crate::placement::Placement {
+                prefer_executors: vec![eid("e1")],
+                locality_wait_ms: Some(20),
+                ..Default::default()
+            },
+            _ => Default::default(),
+        };
         let job_id = submit(&mut self.core, submission, self.now);
         let effects = self.effects();
         assert_eq!(

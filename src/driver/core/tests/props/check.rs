@@ -74,10 +74,16 @@ impl Sim {
                 self.now += 1;
                 self.tick();
                 check_invariants(&self.core);
+                // A job that prefers a busy executor takes others after its locality wait.
+                if running_attempts(&self.core).is_empty() {
+                    self.now += 20;
+                    self.tick();
+                    check_invariants(&self.core);
+                }
                 if !running_attempts(&self.core).is_empty() {
                     continue;
                 }
-                let waiting: Vec<(JobId, u32, u32)> = self
+                let waiting: Vec<(JobId, u32, u32, bool)> = self
                     .core
                     .jobs
                     .values()
@@ -87,21 +93,29 @@ impl Sim {
                             j.id,
                             j.cpus_per_task,
                             j.resources.get("gpu").copied().unwrap_or(0),
+                            j.placement
+                                .as_ref()
+                                .is_some_and(|p| !p.wire.constraints.is_empty()),
                         )
                     })
                     .collect();
                 if waiting.is_empty() {
                     return;
                 }
-                let fits = |cpus: u32, gpus: u32| {
-                    self.executors.iter().any(|(name, cores)| {
-                        *cores >= cpus && self.gpus.get(name).copied().unwrap_or(0) >= gpus
+                // `on_r0`: the job runs only on rack r0.
+                let fits = |cpus: u32, gpus: u32, on_r0: bool| {
+                    self.executors.iter().enumerate().any(|(i, (name, cores))| {
+                        *cores >= cpus
+                            && self.gpus.get(name).copied().unwrap_or(0) >= gpus
+                            && (!on_r0 || super::rack(i, name) == 0)
                     })
                 };
                 assert!(
-                    waiting.iter().all(|(_, cpus, gpus)| !fits(*cpus, *gpus)),
-                    "jobs (id, cpus, gpus per task) {waiting:?} wait though an executor that \
-                     has them is free"
+                    waiting
+                        .iter()
+                        .all(|(_, cpus, gpus, on_r0)| !fits(*cpus, *gpus, *on_r0)),
+                    "jobs (id, cpus, gpus per task, on r0) {waiting:?} wait though an executor \
+                     that has them is free"
                 );
                 for (job_id, ..) in waiting.iter().filter(|_| !self.executors.is_empty()) {
                     let why = self.core.waiting_reason(&self.core.jobs[job_id]);

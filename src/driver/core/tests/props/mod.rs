@@ -191,6 +191,8 @@ impl Sim {
     fn register_with(&mut self, name: String, cores: u32, gpus: u32) {
         let before = self.core.executors_snapshot();
         let mut request = registration(&name, cores);
+        let rack = format!("r{}", rack(self.executors.len(), &name));
+        request.attributes = [("rack".to_string(), rack)].into();
         if gpus > 0 {
             let addresses = (0..gpus).map(|i| i.to_string()).collect();
             request.resources = [("gpu".to_string(), addresses)].into();
@@ -212,6 +214,15 @@ impl Sim {
             before.pending_executors.saturating_sub(1)
         );
         self.executors.push((name, cores));
+    }
+}
+
+/// The rack of the executor registered `index`th as `name`: r0 and r1 by turns, for the jobs
+/// that ask for r0; the large executor that drains what waits is on r0.
+fn rack(index: usize, name: &str) -> usize {
+    match name {
+        "drain" => 0,
+        _ => index % 2,
     }
 }
 
