@@ -165,6 +165,17 @@ pub struct SubmitJob {
     /// Custom resources each task needs beside its cores (`{"gpu": 1}`); none if empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: crate::resources::Request,
+    /// The pool the job runs in under `--scheduling fair` (1 to 64 letters, digits, `_`, `-`
+    /// or `.`); none: the pool named `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// Higher runs first among the jobs `fifo` orders (-1000 to 1000); ties go to the older job.
+    #[serde(default, skip_serializing_if = "is_zero_priority")]
+    pub priority: i32,
+}
+
+fn is_zero_priority(n: &i32) -> bool {
+    *n == 0
 }
 
 fn one() -> u32 {
@@ -456,6 +467,12 @@ pub struct JobSummary {
     /// resources it asks for, or the start gate holds offers); none if nothing holds it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// The pool the job was submitted to, if it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The job's priority, if not 0.
+    #[serde(default, skip_serializing_if = "is_zero_priority")]
+    pub priority: i32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

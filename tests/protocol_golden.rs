@@ -884,6 +884,8 @@ fn task_spec_python() {
 
 fn full_job() -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: "nightly".into(),
         tasks: vec![
             TaskSpec::Handler {
@@ -919,6 +921,8 @@ fn full_job_wire() -> Value {
 
 fn default_job() -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: String::new(),
         tasks: vec![TaskSpec::Handler {
             name: "noop".into(),
@@ -1521,6 +1525,8 @@ fn api_reply_job_killed() {
 
 fn running_summary() -> JobSummary {
     JobSummary {
+        pool: None,
+        priority: 0,
         job_id: 7,
         name: "nightly".into(),
         state: JobState::Running,
@@ -1555,6 +1561,8 @@ fn running_summary_wire() -> Value {
 #[test]
 fn api_reply_jobs() {
     let failed = JobSummary {
+        pool: None,
+        priority: 0,
         job_id: 8,
         name: String::new(),
         state: JobState::Failed,
@@ -2420,6 +2428,8 @@ fn decode_refuses_an_unknown_type() {
 #[test]
 fn journal_records() {
     let job = SubmitJob {
+        pool: None,
+        priority: 0,
         name: "nightly".into(),
         tasks: vec![TaskSpec::Handler {
             name: "noop".into(),
@@ -2856,5 +2866,47 @@ fn launch_tasks_holding_resources() {
                 group(2, noop_wire(), json!([[20, 0, 0], [21, 1, 0]])),
             ]
         }),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pools and priorities
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn submit_job_in_a_pool_with_a_priority() {
+    let mut job = default_job();
+    job.pool = Some("etl".into());
+    job.priority = -3;
+    golden(
+        &ApiRequest::SubmitJob(job),
+        json!({
+            "type": "SubmitJob",
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "pool": "etl",
+            "priority": -3
+        }),
+    );
+    json_error::<SubmitJob>(br#"{"tasks":[],"priority":2147483648}"#, &["invalid value"]);
+    json_error::<SubmitJob>(br#"{"tasks":[],"pool":7}"#, &["invalid type"]);
+}
+
+#[test]
+fn job_summary_with_its_pool_and_priority() {
+    let summary = JobSummary {
+        pool: Some("etl".into()),
+        priority: 5,
+        ..running_summary()
+    };
+    let mut wire = running_summary_wire();
+    wire["pool"] = json!("etl");
+    wire["priority"] = json!(5);
+    golden(
+        &ApiReply::Job { job: summary },
+        json!({"type": "Job", "job": wire}),
     );
 }

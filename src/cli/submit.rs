@@ -32,6 +32,15 @@ pub struct SubmitArgs {
     /// EMBER_RESOURCE_<NAME>.
     #[arg(long = "resource", value_name = "NAME=COUNT", value_parser = crate::resources::parse_request_flag)]
     pub resources: Vec<(String, u32)>,
+    /// The pool to run in under the driver's --scheduling fair (letters, digits, '_', '-',
+    /// '.'); none: the pool named default.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Higher runs before lower among the jobs the driver orders FIFO (-1000 to 1000; ties go
+    /// to the older job).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-1000..=1000))]
+    pub priority: i32,
     /// Kill a command task after this long (e.g. 30s).
     #[arg(long, value_parser = super::parse_duration)]
     pub timeout: Option<std::time::Duration>,
@@ -76,6 +85,8 @@ impl SubmitArgs {
             self.name.clone()
         };
         Ok(SubmitJob {
+            pool: self.pool.clone(),
+            priority: self.priority,
             name,
             tasks: vec![spec],
             repeat: self.tasks,
@@ -195,6 +206,8 @@ mod tests {
 
     fn ended(tasks: u32, succeeded: u32, failed: u32) -> JobSummary {
         JobSummary {
+            pool: None,
+            priority: 0,
             job_id: 7,
             name: "t".into(),
             state: JobState::Failed,

@@ -11,6 +11,7 @@ mod gate;
 mod jobs;
 mod liveness;
 mod offers;
+mod pools;
 mod registry;
 mod resources;
 mod restore;
@@ -30,6 +31,7 @@ pub use exclusion::{ExclusionConfig, DEFAULT_EXCLUDE_TIMEOUT, DEFAULT_UNSCHEDULA
 pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
 pub use jobs::Job;
 pub use liveness::Liveness;
+pub use pools::{PoolConfig, Scheduling, SchedulingMode, DEFAULT_POOL};
 pub use registry::{ExecutorData, MAX_CORES};
 pub use resources::ExecutorResources;
 pub use restore::{ReplayError, Restored};
@@ -98,6 +100,8 @@ pub struct Core {
     jobs: BTreeMap<JobId, Job>,
     /// Jobs that may have tasks waiting, first submitted first.
     queue: VecDeque<JobId>,
+    /// The pools FAIR scheduling orders jobs by; none under FIFO.
+    pools: Option<Box<pools::Pools>>,
     /// First task id of each job, to find a task's job by range.
     first_tasks: BTreeMap<TaskId, JobId>,
     /// Finished jobs still kept, oldest end first; the oldest are forgotten past
@@ -134,6 +138,7 @@ impl Core {
             total_cores: 0,
             jobs: BTreeMap::new(),
             queue: VecDeque::new(),
+            pools: None,
             first_tasks: BTreeMap::new(),
             ended: VecDeque::new(),
             forgetting: Vec::new(),

@@ -74,6 +74,13 @@ impl Sim {
         if gpus > 0 {
             submission.resources = [("gpu".to_string(), gpus)].into();
         }
+        // Priorities and pools from the other draws: some high, some low, in two declared
+        // pools, an undeclared one and the default.
+        submission.priority = (tasks % 3) as i32 - 1;
+        submission.pool = match (tasks + max_failures) % 4 {
+            0 => None,
+            n => Some(["p0", "p1", "adhoc"][n as usize - 1].into()),
+        };
         let job_id = submit(&mut self.core, submission, self.now);
         let effects = self.effects();
         assert_eq!(
