@@ -59,6 +59,13 @@ async fn ember_bench_quick_reports_every_workload() {
     ] {
         assert!(report["memory"][field].as_f64().unwrap() > 1.0, "{field}");
     }
+    // The wide workload: every task of every job ran (the bench checks each job's end), and
+    // the driver's offer rounds were counted from its metrics endpoint.
+    assert_eq!(report["wide"]["executors"], 50);
+    assert_eq!(report["wide"]["jobs"], 10);
+    assert_eq!(report["wide"]["tasks"], 2000);
+    assert!(report["wide"]["tasks_per_s"].as_f64().unwrap() > 0.0);
+    assert!(report["wide"]["offer_rounds"].as_u64().unwrap() > 0);
     // Two runs, each reported whole; the figures above are the lower of each pair.
     let each = report["runs"].as_array().expect("every run's report");
     assert_eq!(each.len(), 2);

@@ -9,7 +9,8 @@ calls per second, which at chunksize=1 are tasks per second.
 
 It starts its own nats-server (max_payload 8 MB, no JetStream), a driver and the executors
 from target/release (or $EMBER_BIN_DIR) on a loopback port, and stops them at the end. Each
-figure is the median of --runs runs; every map's results are checked.
+figure is the median of --runs runs; every map's results are checked. With --json it prints
+one JSON list of the figures and nothing else (`ember bench --python` reads it).
 """
 
 import argparse
@@ -57,7 +58,10 @@ class Cluster:
         self.url = f"nats://127.0.0.1:{self.port}"
         self.name = "bench-" + uuid.uuid4().hex[:8]
         server = os.environ.get("EMBER_NATS_SERVER") or shutil.which("nats-server")
-        bins = Path(os.environ.get("EMBER_BIN_DIR", REPO / "target" / "release"))
+        if not server:
+            raise RuntimeError("no nats-server: set EMBER_NATS_SERVER or put it on the PATH")
+        server = os.path.abspath(server)
+        bins = Path(os.environ.get("EMBER_BIN_DIR", REPO / "target" / "release")).resolve()
         quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
         self.processes = [
             subprocess.Popen(
@@ -141,18 +145,20 @@ def main():
     parser.add_argument("--round-trips", type=int, default=200)
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--json", action="store_true", help="print one JSON list only")
     args = parser.parse_args()
     chunksizes = [None, 1]
+    table = sys.stderr if args.json else sys.stdout
     print(f"{args.calls} calls of a no-op via map, median of {args.runs}; "
-          f"p50 of {args.round_trips} submit().result()")
+          f"p50 of {args.round_trips} submit().result()", file=table)
     print(f"{'executors x workers':>20} {'calls/s, default chunksize':>27} "
-          f"{'calls/s, chunksize=1':>21} {'p50 ms':>8}")
+          f"{'calls/s, chunksize=1':>21} {'p50 ms':>8}", file=table)
     rows = []
     for workers in args.workers:
         figures, p50 = measure(args.executors, workers, args.calls, args.runs, chunksizes,
                                args.round_trips)
         print(f"{f'{args.executors} x {workers}':>20} {figures['default']:>27,.0f} "
-              f"{figures[1]:>21,.0f} {p50:>8.2f}")
+              f"{figures[1]:>21,.0f} {p50:>8.2f}", file=table)
         rows.append({"executors": args.executors, "workers": workers,
                      "calls_per_s_default_chunksize": round(figures["default"]),
                      "calls_per_s_chunksize_1": round(figures[1]),

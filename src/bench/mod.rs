@@ -8,11 +8,17 @@
 //!   and Ember's own loop and round trip with nothing but NATS in them (`bare.rs`).
 //! - **memory**: peak RSS of the driver and of an executor, idle and after load; the driver's
 //!   with many registered executors.
+//! - **python**: Python functions submitted from Python through the `ember` package, with
+//!   `--python`.
+//! - **wide**: many executors of one core (in this process) and many jobs queued at once: the
+//!   scheduler's cost per task and per offer round when it has much to choose from.
 
 mod bare;
 mod broker;
 mod procs;
+mod python;
 mod soak;
+mod wide;
 mod workloads;
 
 use crate::driver::core::MAX_CORES;
@@ -44,6 +50,26 @@ pub struct BenchArgs {
     /// Executors registered (through one connection) for the driver-memory figure.
     #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
     pub memory_executors: usize,
+    /// Executors of one core each in the wide workload, all run by this process; 0 skips it.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub wide_executors: u32,
+    /// Jobs submitted at once in the wide workload.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub wide_jobs: u32,
+    /// No-op tasks in the wide workload, shared equally by its jobs.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub wide_tasks: u32,
+    /// A Python interpreter with the `ember` package installed (`pip install ./python`): adds
+    /// the Python workload, `client.map` of a no-op and `submit().result()` round trips on 2
+    /// executors of 1 and of 8 Python workers, submitted from Python.
+    #[arg(long, value_name = "INTERPRETER")]
+    pub python: Option<std::path::PathBuf>,
+    /// Calls of the no-op in each of the Python workload's maps.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub python_calls: u32,
+    /// Timed `submit().result()` round trips in the Python workload.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    pub python_round_trips: u32,
     /// Jobs of each kind in the soak workload (no-op jobs alternate with command jobs, on
     /// one journaled driver that keeps --soak-retain of them); 0 skips it.
     #[arg(long, default_value_t = 20)]
@@ -121,6 +147,11 @@ impl BenchArgs {
             tasks_one_core: 500,
             latency_jobs: 20,
             memory_executors: 100,
+            wide_executors: self.wide_executors.min(50),
+            wide_jobs: self.wide_jobs.min(10),
+            wide_tasks: 2_000,
+            python_calls: 200,
+            python_round_trips: 20,
             soak_jobs: self.soak_jobs.min(3),
             soak_retain: 2,
             soak_noop_tasks: 2_000,
@@ -152,6 +183,12 @@ pub struct Report {
     pub journal_off: Option<Unjournaled>,
     #[serde(default)]
     pub soak: Option<soak::Soak>,
+    /// Many executors of one core and many queued jobs, with the journal as `journal` says.
+    #[serde(default)]
+    pub wide: Option<wide::Wide>,
+    /// Python functions from Python, with `--python`.
+    #[serde(default)]
+    pub python: Option<Vec<python::PythonRow>>,
     /// Slow-consumer events, all processes and workloads together: messages NATS dropped
     /// because a subscriber fell behind. Anything but 0 is a fault.
     pub slow_consumers: u64,
@@ -504,6 +541,37 @@ fn print_table(report: &Report) {
                 s.restart_ms
             ),
             format!("{:.0} s in all", s.seconds),
+        ]);
+    }
+    if let Some(w) = &report.wide {
+        table.add_row([
+            format!(
+                "wide: {} jobs of {} no-op tasks at once, {} x 1 core{}",
+                w.jobs,
+                w.tasks / w.jobs.max(1),
+                w.executors,
+                if report.journal { ", journal on" } else { "" }
+            ),
+            format!("{:.0} tasks/s ({:.2} s)", w.tasks_per_s, w.seconds),
+            format!(
+                "driver CPU {:.1} us a task, {:.1} us an offer round ({} rounds)",
+                w.driver_cpu_us_per_task, w.driver_cpu_us_per_round, w.offer_rounds
+            ),
+        ]);
+    }
+    for p in report.python.iter().flatten() {
+        table.add_row([
+            format!(
+                "python: map of a no-op, {} x {} worker{}",
+                p.executors,
+                p.workers,
+                if p.workers == 1 { "" } else { "s" }
+            ),
+            format!(
+                "{:.0} calls/s (default chunksize), {:.0} calls/s (chunksize=1)",
+                p.calls_per_s_default_chunksize, p.calls_per_s_chunksize_1
+            ),
+            format!("submit().result() p50 {:.2} ms", p.submit_result_p50_ms),
         ]);
     }
     table.add_row([

@@ -161,6 +161,22 @@ pub fn rss_mb(pid: u32) -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// CPU time (user and system) a process has used, in seconds, from /proc/<pid>/stat (whose
+/// clock ticks are Linux's USER_HZ, 100 a second); 0 if it cannot be read.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name, in parentheses, may hold spaces: the fields after it are fixed.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    // utime and stime are the 14th and 15th fields; the state, the 3rd, is fields[0].
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(user), Some(system)) => (user + system) / 100.0,
+        _ => 0.0,
+    }
+}
+
 /// A description of this machine for the report.
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")

@@ -66,6 +66,21 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
     memory.many_executors = args.memory_executors;
     memory.driver_with_many_executors_mb = many_executors_rss(args.memory_executors).await?;
     report.memory = Some(memory);
+    if args.wide_executors > 0 {
+        eprintln!(
+            "bench: wide, {} jobs at once on {} executors of 1 core",
+            args.wide_jobs, args.wide_executors
+        );
+        report.wide = Some(
+            super::wide::run_wide(
+                args.wide_executors as usize,
+                args.wide_jobs,
+                args.wide_tasks,
+                report.journal,
+            )
+            .await?,
+        );
+    }
     if args.soak_jobs > 0 {
         eprintln!(
             "bench: soak, {} jobs on a driver that keeps {}",
@@ -73,6 +88,14 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
             args.soak_retain
         );
         report.soak = Some(super::soak::run(args).await?);
+    }
+    if let Some(python) = &args.python {
+        eprintln!(
+            "bench: Python functions from Python, under {}",
+            python.display()
+        );
+        report.python =
+            Some(super::python::run(python, args.python_calls, args.python_round_trips).await?);
     }
     report.slow_consumers = super::procs::slow_consumers();
     Ok(report)

@@ -1,0 +1,185 @@
+//! The wide workload: many small executors and many queued jobs at once, for what the
+//! scheduler costs per offer round when it has a lot to choose from.
+//!
+//! N executors of 1 core each run in this process (each its own NATS connection, on a runtime
+//! of their own), J jobs are submitted at once, and the run lasts until every job has ended.
+//! The driver's CPU time and its offer rounds (from its metrics endpoint) over that span give
+//! the cost per task and per round.
+
+use super::procs::{cpu_seconds, Cluster};
+use super::workloads::{connect, wait_for_executors};
+use crate::executor::{run, ExecutorConfig, Handlers};
+use crate::ids::ExecutorId;
+use crate::protocol::{decode, Event, JobState};
+use crate::subjects::Subjects;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long the jobs may take before the workload gives up.
+const LIMIT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Wide {
+    pub executors: usize,
+    pub jobs: u32,
+    pub tasks: u32,
+    pub seconds: f64,
+    pub tasks_per_s: f64,
+    /// Offer rounds the driver made while the jobs ran.
+    pub offer_rounds: u64,
+    /// The driver's CPU time over the run, per task and per offer round.
+    pub driver_cpu_us_per_task: f64,
+    pub driver_cpu_us_per_round: f64,
+}
+
+/// Runs `tasks` no-op tasks in `jobs` jobs submitted at once on `executors` executors of one
+/// core, all in this process, against a driver that journals or not.
+pub async fn run_wide(
+    executors: usize,
+    jobs: u32,
+    tasks: u32,
+    journal: bool,
+) -> anyhow::Result<Wide> {
+    let metrics = free_port()?;
+    let metrics_arg = metrics.to_string();
+    let cluster = Cluster::start_with("wide", journal, &["--metrics-addr", &metrics_arg])?;
+    let api = connect(&cluster).await?;
+    let host = Executors::start(&cluster, executors)?;
+    wait_for_executors(&api, executors as u64).await?;
+    let subjects = Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?;
+    let mut ends = api.nats().subscribe(subjects.event("job.end")).await?;
+    api.nats().flush().await?;
+
+    let per_job = (tasks / jobs).max(1);
+    let rounds_before = offer_rounds(metrics).await?;
+    let cpu_before = cpu_seconds(cluster.driver.id());
+    let started = Instant::now();
+    let mut waiting = HashSet::new();
+    for _ in 0..jobs {
+        waiting.insert(api.submit(super::noops(per_job)).await?);
+    }
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while !waiting.is_empty() {
+        let message = tokio::time::timeout_at(deadline, ends.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("{} jobs had not ended in {LIMIT:?}", waiting.len()))?
+            .ok_or_else(|| anyhow::anyhow!("events closed"))?;
+        if let Ok(Event::JobEnd {
+            job_id,
+            state,
+            succeeded,
+            ..
+        }) = decode(&message.payload, usize::MAX)
+        {
+            if waiting.remove(&job_id) {
+                anyhow::ensure!(
+                    state == JobState::Succeeded && succeeded == per_job,
+                    "job {job_id} ended {state:?} with {succeeded} of {per_job} tasks"
+                );
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(cluster.driver.id()) - cpu_before;
+    let offer_rounds = offer_rounds(metrics).await? - rounds_before;
+    drop(host);
+    let tasks = per_job * jobs;
+    Ok(Wide {
+        executors,
+        jobs,
+        tasks,
+        seconds,
+        tasks_per_s: f64::from(tasks) / seconds,
+        offer_rounds,
+        driver_cpu_us_per_task: cpu * 1e6 / f64::from(tasks),
+        driver_cpu_us_per_round: cpu * 1e6 / offer_rounds.max(1) as f64,
+    })
+}
+
+/// Executors of one core each, served by a runtime of their own until dropped.
+struct Executors {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Executors {
+    fn start(cluster: &Cluster, n: usize) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let subjects = Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?;
+        for i in 0..n {
+            let id = ExecutorId::parse(format!("wide-{i}")).map_err(anyhow::Error::msg)?;
+            let url = cluster.server.url();
+            let config = ExecutorConfig::new(subjects.clone(), id.clone(), "bench:0".into(), 1);
+            runtime.spawn(async move {
+                let client = async_nats::ConnectOptions::new()
+                    .custom_inbox_prefix(Subjects::executor_reply_prefix(&id))
+                    .connect(url)
+                    .await;
+                match client {
+                    Ok(client) => {
+                        let stop = futures::future::pending::<()>();
+                        if let Err(error) = run(client, config, Handlers::builtin(), stop).await {
+                            eprintln!("bench: executor {id}: {error}");
+                        }
+                    }
+                    Err(error) => eprintln!("bench: executor {id} could not connect: {error}"),
+                }
+            });
+        }
+        Ok(Self {
+            runtime: Some(runtime),
+        })
+    }
+}
+
+impl Drop for Executors {
+    fn drop(&mut self) {
+        // Called from async code, where a runtime may not block to shut down.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A port free on the loopback interface a moment ago.
+fn free_port() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// The driver's `ember_driver_offer_rounds_total`, read from its metrics endpoint (retried while it
+/// starts).
+async fn offer_rounds(addr: SocketAddr) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match scrape(addr).await {
+            Ok(body) => {
+                return body
+                    .lines()
+                    .find_map(|line| line.strip_prefix("ember_driver_offer_rounds_total "))
+                    .and_then(|value| value.trim().parse::<f64>().ok())
+                    .map(|value| value as u64)
+                    .ok_or_else(|| anyhow::anyhow!("no ember_driver_offer_rounds_total at {addr}"))
+            }
+            Err(error) if Instant::now() > deadline => {
+                anyhow::bail!("the driver's metrics at {addr}: {error}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: ember\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
+}
