@@ -223,6 +223,8 @@ pub enum ApiRequest {
     GetJob {
         job_id: JobId,
     },
+    /// The driver's scheduling mode and, under FAIR, its pools, in the order offers serve them.
+    ListPools,
     /// A page of a job's task outcomes, in index order.
     GetResults {
         job_id: JobId,
@@ -319,6 +321,12 @@ pub enum ApiReply {
     },
     Job {
         job: JobSummary,
+    },
+    /// The answer to `ListPools`: `scheduling` is `fifo` or `fair`; `pools` is empty under
+    /// `fifo`.
+    Pools {
+        scheduling: String,
+        pools: Vec<PoolSummary>,
     },
     Results(ResultsPage),
     /// Chunk `chunk` of `chunks` of a task's result: `data` is its bytes in base64 (standard
@@ -473,6 +481,22 @@ pub struct JobSummary {
     /// The job's priority, if not 0.
     #[serde(default, skip_serializing_if = "is_zero_priority")]
     pub priority: i32,
+}
+
+/// One pool of FAIR scheduling: its settings, and what its jobs run now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolSummary {
+    pub name: String,
+    pub weight: u32,
+    pub min_share: u32,
+    /// How it orders its own jobs: `fifo` or `fair`.
+    pub mode: String,
+    /// Whether `--pool` declared it (else a job named it, and it has the defaults).
+    pub declared: bool,
+    /// Cores its jobs' running attempts use.
+    pub running_cores: u64,
+    /// Its running jobs.
+    pub jobs: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

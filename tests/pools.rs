@@ -90,6 +90,27 @@ async fn fair_pools_of_weights_1_and_3_share_4_cores_1_to_3() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(table.contains("pool") && table.contains("heavy"), "{table}");
+    // `ember pools` lists both, with their weights.
+    let out = cluster.cli(&["pools", "--json"]).output().await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["scheduling"], "fair");
+    let mut weights: Vec<(String, u64)> = listed["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["weight"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    weights.sort();
+    assert_eq!(
+        weights,
+        [("heavy".to_string(), 3), ("light".to_string(), 1)]
+    );
     assert_eq!(until_ended(&api, light).await, JobState::Succeeded);
     assert_eq!(until_ended(&api, heavy).await, JobState::Succeeded);
     driver.start_kill().unwrap();

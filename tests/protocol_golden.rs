@@ -2910,3 +2910,37 @@ fn job_summary_with_its_pool_and_priority() {
         json!({"type": "Job", "job": wire}),
     );
 }
+
+#[test]
+fn api_list_pools() {
+    golden(&ApiRequest::ListPools, json!({"type": "ListPools"}));
+    golden(
+        &ApiReply::Pools {
+            scheduling: "fair".into(),
+            pools: vec![ember::protocol::PoolSummary {
+                name: "etl".into(),
+                weight: 3,
+                min_share: 2,
+                mode: "fifo".into(),
+                declared: true,
+                running_cores: 6,
+                jobs: 2,
+            }],
+        },
+        json!({
+            "type": "Pools",
+            "scheduling": "fair",
+            "pools": [{
+                "name": "etl", "weight": 3, "min_share": 2, "mode": "fifo", "declared": true,
+                "running_cores": 6, "jobs": 2
+            }]
+        }),
+    );
+    golden(
+        &ApiReply::Pools {
+            scheduling: "fifo".into(),
+            pools: vec![],
+        },
+        json!({"type": "Pools", "scheduling": "fifo", "pools": []}),
+    );
+}

@@ -104,6 +104,53 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints the scheduling mode and the pools as a table, or as JSON.
+pub async fn show_pools(client: &EmberClient, json: bool) -> anyhow::Result<()> {
+    let (scheduling, pools) = client.pools().await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "scheduling": scheduling, "pools": pools })
+        );
+        return Ok(());
+    }
+    if pools.is_empty() {
+        println!("scheduling {scheduling}: jobs run by priority, then oldest first; no pools");
+        return Ok(());
+    }
+    println!("{}", pools_table(&pools));
+    println!("scheduling {scheduling}: pools in the order offers serve them now");
+    Ok(())
+}
+
+fn pools_table(pools: &[crate::protocol::PoolSummary]) -> Table {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header([
+        "pool",
+        "weight",
+        "min share",
+        "mode",
+        "cores in use",
+        "jobs",
+    ]);
+    for p in pools {
+        let name = match p.declared {
+            true => p.name.clone(),
+            false => format!("{} (undeclared)", p.name),
+        };
+        table.add_row([
+            name,
+            p.weight.to_string(),
+            p.min_share.to_string(),
+            p.mode.clone(),
+            p.running_cores.to_string(),
+            p.jobs.to_string(),
+        ]);
+    }
+    table
+}
+
 /// The jobs as a table; pool and priority columns only when some job has one.
 fn jobs_table(jobs: &[crate::protocol::JobSummary]) -> Table {
     let mut table = Table::new();

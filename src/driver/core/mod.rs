@@ -189,6 +189,7 @@ impl Core {
                 limit,
                 from_job,
             } => self.jobs_page(from_job, offset, limit),
+            ApiRequest::ListPools => self.pools_reply(),
             ApiRequest::GetJob { job_id } => match self.jobs.get(&job_id) {
                 Some(job) => ApiReply::Job {
                     job: self.job_summary(job),

@@ -19,7 +19,7 @@
 
 use super::Core;
 use crate::ids::JobId;
-use crate::protocol::SubmitJob;
+use crate::protocol::{ApiReply, PoolSummary, SubmitJob};
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, HashMap};
 
@@ -425,6 +425,34 @@ impl Core {
     pub(super) fn queue_key(&self, job_id: JobId) -> (Reverse<i32>, JobId) {
         let priority = self.jobs.get(&job_id).map_or(0, |job| job.priority);
         (Reverse(priority), job_id)
+    }
+
+    /// Answers `ListPools`: under FAIR, every pool in the order offers serve them now.
+    pub(super) fn pools_reply(&self) -> ApiReply {
+        let Some(pools) = self.pools.as_deref() else {
+            return ApiReply::Pools {
+                scheduling: SchedulingMode::Fifo.as_str().into(),
+                pools: Vec::new(),
+            };
+        };
+        let mut order: Vec<&Pool> = pools.pools.iter().collect();
+        order.sort_by(|a, b| fair_order(a, b));
+        let pools = order
+            .into_iter()
+            .map(|pool| PoolSummary {
+                name: pool.config.name.clone(),
+                weight: pool.config.weight,
+                min_share: pool.config.min_share,
+                mode: pool.config.mode.as_str().into(),
+                declared: pool.declared,
+                running_cores: pool.running,
+                jobs: pool.jobs.len() as u32,
+            })
+            .collect();
+        ApiReply::Pools {
+            scheduling: SchedulingMode::Fair.as_str().into(),
+            pools,
+        }
     }
 
     /// `job_id` has ended: its pool offers it no more.

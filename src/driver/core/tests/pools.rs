@@ -333,3 +333,49 @@ fn a_restored_driver_keeps_pools_and_priorities() {
     let job = summary(&mut again, high);
     assert_eq!((job.pool.as_deref(), job.priority), (Some("heavy"), 9));
 }
+
+#[test]
+fn list_pools_shows_each_pool_in_the_order_offers_serve_them() {
+    let mut core = new_core(0);
+    assert_eq!(
+        core.api(ApiRequest::ListPools, 0),
+        ApiReply::Pools {
+            scheduling: "fifo".into(),
+            pools: vec![]
+        }
+    );
+    fair(
+        &mut core,
+        &["light:weight=1", "heavy:weight=3,min-share=1,mode=fair"],
+    );
+    submit(&mut core, in_pool(10, "light"), 1);
+    submit(&mut core, in_pool(10, "heavy"), 2);
+    submit(&mut core, in_pool(10, "adhoc"), 3);
+    add(&mut core, "e1", 5, 4);
+    let ApiReply::Pools { scheduling, pools } = core.api(ApiRequest::ListPools, 5) else {
+        panic!("not a Pools reply");
+    };
+    assert_eq!(scheduling, "fair");
+    let shown: Vec<_> = pools
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_str(),
+                p.declared,
+                p.running_cores,
+                p.jobs,
+                p.mode.as_str(),
+            )
+        })
+        .collect();
+    // heavy 3/3, then adhoc 1/1 and light 1/1 by name: the order the next free core follows.
+    assert_eq!(
+        shown,
+        [
+            ("adhoc", false, 1, 1, "fifo"),
+            ("heavy", true, 3, 1, "fair"),
+            ("light", true, 1, 1, "fifo")
+        ]
+    );
+    assert_eq!((pools[1].weight, pools[1].min_share), (3, 1));
+}
