@@ -226,6 +226,14 @@ impl EmberClient {
         }
     }
 
+    /// The driver's scheduling mode (`fifo` or `fair`) and its pools ([`ApiRequest::ListPools`]).
+    pub async fn pools(&self) -> Result<(String, Vec<crate::protocol::PoolSummary>), ClientError> {
+        match self.call(&ApiRequest::ListPools).await? {
+            ApiReply::Pools { scheduling, pools } => Ok((scheduling, pools)),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Releases executor `executor_id` if it is idle ([`ApiRequest::ReleaseExecutor`]): an
     /// error says it runs tasks, or is not registered.
     pub async fn release_executor(&self, executor_id: ExecutorId) -> Result<(), ClientError> {

@@ -169,6 +169,17 @@ pub struct SubmitJob {
     /// `prefer_hosts` and `locality_wait_ms`, each optional.
     #[serde(flatten)]
     pub placement: crate::placement::Placement,
+    /// The pool the job runs in under `--scheduling fair` (1 to 64 letters, digits, `_`, `-`
+    /// or `.`); none: the pool named `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// Higher runs first among the jobs `fifo` orders (-1000 to 1000); ties go to the older job.
+    #[serde(default, skip_serializing_if = "is_zero_priority")]
+    pub priority: i32,
+}
+
+fn is_zero_priority(n: &i32) -> bool {
+    *n == 0
 }
 
 fn one() -> u32 {
@@ -216,6 +227,8 @@ pub enum ApiRequest {
     GetJob {
         job_id: JobId,
     },
+    /// The driver's scheduling mode and, under FAIR, its pools, in the order offers serve them.
+    ListPools,
     /// A page of a job's task outcomes, in index order.
     GetResults {
         job_id: JobId,
@@ -312,6 +325,12 @@ pub enum ApiReply {
     },
     Job {
         job: JobSummary,
+    },
+    /// The answer to `ListPools`: `scheduling` is `fifo` or `fair`; `pools` is empty under
+    /// `fifo`.
+    Pools {
+        scheduling: String,
+        pools: Vec<PoolSummary>,
     },
     Results(ResultsPage),
     /// Chunk `chunk` of `chunks` of a task's result: `data` is its bytes in base64 (standard
@@ -463,6 +482,28 @@ pub struct JobSummary {
     /// The job's placement as submitted, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<crate::placement::Placement>,
+    /// The pool the job was submitted to, if it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The job's priority, if not 0.
+    #[serde(default, skip_serializing_if = "is_zero_priority")]
+    pub priority: i32,
+}
+
+/// One pool of FAIR scheduling: its settings, and what its jobs run now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolSummary {
+    pub name: String,
+    pub weight: u32,
+    pub min_share: u32,
+    /// How it orders its own jobs: `fifo` or `fair`.
+    pub mode: String,
+    /// Whether `--pool` declared it (else a job named it, and it has the defaults).
+    pub declared: bool,
+    /// Cores its jobs' running attempts use.
+    pub running_cores: u64,
+    /// Its running jobs.
+    pub jobs: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -30,6 +30,8 @@ fn work(fails: bool) -> Handlers {
 
 fn work_job(tasks: u32) -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: "work".into(),
         tasks: vec![TaskSpec::Handler {
             name: "work".into(),

@@ -27,6 +27,8 @@ fn handler(name: &str, arg: serde_json::Value) -> TaskSpec {
 
 fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: "test".into(),
         tasks,
         repeat,
@@ -565,6 +567,8 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
     let _executor = cluster.executor("e1", 2, Handlers::builtin()).await;
     let api = cluster.api(cluster.client().await);
     let echo = SubmitJob {
+        pool: None,
+        priority: 0,
         name: "echo".into(),
         tasks: vec![handler("echo", json!({"value": "kept"}))],
         repeat: 3,

@@ -23,6 +23,8 @@ fn sleepers(pid_file: &Path, timeout_ms: Option<u64>) -> SubmitJob {
         pid_file.display()
     );
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: "group".into(),
         tasks: vec![TaskSpec::Command {
             argv: vec!["sh".into(), "-c".into(), script],

@@ -903,6 +903,8 @@ fn task_spec_python() {
 
 fn full_job() -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: "nightly".into(),
         tasks: vec![
             TaskSpec::Handler {
@@ -939,6 +941,8 @@ fn full_job_wire() -> Value {
 
 fn default_job() -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: String::new(),
         tasks: vec![TaskSpec::Handler {
             name: "noop".into(),
@@ -1542,6 +1546,8 @@ fn api_reply_job_killed() {
 
 fn running_summary() -> JobSummary {
     JobSummary {
+        pool: None,
+        priority: 0,
         job_id: 7,
         name: "nightly".into(),
         state: JobState::Running,
@@ -1577,6 +1583,8 @@ fn running_summary_wire() -> Value {
 #[test]
 fn api_reply_jobs() {
     let failed = JobSummary {
+        pool: None,
+        priority: 0,
         job_id: 8,
         name: String::new(),
         state: JobState::Failed,
@@ -2451,6 +2459,8 @@ fn decode_refuses_an_unknown_type() {
 #[test]
 fn journal_records() {
     let job = SubmitJob {
+        pool: None,
+        priority: 0,
         name: "nightly".into(),
         tasks: vec![TaskSpec::Handler {
             name: "noop".into(),
@@ -2963,5 +2973,81 @@ fn job_summary_with_a_placement() {
     golden(
         &ApiReply::Job { job: summary },
         json!({"type": "Job", "job": wire}),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pools and priorities
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn submit_job_in_a_pool_with_a_priority() {
+    let mut job = default_job();
+    job.pool = Some("etl".into());
+    job.priority = -3;
+    golden(
+        &ApiRequest::SubmitJob(job),
+        json!({
+            "type": "SubmitJob",
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "pool": "etl",
+            "priority": -3
+        }),
+    );
+    json_error::<SubmitJob>(br#"{"tasks":[],"priority":2147483648}"#, &["invalid value"]);
+    json_error::<SubmitJob>(br#"{"tasks":[],"pool":7}"#, &["invalid type"]);
+}
+
+#[test]
+fn job_summary_with_its_pool_and_priority() {
+    let summary = JobSummary {
+        pool: Some("etl".into()),
+        priority: 5,
+        ..running_summary()
+    };
+    let mut wire = running_summary_wire();
+    wire["pool"] = json!("etl");
+    wire["priority"] = json!(5);
+    golden(
+        &ApiReply::Job { job: summary },
+        json!({"type": "Job", "job": wire}),
+    );
+}
+
+#[test]
+fn api_list_pools() {
+    golden(&ApiRequest::ListPools, json!({"type": "ListPools"}));
+    golden(
+        &ApiReply::Pools {
+            scheduling: "fair".into(),
+            pools: vec![ember::protocol::PoolSummary {
+                name: "etl".into(),
+                weight: 3,
+                min_share: 2,
+                mode: "fifo".into(),
+                declared: true,
+                running_cores: 6,
+                jobs: 2,
+            }],
+        },
+        json!({
+            "type": "Pools",
+            "scheduling": "fair",
+            "pools": [{
+                "name": "etl", "weight": 3, "min_share": 2, "mode": "fifo", "declared": true,
+                "running_cores": 6, "jobs": 2
+            }]
+        }),
+    );
+    golden(
+        &ApiReply::Pools {
+            scheduling: "fifo".into(),
+            pools: vec![],
+        },
+        json!({"type": "Pools", "scheduling": "fifo", "pools": []}),
     );
 }

@@ -70,6 +70,8 @@ fn call(function: &str, args: &str, timeout_ms: Option<u64>) -> TaskSpec {
 
 fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: "python".into(),
         tasks,
         repeat: 1,

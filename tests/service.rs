@@ -18,6 +18,8 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// A job of `repeat` echo tasks that each return `value`.
 fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: "echo".into(),
         tasks: vec![TaskSpec::Handler {
             name: "echo".into(),
@@ -195,6 +197,8 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
     let marker = std::env::temp_dir().join(format!("ember-outage-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
     let job = SubmitJob {
+        pool: None,
+        priority: 0,
         name: "outage".into(),
         tasks: vec![common::sh(&format!("touch {}", marker.display()))],
         repeat: 1,

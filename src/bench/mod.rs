@@ -349,6 +349,8 @@ fn headline(report: &Report) -> String {
 /// A job of `tasks` no-op tasks.
 fn noops(tasks: u32) -> crate::protocol::SubmitJob {
     crate::protocol::SubmitJob {
+        pool: None,
+        priority: 0,
         name: "bench".into(),
         tasks: vec![noop()],
         repeat: tasks,

@@ -9,6 +9,7 @@ use ember::driver::core::{
     AllocationConfig, ExclusionConfig, Liveness, Retention, StartGate, DEFAULT_MIN_EXECUTORS,
     DEFAULT_RETAIN_JOBS,
 };
+use ember::driver::core::{PoolConfig, Scheduling, SchedulingMode};
 use ember::driver::{run, DriverConfig, JournalMode, Replicas};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -72,6 +73,21 @@ struct Args {
     #[arg(long, env = "EMBER_EXCLUDE_UNSCHEDULABLE_TIMEOUT", default_value = "120s",
           value_parser = parse_duration, requires = "exclude_on_failure")]
     exclude_unschedulable_timeout: Duration,
+    /// How jobs share the cores (Spark's spark.scheduler.mode): fifo runs the job of highest
+    /// priority first, then the oldest; fair shares the cores between pools (--pool) by their
+    /// minimum shares and weights, by cores in use, as Spark's fair scheduler.
+    #[arg(long, env = "EMBER_SCHEDULING", default_value = "fifo", value_name = "fifo|fair",
+          value_parser = SchedulingMode::parse)]
+    scheduling: SchedulingMode,
+    /// Declare a pool for --scheduling fair, as NAME:weight=W,min-share=M,mode=fifo|fair
+    /// (repeatable; settings optional, Spark's fairscheduler.xml). weight (default 1) is the
+    /// pool's share against other pools' weights; min-share (default 0) the cores it gets
+    /// before pools past theirs get more; mode (default fifo) orders its own jobs. A job names
+    /// its pool with `ember submit --pool`; one naming no pool runs in `default`, one naming
+    /// an undeclared pool in a pool of that name with the defaults.
+    #[arg(long = "pool", value_name = "NAME:weight=W,min-share=M,mode=M",
+          value_parser = PoolConfig::parse)]
+    pools: Vec<PoolConfig>,
     /// How often free cores are offered even when nothing else prompts it.
     #[arg(long, env = "EMBER_REVIVE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     revive_interval: Duration,
@@ -179,6 +195,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let scheduling = scheduling(&args);
     init_tracing(args.log_json, ember::cli::SERVICE_LOG);
     let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
         rt.block_on(async {
@@ -208,6 +225,7 @@ fn main() -> ExitCode {
                 subjects,
                 expect_executors: args.expect_executors,
                 revive_interval: args.revive_interval,
+                scheduling,
                 liveness: Liveness {
                     executor_timeout_ms: args.executor_timeout.as_millis() as u64,
                     no_executors_timeout_ms: args.no_executors_timeout.as_millis() as u64,
@@ -280,6 +298,21 @@ fn start_gate(args: &Args) -> Option<StartGate> {
         min_registered,
         max_wait_ms: args.max_registered_wait.as_millis() as u64,
     })
+}
+
+/// How jobs share the cores. Pools declared under fifo, which has none, or a pool declared
+/// twice: clap's error says so, and the driver does not start.
+fn scheduling(args: &Args) -> Scheduling {
+    use clap::CommandFactory;
+    let refuse = |message: String| -> ! {
+        Args::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit()
+    };
+    if args.scheduling == SchedulingMode::Fifo && !args.pools.is_empty() {
+        refuse("--pool declares a pool for --scheduling fair, and the scheduling is fifo".into());
+    }
+    Scheduling::new(args.scheduling, args.pools.clone()).unwrap_or_else(|e| refuse(e))
 }
 
 /// Exclusion on failure's settings, if `--exclude-on-failure` turns it on.

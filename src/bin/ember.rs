@@ -9,7 +9,7 @@ use ember::cli::sim::{sim, SimArgs};
 use ember::cli::status::{status, StatusArgs};
 use ember::cli::submit::{submit, SubmitArgs};
 use ember::cli::up::{up, UpArgs};
-use ember::cli::view::{show_executors, show_jobs};
+use ember::cli::view::{show_executors, show_jobs, show_pools};
 use ember::cli::{init_tracing, runtime, shutdown_signal};
 use ember::client::EmberClient;
 use ember::connect::NatsArgs;
@@ -52,6 +52,13 @@ enum Command {
     Jobs {
         /// Print the jobs as one JSON object, `{"jobs": [...]}` with a summary per job, instead
         /// of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The driver's scheduling mode and, under --scheduling fair, its pools with their weight,
+    /// minimum share, mode, cores in use and running jobs, in the order offers serve them.
+    Pools {
+        /// Print `{"scheduling": ..., "pools": [...]}` instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -158,6 +165,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         Command::Events(args) => events(&nats, &subjects, &args, shutdown_signal()).await?,
         Command::Executors { json } => show_executors(&client, json).await?,
         Command::Jobs { json } => show_jobs(&client, json).await?,
+        Command::Pools { json } => show_pools(&client, json).await?,
         Command::Status(args) => {
             status(&client, &cli.nats.cluster, &args, shutdown_signal()).await?
         }

@@ -236,6 +236,8 @@ mod tests {
 
     fn job(tasks: u32, succeeded: u32, running: u32) -> JobSummary {
         JobSummary {
+            pool: None,
+            priority: 0,
             job_id: 7,
             name: "sleepers".into(),
             state: JobState::Running,

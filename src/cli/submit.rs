@@ -49,6 +49,15 @@ pub struct SubmitArgs {
     /// at once. [default: 3s]
     #[arg(long, value_parser = super::parse_wait)]
     pub locality_wait: Option<std::time::Duration>,
+    /// The pool to run in under the driver's --scheduling fair (letters, digits, '_', '-',
+    /// '.'); none: the pool named default.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Higher runs before lower among the jobs the driver orders FIFO (-1000 to 1000; ties go
+    /// to the older job).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-1000..=1000))]
+    pub priority: i32,
     /// Kill a command task after this long (e.g. 30s).
     #[arg(long, value_parser = super::parse_duration)]
     pub timeout: Option<std::time::Duration>,
@@ -93,6 +102,8 @@ impl SubmitArgs {
             self.name.clone()
         };
         Ok(SubmitJob {
+            pool: self.pool.clone(),
+            priority: self.priority,
             name,
             tasks: vec![spec],
             repeat: self.tasks,
@@ -222,6 +233,8 @@ mod tests {
 
     fn ended(tasks: u32, succeeded: u32, failed: u32) -> JobSummary {
         JobSummary {
+            pool: None,
+            priority: 0,
             job_id: 7,
             name: "t".into(),
             state: JobState::Failed,

@@ -96,33 +96,7 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::json!({ "jobs": jobs }));
         return Ok(());
     }
-    let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED);
-    table.set_header([
-        "job",
-        "name",
-        "state",
-        "tasks",
-        "succeeded",
-        "failed",
-        "killed",
-        "running",
-        "submitted at",
-    ]);
-    for j in &jobs {
-        table.add_row([
-            j.job_id.to_string(),
-            j.name.clone(),
-            j.state.to_string(),
-            j.tasks.to_string(),
-            j.succeeded.to_string(),
-            j.failed.to_string(),
-            j.killed.to_string(),
-            j.running.to_string(),
-            format_time(j.submitted_at_ms),
-        ]);
-    }
-    println!("{table}");
+    println!("{}", jobs_table(&jobs));
     for j in jobs.iter().filter(|j| j.waiting.is_some()) {
         let waiting = j.waiting.as_deref().unwrap_or_default();
         println!("job {} waits: {waiting}", j.job_id);
@@ -137,6 +111,93 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints the scheduling mode and the pools as a table, or as JSON.
+pub async fn show_pools(client: &EmberClient, json: bool) -> anyhow::Result<()> {
+    let (scheduling, pools) = client.pools().await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "scheduling": scheduling, "pools": pools })
+        );
+        return Ok(());
+    }
+    if pools.is_empty() {
+        println!("scheduling {scheduling}: jobs run by priority, then oldest first; no pools");
+        return Ok(());
+    }
+    println!("{}", pools_table(&pools));
+    println!("scheduling {scheduling}: pools in the order offers serve them now");
+    Ok(())
+}
+
+fn pools_table(pools: &[crate::protocol::PoolSummary]) -> Table {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    table.set_header([
+        "pool",
+        "weight",
+        "min share",
+        "mode",
+        "cores in use",
+        "jobs",
+    ]);
+    for p in pools {
+        let name = match p.declared {
+            true => p.name.clone(),
+            false => format!("{} (undeclared)", p.name),
+        };
+        table.add_row([
+            name,
+            p.weight.to_string(),
+            p.min_share.to_string(),
+            p.mode.clone(),
+            p.running_cores.to_string(),
+            p.jobs.to_string(),
+        ]);
+    }
+    table
+}
+
+/// The jobs as a table; pool and priority columns only when some job has one.
+fn jobs_table(jobs: &[crate::protocol::JobSummary]) -> Table {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED);
+    let pools = jobs.iter().any(|j| j.pool.is_some() || j.priority != 0);
+    let mut header = vec!["job", "name", "state"];
+    if pools {
+        header.extend(["pool", "priority"]);
+    }
+    header.extend([
+        "tasks",
+        "succeeded",
+        "failed",
+        "killed",
+        "running",
+        "submitted at",
+    ]);
+    table.set_header(header);
+    for j in jobs {
+        let mut row = vec![j.job_id.to_string(), j.name.clone(), j.state.to_string()];
+        if pools {
+            let pool = j
+                .pool
+                .as_deref()
+                .unwrap_or(crate::driver::core::DEFAULT_POOL);
+            row.extend([pool.to_string(), j.priority.to_string()]);
+        }
+        row.extend([
+            j.tasks.to_string(),
+            j.succeeded.to_string(),
+            j.failed.to_string(),
+            j.killed.to_string(),
+            j.running.to_string(),
+            format_time(j.submitted_at_ms),
+        ]);
+        table.add_row(row);
+    }
+    table
+}
+
 /// `gpu 1/2, mem_gb 64/64`: each resource's free and total addresses.
 fn show_resources(
     resources: &std::collections::BTreeMap<String, crate::protocol::ResourceCount>,
@@ -146,4 +207,54 @@ fn show_resources(
         .map(|(name, c)| format!("{name} {}/{}", c.free, c.total))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{JobState, JobSummary};
+
+    fn job(job_id: u64, pool: Option<&str>, priority: i32) -> JobSummary {
+        JobSummary {
+            pool: pool.map(str::to_string),
+            priority,
+            job_id,
+            name: "n".into(),
+            state: JobState::Running,
+            tasks: 4,
+            succeeded: 1,
+            failed: 0,
+            killed: 0,
+            running: 2,
+            submitted_at_ms: 0,
+            ended_at_ms: None,
+            reason: None,
+            waiting: None,
+            placement: None,
+        }
+    }
+
+    #[test]
+    fn the_jobs_table_shows_pools_and_priorities_only_when_a_job_has_one() {
+        let plain = jobs_table(&[job(1, None, 0)]).to_string();
+        assert!(
+            !plain.contains("pool") && !plain.contains("priority"),
+            "{plain}"
+        );
+        let table = jobs_table(&[job(1, None, 0), job(2, Some("etl"), -2)]).to_string();
+        let header = table.lines().nth(1).unwrap();
+        assert!(
+            header.contains("pool") && header.contains("priority"),
+            "{table}"
+        );
+        let rows: Vec<&str> = table.lines().filter(|l| l.contains("RUNNING")).collect();
+        assert!(
+            rows[0].contains("default") && rows[0].contains(" 0 "),
+            "{table}"
+        );
+        assert!(
+            rows[1].contains("etl") && rows[1].contains(" -2 "),
+            "{table}"
+        );
+    }
 }

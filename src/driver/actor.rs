@@ -42,6 +42,8 @@ pub struct DriverConfig {
     /// How often free cores are offered even when nothing else prompts it (and silent
     /// executors are looked for).
     pub revive_interval: Duration,
+    /// How jobs share the cores: FIFO, or FAIR between pools (`--scheduling`, `--pool`).
+    pub scheduling: super::core::Scheduling,
     /// How executors are judged alive.
     pub liveness: Liveness,
     /// Whether jobs are kept in a JetStream journal, to survive a driver restart.
@@ -85,6 +87,7 @@ impl DriverConfig {
             subjects,
             expect_executors: 0,
             revive_interval: Duration::from_secs(1),
+            scheduling: Default::default(),
             liveness: Liveness::default(),
             journal: JournalMode::default(),
             journal_max_age: crate::DEFAULT_JOURNAL_MAX_AGE,
@@ -390,6 +393,7 @@ async fn start(
         results_bucket: results.is_some(),
     });
     core.set_liveness(config.liveness.clone());
+    core.set_scheduling(config.scheduling.clone());
     if let Some(allocation) = &config.allocation {
         core.set_allocation(allocation.clone());
     }

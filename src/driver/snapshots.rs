@@ -211,6 +211,8 @@ mod tests {
             first_task: 10,
             time_ms: 5,
             job: SubmitJob {
+                pool: None,
+                priority: 0,
                 name: "n".into(),
                 tasks: vec![TaskSpec::Handler {
                     name: "noop".into(),

@@ -438,6 +438,8 @@ impl World {
                 + u64::from((origin as u64) < self.config.tasks % jobs))
                 as u32;
             let job = SubmitJob {
+                pool: None,
+                priority: 0,
                 name,
                 tasks: vec![TaskSpec::Handler {
                     name: "sim".into(),

@@ -31,6 +31,9 @@ pub struct Job {
     pub resources: crate::resources::Request,
     /// Where its tasks may and would rather run; none for most jobs.
     pub placement: Option<Box<super::placement::JobPlacement>>,
+    /// The pool it was submitted to, if it named one, and its priority.
+    pub pool: Option<String>,
+    pub priority: i32,
     /// Every task's record and which of them wait for cores.
     pub tasks: Tasks,
     /// Where superseded attempts ran: (index, attempt) -> executor; for telling a late repeat
@@ -70,6 +73,8 @@ impl Job {
             cpus_per_task: submit.cpus_per_task,
             resources: submit.resources,
             placement: super::placement::JobPlacement::new(submit.placement, now),
+            pool: submit.pool,
+            priority: submit.priority,
             tasks: Tasks::new(count),
             past_attempts: HashMap::default(),
             results: HashMap::default(),
@@ -104,6 +109,8 @@ impl Job {
     /// The submission this job was made from, as the journal records it.
     pub fn submission(&self) -> SubmitJob {
         SubmitJob {
+            pool: self.pool.clone(),
+            priority: self.priority,
             name: self.name.clone(),
             tasks: self
                 .specs
@@ -162,6 +169,8 @@ impl Job {
 
     pub fn summary(&self) -> JobSummary {
         JobSummary {
+            pool: self.pool.clone(),
+            priority: self.priority,
             job_id: self.id,
             name: self.name.clone(),
             state: self.state,
@@ -286,7 +295,7 @@ impl Core {
         self.first_tasks.insert(first_task, id);
         self.jobs.insert(id, job);
         self.placement_job_added(id);
-        self.queue.push_back(id);
+        self.queue_new_job(id);
         self.make_offers(None, now);
         ApiReply::JobAccepted { job_id: id }
     }
@@ -442,6 +451,7 @@ impl Core {
             reason: reason.clone(),
         };
         self.queue.retain(|id| *id != job_id);
+        self.pools_job_ended(job_id);
         let reason = reason.unwrap_or_default();
         for (executor, task_id, attempt) in kills {
             let reason = format!("job {job_id} ended: {reason}");
@@ -498,6 +508,7 @@ pub(super) fn validate_job(
     }
     crate::resources::validate_request(&submit.resources)?;
     submit.placement.validate()?;
+    super::pools::validate_submission(submit)?;
     // A launch of one task must fit in one message: it is one group, the spec and under 250
     // bytes of ids and framing, so 1024 bytes of room is plenty.
     let spec_limit = max_bytes.saturating_sub(1024);

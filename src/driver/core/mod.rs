@@ -12,6 +12,7 @@ mod jobs;
 mod liveness;
 mod offers;
 mod placement;
+mod pools;
 mod registry;
 mod resources;
 mod restore;
@@ -32,6 +33,7 @@ pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
 pub use jobs::Job;
 pub use liveness::Liveness;
 pub use placement::JobPlacement;
+pub use pools::{PoolConfig, Scheduling, SchedulingMode, DEFAULT_POOL};
 pub use registry::{ExecutorData, MAX_CORES};
 pub use resources::ExecutorResources;
 pub use restore::{ReplayError, Restored};
@@ -100,6 +102,8 @@ pub struct Core {
     jobs: BTreeMap<JobId, Job>,
     /// Jobs that may have tasks waiting, first submitted first.
     queue: VecDeque<JobId>,
+    /// The pools FAIR scheduling orders jobs by; none under FIFO.
+    pools: Option<Box<pools::Pools>>,
     /// First task id of each job, to find a task's job by range.
     first_tasks: BTreeMap<TaskId, JobId>,
     /// Finished jobs still kept, oldest end first; the oldest are forgotten past
@@ -136,6 +140,7 @@ impl Core {
             total_cores: 0,
             jobs: BTreeMap::new(),
             queue: VecDeque::new(),
+            pools: None,
             first_tasks: BTreeMap::new(),
             ended: VecDeque::new(),
             forgetting: Vec::new(),
@@ -186,6 +191,7 @@ impl Core {
                 limit,
                 from_job,
             } => self.jobs_page(from_job, offset, limit),
+            ApiRequest::ListPools => self.pools_reply(),
             ApiRequest::GetJob { job_id } => match self.jobs.get(&job_id) {
                 Some(job) => ApiReply::Job {
                     job: self.job_summary(job),

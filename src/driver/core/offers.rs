@@ -107,11 +107,12 @@ impl Core {
         );
     }
 
-    /// Launches one waiting task on `executor` if one fits; FIFO over jobs.
+    /// Launches one waiting task on `executor` if one fits: of the first job that has one, in
+    /// the order `--scheduling` gives the jobs.
     fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
         let data = self.executors.get(executor)?;
         let free = data.free_cores;
-        let (job_id, position) = self.queue.iter().find_map(|id| {
+        let fits = |id: &JobId| {
             let job = self.jobs.get(id)?;
             if job.cpus_per_task > free || self.excluded(*id, None, executor) {
                 return None;
@@ -132,7 +133,12 @@ impl Core {
                         || !self.another_can_take(executor, *id, index, job))
             })?;
             Some((*id, pick))
-        })?;
+        };
+        // FIFO: the queue's order; FAIR: the pools'.
+        let (job_id, position) = match self.pools.as_deref() {
+            None => self.queue.iter().find_map(fits),
+            Some(pools) => pools.order().find_map(fits),
+        }?;
         let job = self.jobs.get_mut(&job_id)?;
         let index = job.tasks.take(position)?;
         if let Some(placement) = &mut job.placement {
@@ -157,6 +163,9 @@ impl Core {
         let data = self.executors.get_mut(executor)?;
         data.free_cores -= cpus;
         data.running.insert(task_id, attempt);
+        if let Some(pools) = self.pools.as_deref_mut() {
+            pools.started(job_id, cpus);
+        }
         let resources = match job.resources.is_empty() {
             true => Default::default(),
             false => data.resources.take(task_id, &job.resources),

@@ -155,6 +155,7 @@ impl Core {
                 job.killed += job.tasks.close();
             }
         }
+        self.order_restored();
         for job_id in done {
             self.end_job_if_done(job_id, now);
         }

@@ -210,6 +210,9 @@ impl Core {
             }
         }
         job.running -= 1;
+        if let Some(pools) = self.pools.as_deref_mut() {
+            pools.ended(job_id, job.cpus_per_task);
+        }
         let active = job.is_active();
         let record = &mut job.tasks[index];
         record.last_failed = update.state == TaskState::Failed;
@@ -282,9 +285,8 @@ impl Core {
         }
         let job = self.jobs.get_mut(&job_id).expect("located above");
         if active && job.tasks.has_waiting() && !self.queue.contains(&job_id) {
-            // Keep the queue in submission order: a retry does not jump ahead of older jobs.
-            let position = self.queue.partition_point(|id| *id < job_id);
-            self.queue.insert(position, job_id);
+            // Keep the queue in its order: a retry does not jump ahead of older jobs.
+            self.enqueue(job_id);
         }
         if last_of_ended {
             self.last_attempt_ended(job_id);

@@ -10,6 +10,7 @@ mod jobs;
 mod kills;
 mod offers;
 mod placement;
+mod pools;
 mod props;
 mod registration;
 mod resources;
@@ -117,6 +118,8 @@ fn noop() -> TaskSpec {
 
 fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
     SubmitJob {
+        pool: None,
+        priority: 0,
         name: "test-job".into(),
         tasks: vec![noop()],
         repeat: tasks,
@@ -549,9 +552,12 @@ fn check_invariants(core: &Core) {
     check_retention(core);
     let queue: Vec<JobId> = core.queue.iter().copied().collect();
     assert!(
-        queue.windows(2).all(|w| w[0] < w[1]),
-        "the queue is not in submission order: {queue:?}"
+        queue
+            .windows(2)
+            .all(|w| core.queue_key(w[0]) < core.queue_key(w[1])),
+        "the queue is not in priority, then submission order: {queue:?}"
     );
+    core.check_pools();
     for (&job_id, job) in &core.jobs {
         assert_eq!(job.id, job_id);
         check_job_counts(job);

@@ -88,6 +88,13 @@ impl Sim {
             },
             _ => Default::default(),
         };
+        // Priorities and pools from the other draws: some high, some low, in two declared
+        // pools, an undeclared one and the default.
+        submission.priority = (tasks % 3) as i32 - 1;
+        submission.pool = match (tasks + max_failures) % 4 {
+            0 => None,
+            n => Some(["p0", "p1", "adhoc"][n as usize - 1].into()),
+        };
         let job_id = submit(&mut self.core, submission, self.now);
         let effects = self.effects();
         assert_eq!(

@@ -261,6 +261,29 @@ proptest! {
     }
 
     #[test]
+    fn fair_pools_keep_the_invariants(
+        cores in prop::collection::vec(1u32..=4, 0..4),
+        ops in prop::collection::vec(op(), 20..120),
+    ) {
+        let mut sim = Sim::new();
+        let pools = ["p0:weight=1,min-share=2", "p1:weight=3,mode=fair"]
+            .map(|p| crate::driver::core::PoolConfig::parse(p).unwrap());
+        sim.core.set_scheduling(crate::driver::core::Scheduling {
+            mode: crate::driver::core::SchedulingMode::Fair,
+            pools: pools.to_vec(),
+        });
+        for (i, c) in cores.iter().enumerate() {
+            sim.register(format!("e{i}"), *c);
+        }
+        for op in &ops {
+            sim.apply(op);
+        }
+        sim.drain();
+        sim.check_final();
+        sim.check_replay();
+    }
+
+    #[test]
     fn busy_clusters_keep_the_invariants(
         cores in prop::collection::vec(1u32..=4, 1..5),
         ops in prop::collection::vec(op(), 20..120),
