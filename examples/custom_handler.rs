@@ -122,6 +122,7 @@ mod tests {
         let executor = tokio::spawn(run(client, config, handlers(), std::future::pending()));
         let api = ember::client::EmberClient::new(connect(None).await.unwrap(), subjects);
         let job = ember::protocol::SubmitJob {
+            speculation: None,
             name: "squares".into(),
             tasks: vec![ember::protocol::TaskSpec::Handler {
                 name: "square".into(),

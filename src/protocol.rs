@@ -165,6 +165,52 @@ pub struct SubmitJob {
     /// Custom resources each task needs beside its cores (`{"gpu": 1}`); none if empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: crate::resources::Request,
+    /// Speculative execution (Spark's `spark.speculation`): off unless present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<Speculation>,
+}
+
+/// When a task of a job gets a speculative copy: once `quantile` of the job's tasks have
+/// finished, an attempt that has run longer than `multiplier` times the median finished
+/// duration, and at least `min_runtime_ms`, gets one more attempt on another executor. The
+/// defaults are Spark's `spark.speculation.{quantile,multiplier,minTaskRuntime}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Speculation {
+    #[serde(default = "default_quantile")]
+    pub quantile: f64,
+    #[serde(default = "default_multiplier")]
+    pub multiplier: f64,
+    #[serde(default = "default_min_runtime_ms")]
+    pub min_runtime_ms: u64,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation {
+            quantile: default_quantile(),
+            multiplier: default_multiplier(),
+            min_runtime_ms: default_min_runtime_ms(),
+        }
+    }
+}
+
+fn default_quantile() -> f64 {
+    0.75
+}
+
+fn default_multiplier() -> f64 {
+    1.5
+}
+
+fn default_min_runtime_ms() -> u64 {
+    100
+}
+
+/// What speculative execution did for a job: copies launched, and those that finished first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpeculativeCounts {
+    pub launched: u32,
+    pub won: u32,
 }
 
 fn one() -> u32 {
@@ -456,6 +502,9 @@ pub struct JobSummary {
     /// resources it asks for, or the start gate holds offers); none if nothing holds it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// For a job with speculative execution on, what it did so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeCounts>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -30,6 +30,7 @@ fn work(fails: bool) -> Handlers {
 
 fn work_job(tasks: u32) -> SubmitJob {
     SubmitJob {
+        speculation: None,
         name: "work".into(),
         tasks: vec![TaskSpec::Handler {
             name: "work".into(),

@@ -27,6 +27,7 @@ fn handler(name: &str, arg: serde_json::Value) -> TaskSpec {
 
 fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
     SubmitJob {
+        speculation: None,
         name: "test".into(),
         tasks,
         repeat,
@@ -542,6 +543,7 @@ async fn handlers_registered_by_an_embedding_program_run() {
         LIMIT,
         api.run_job(
             SubmitJob {
+                speculation: None,
                 max_failures: 1,
                 ..job(vec![handler("nope", json!(null))], 1)
             },
@@ -564,6 +566,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
     let _executor = cluster.executor("e1", 2, Handlers::builtin()).await;
     let api = cluster.api(cluster.client().await);
     let echo = SubmitJob {
+        speculation: None,
         name: "echo".into(),
         tasks: vec![handler("echo", json!({"value": "kept"}))],
         repeat: 3,
@@ -786,6 +789,7 @@ async fn a_huge_error_is_cut_so_that_the_journal_stores_the_failure() {
         r"head -c 70000 /dev/zero | tr '\0' y; head -c {line} /dev/zero | tr '\0' x >&2; exit 3"
     );
     let failing = SubmitJob {
+        speculation: None,
         max_failures: 1,
         ..job(vec![sh(&script)], 1)
     };

@@ -23,6 +23,7 @@ fn sleepers(pid_file: &Path, timeout_ms: Option<u64>) -> SubmitJob {
         pid_file.display()
     );
     SubmitJob {
+        speculation: None,
         name: "group".into(),
         tasks: vec![TaskSpec::Command {
             argv: vec!["sh".into(), "-c".into(), script],

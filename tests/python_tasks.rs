@@ -70,6 +70,7 @@ fn call(function: &str, args: &str, timeout_ms: Option<u64>) -> TaskSpec {
 
 fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
     SubmitJob {
+        speculation: None,
         name: "python".into(),
         tasks,
         repeat: 1,

@@ -14,6 +14,7 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// A job of these shell commands, one task each.
 fn commands(scripts: &[&str]) -> SubmitJob {
     SubmitJob {
+        speculation: None,
         name: "commands".into(),
         tasks: scripts.iter().map(|script| sh(script)).collect(),
         repeat: 1,

@@ -18,6 +18,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// A job of `repeat` echo tasks that each return `value`.
 fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
     SubmitJob {
+        speculation: None,
         name: "echo".into(),
         tasks: vec![TaskSpec::Handler {
             name: "echo".into(),
@@ -194,6 +195,7 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
     let marker = std::env::temp_dir().join(format!("ember-outage-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
     let job = SubmitJob {
+        speculation: None,
         name: "outage".into(),
         tasks: vec![common::sh(&format!("touch {}", marker.display()))],
         repeat: 1,
@@ -270,6 +272,7 @@ async fn a_result_larger_than_max_payload_is_stored_in_chunks_and_comes_back_who
     let _executor = cluster.executor("e1", 2, handlers).await;
     let api = cluster.api(cluster.client().await);
     let job = SubmitJob {
+        speculation: None,
         tasks: vec![TaskSpec::Handler {
             name: "big".into(),
             arg: json!(null),

@@ -312,6 +312,7 @@ fn headline(report: &Report) -> String {
 /// A job of `tasks` no-op tasks.
 fn noops(tasks: u32) -> crate::protocol::SubmitJob {
     crate::protocol::SubmitJob {
+        speculation: None,
         name: "bench".into(),
         tasks: vec![noop()],
         repeat: tasks,

@@ -46,6 +46,7 @@ pub struct Soak {
 fn printers(tasks: u32) -> SubmitJob {
     let script = format!("head -c {OUTPUT_BYTES} /dev/zero | tr '\\0' x");
     SubmitJob {
+        speculation: None,
         name: "soak-print".into(),
         tasks: vec![TaskSpec::Command {
             argv: vec!["sh".into(), "-c".into(), script],

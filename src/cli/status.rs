@@ -236,6 +236,7 @@ mod tests {
 
     fn job(tasks: u32, succeeded: u32, running: u32) -> JobSummary {
         JobSummary {
+            speculative: None,
             job_id: 7,
             name: "sleepers".into(),
             state: JobState::Running,

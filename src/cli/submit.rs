@@ -24,6 +24,8 @@ pub struct SubmitArgs {
     /// Attempts a task gets before the job fails.
     #[arg(long, default_value_t = crate::DEFAULT_MAX_FAILURES)]
     pub max_failures: u32,
+    #[command(flatten)]
+    pub speculation: super::speculation::SpeculationArgs,
     /// Cores each task takes.
     #[arg(long, default_value_t = 1)]
     pub cpus_per_task: u32,
@@ -76,6 +78,7 @@ impl SubmitArgs {
             self.name.clone()
         };
         Ok(SubmitJob {
+            speculation: self.speculation.config()?,
             name,
             tasks: vec![spec],
             repeat: self.tasks,
@@ -102,15 +105,24 @@ pub async fn submit(client: &EmberClient, args: &SubmitArgs) -> anyhow::Result<b
     }
     let state = summary.state.to_string();
     if args.json {
-        let line = json!({
+        let mut line = json!({
             "job_id": summary.job_id, "state": state, "tasks": summary.tasks,
             "succeeded": summary.succeeded, "failed": summary.failed, "elapsed_ms": elapsed_ms,
         });
+        if let Some(copies) = summary.speculative {
+            line["speculative"] = json!(copies);
+        }
         println!("{line}");
     } else {
         println!("{}", summary_line(&summary, elapsed_ms));
         if let Some(reason) = &summary.reason {
             println!("reason: {reason}");
+        }
+        if let Some(copies) = &summary.speculative {
+            println!(
+                "speculative copies: {} launched, {} finished first",
+                copies.launched, copies.won
+            );
         }
     }
     Ok(summary.state == JobState::Succeeded)
@@ -195,6 +207,7 @@ mod tests {
 
     fn ended(tasks: u32, succeeded: u32, failed: u32) -> JobSummary {
         JobSummary {
+            speculative: None,
             job_id: 7,
             name: "t".into(),
             state: JobState::Failed,

@@ -211,6 +211,7 @@ mod tests {
             first_task: 10,
             time_ms: 5,
             job: SubmitJob {
+                speculation: None,
                 name: "n".into(),
                 tasks: vec![TaskSpec::Handler {
                     name: "noop".into(),

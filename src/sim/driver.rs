@@ -438,6 +438,7 @@ impl World {
                 + u64::from((origin as u64) < self.config.tasks % jobs))
                 as u32;
             let job = SubmitJob {
+                speculation: None,
                 name,
                 tasks: vec![TaskSpec::Handler {
                     name: "sim".into(),

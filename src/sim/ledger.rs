@@ -205,7 +205,8 @@ impl Ledger {
             | Event::TaskStart { .. }
             | Event::ExecutorTarget { .. }
             | Event::ExecutorExcluded { .. }
-            | Event::ExecutorUnexcluded { .. } => Ok(()),
+            | Event::ExecutorUnexcluded { .. }
+            | Event::SpeculativeTaskStart { .. } => Ok(()),
         }
     }
 

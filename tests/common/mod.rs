@@ -319,6 +319,7 @@ impl<T> Drop for Running<T> {
 /// `tasks` tasks of the built-in `noop` handler, failing the job at their first failure.
 pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
     ember::protocol::SubmitJob {
+        speculation: None,
         name: "noops".into(),
         tasks: vec![ember::protocol::TaskSpec::Handler {
             name: "noop".into(),
@@ -334,6 +335,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
 /// `tasks` tasks of the built-in `sleep` handler, `ms` each.
 pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
     ember::protocol::SubmitJob {
+        speculation: None,
         name: "sleepers".into(),
         tasks: vec![ember::protocol::TaskSpec::Handler {
             name: "sleep".into(),

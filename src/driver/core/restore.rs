@@ -158,6 +158,10 @@ impl Core {
         for job_id in done {
             self.end_job_if_done(job_id, now);
         }
+        let ids: Vec<JobId> = self.jobs.keys().copied().collect();
+        for job_id in ids {
+            self.track_speculation(job_id);
+        }
         restored
     }
 
