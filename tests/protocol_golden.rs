@@ -2902,7 +2902,7 @@ fn submit_job_with_speculation() {
     );
     json_error::<SubmitJob>(
         br#"{"tasks":[{"kind":"handler","name":"noop"}],"speculation":{"quantile":"high"}}"#,
-        &["quantile"],
+        &["expected f64"],
     );
 }
 
