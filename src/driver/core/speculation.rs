@@ -370,8 +370,10 @@ impl Core {
         }
         spec.others.remove(&index);
         // A copy that ends any other way, or the loser: only its cores come back. A loser
-        // ends KILLED whatever it reports, so that a task is seen to finish once.
-        let (state, error) = match other.losing || update.state == TaskState::Finished {
+        // ends KILLED whatever it reports, so that a task is seen to finish once; one the
+        // driver lost (its executor gone or silent about it) ends LOST.
+        let lost = update.state == TaskState::Lost;
+        let (state, error) = match !lost && (other.losing || update.state == TaskState::Finished) {
             true => (TaskState::Killed, Some(LOST_THE_RACE.to_string())),
             false => {
                 let cap = crate::text::error_cap(self.config.max_reply_bytes);
