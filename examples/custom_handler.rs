@@ -124,6 +124,7 @@ mod tests {
         let job = ember::protocol::SubmitJob {
             pool: None,
             priority: 0,
+            speculation: None,
             name: "squares".into(),
             tasks: vec![ember::protocol::TaskSpec::Handler {
                 name: "square".into(),

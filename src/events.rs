@@ -119,6 +119,19 @@ pub fn describe(event: &Event) -> String {
             }
             line
         }
+        Event::SpeculativeTaskStart {
+            job_id,
+            executor_id,
+            index,
+            attempt,
+            copy_of,
+            running_ms,
+            threshold_ms,
+            ..
+        } => format!(
+            "task speculated   job {job_id} task {index}: attempt {attempt} on {executor_id}, \
+             beside attempt {copy_of} running {running_ms} ms (over {threshold_ms} ms)"
+        ),
     }
 }
 

@@ -176,10 +176,56 @@ pub struct SubmitJob {
     /// Higher runs first among the jobs `fifo` orders (-1000 to 1000); ties go to the older job.
     #[serde(default, skip_serializing_if = "is_zero_priority")]
     pub priority: i32,
+    /// Speculative execution (Spark's `spark.speculation`): off unless present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<Speculation>,
 }
 
 fn is_zero_priority(n: &i32) -> bool {
     *n == 0
+}
+
+/// When a task of a job gets a speculative copy: once `quantile` of the job's tasks have
+/// finished, an attempt that has run longer than `multiplier` times the median finished
+/// duration, and at least `min_runtime_ms`, gets one more attempt on another executor. The
+/// defaults are Spark's `spark.speculation.{quantile,multiplier,minTaskRuntime}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Speculation {
+    #[serde(default = "default_quantile")]
+    pub quantile: f64,
+    #[serde(default = "default_multiplier")]
+    pub multiplier: f64,
+    #[serde(default = "default_min_runtime_ms")]
+    pub min_runtime_ms: u64,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation {
+            quantile: default_quantile(),
+            multiplier: default_multiplier(),
+            min_runtime_ms: default_min_runtime_ms(),
+        }
+    }
+}
+
+fn default_quantile() -> f64 {
+    0.75
+}
+
+fn default_multiplier() -> f64 {
+    1.5
+}
+
+fn default_min_runtime_ms() -> u64 {
+    100
+}
+
+/// What speculative execution did for a job: copies launched, and those that finished first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpeculativeCounts {
+    pub launched: u32,
+    pub won: u32,
 }
 
 fn one() -> u32 {
@@ -191,6 +237,9 @@ fn default_max_failures() -> u32 {
 }
 
 /// Requests on `<p>.driver.api`.
+// A request is decoded once and moved into the core once: a `SubmitJob` held inline costs
+// nothing a box would save.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum ApiRequest {
@@ -488,6 +537,9 @@ pub struct JobSummary {
     /// The job's priority, if not 0.
     #[serde(default, skip_serializing_if = "is_zero_priority")]
     pub priority: i32,
+    /// For a job with speculative execution on, what it did so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeCounts>,
 }
 
 /// One pool of FAIR scheduling: its settings, and what its jobs run now.
@@ -786,6 +838,7 @@ serde_only!(
     RefusedStatus,
     ExecutorInfo,
     ExecutorSummary,
+    JobSummary,
     JournaledTask,
 );
 

@@ -32,6 +32,7 @@ fn work_job(tasks: u32) -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "work".into(),
         tasks: vec![TaskSpec::Handler {
             name: "work".into(),

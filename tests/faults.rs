@@ -576,6 +576,7 @@ async fn executors_register_with_the_next_driver_or_exit_56() {
     wait_registered(&api, 2).await;
     // The first driver's tasks are running when it dies; their task ids will be reused.
     let old = SubmitJob {
+        speculation: None,
         tasks: vec![sh("sleep 5; echo old")],
         ..sleepers(4, 0)
     };
@@ -600,6 +601,7 @@ async fn executors_register_with_the_next_driver_or_exit_56() {
     let registry = api.executors().await.unwrap();
     assert_eq!(registry.executors[0].executor_id.as_str(), "stays");
     let new = SubmitJob {
+        speculation: None,
         tasks: vec![sh("sleep 3; echo new")],
         ..sleepers(4, 0)
     };

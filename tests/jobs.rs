@@ -29,6 +29,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "test".into(),
         tasks,
         repeat,
@@ -545,6 +546,7 @@ async fn handlers_registered_by_an_embedding_program_run() {
         LIMIT,
         api.run_job(
             SubmitJob {
+                speculation: None,
                 max_failures: 1,
                 ..job(vec![handler("nope", json!(null))], 1)
             },
@@ -569,6 +571,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
     let echo = SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "echo".into(),
         tasks: vec![handler("echo", json!({"value": "kept"}))],
         repeat: 3,
@@ -792,6 +795,7 @@ async fn a_huge_error_is_cut_so_that_the_journal_stores_the_failure() {
         r"head -c 70000 /dev/zero | tr '\0' y; head -c {line} /dev/zero | tr '\0' x >&2; exit 3"
     );
     let failing = SubmitJob {
+        speculation: None,
         max_failures: 1,
         ..job(vec![sh(&script)], 1)
     };

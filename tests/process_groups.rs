@@ -25,6 +25,7 @@ fn sleepers(pid_file: &Path, timeout_ms: Option<u64>) -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "group".into(),
         tasks: vec![TaskSpec::Command {
             argv: vec!["sh".into(), "-c".into(), script],

@@ -905,6 +905,7 @@ fn full_job() -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "nightly".into(),
         tasks: vec![
             TaskSpec::Handler {
@@ -943,6 +944,7 @@ fn default_job() -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: String::new(),
         tasks: vec![TaskSpec::Handler {
             name: "noop".into(),
@@ -1548,6 +1550,7 @@ fn running_summary() -> JobSummary {
     JobSummary {
         pool: None,
         priority: 0,
+        speculative: None,
         job_id: 7,
         name: "nightly".into(),
         state: JobState::Running,
@@ -1585,6 +1588,7 @@ fn api_reply_jobs() {
     let failed = JobSummary {
         pool: None,
         priority: 0,
+        speculative: None,
         job_id: 8,
         name: String::new(),
         state: JobState::Failed,
@@ -2461,6 +2465,7 @@ fn journal_records() {
     let job = SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "nightly".into(),
         tasks: vec![TaskSpec::Handler {
             name: "noop".into(),
@@ -2859,6 +2864,7 @@ fn executor_summary_with_resources() {
 #[test]
 fn job_summary_that_waits() {
     let summary = JobSummary {
+        speculative: None,
         waiting: Some("no executor has gpu=4; largest: gpu=2".into()),
         ..running_summary()
     };
@@ -3049,5 +3055,92 @@ fn api_list_pools() {
             pools: vec![],
         },
         json!({"type": "Pools", "scheduling": "fifo", "pools": []}),
+    );
+}
+
+#[test]
+fn submit_job_with_speculation() {
+    let job = SubmitJob {
+        speculation: Some(Speculation {
+            quantile: 0.5,
+            multiplier: 2.0,
+            min_runtime_ms: 5000,
+        }),
+        ..default_job()
+    };
+    golden(
+        &job,
+        json!({
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "speculation": {"quantile": 0.5, "multiplier": 2.0, "min_runtime_ms": 5000}
+        }),
+    );
+    // Each setting is optional, with Spark's defaults; `{}` turns it on with them all.
+    let with_defaults = SubmitJob {
+        speculation: Some(Speculation {
+            quantile: 0.75,
+            multiplier: 1.5,
+            min_runtime_ms: 100,
+        }),
+        ..default_job()
+    };
+    assert_eq!(with_defaults.speculation, Some(Speculation::default()));
+    decodes_to(
+        json!({"tasks": [{"kind": "handler", "name": "noop"}], "speculation": {}}),
+        &with_defaults,
+    );
+    json_error::<SubmitJob>(
+        br#"{"tasks":[{"kind":"handler","name":"noop"}],"speculation":{"quantile":"high"}}"#,
+        &["expected f64"],
+    );
+}
+
+#[test]
+fn job_summary_with_speculative_copies() {
+    let summary = JobSummary {
+        speculative: Some(SpeculativeCounts {
+            launched: 2,
+            won: 1,
+        }),
+        ..running_summary()
+    };
+    let mut wire = serde_json::to_value(running_summary()).unwrap();
+    wire["speculative"] = json!({"launched": 2, "won": 1});
+    golden(&summary, wire);
+}
+
+#[test]
+fn speculative_task_start_event() {
+    let event = Event::SpeculativeTaskStart {
+        time_ms: 1_700_000_001_201,
+        job_id: 7,
+        executor_id: exec("exec-1"),
+        task_id: 4,
+        index: 3,
+        attempt: 1,
+        copy_of: 0,
+        running_ms: 201,
+        threshold_ms: 200,
+    };
+    assert_eq!(event.kind(), "task.speculative");
+    assert_eq!(event.job_id(), Some(7));
+    golden(
+        &event,
+        json!({
+            "type": "SpeculativeTaskStart",
+            "time_ms": 1_700_000_001_201u64,
+            "job_id": 7,
+            "executor_id": "exec-1",
+            "task_id": 4,
+            "index": 3,
+            "attempt": 1,
+            "copy_of": 0,
+            "running_ms": 201,
+            "threshold_ms": 200
+        }),
     );
 }

@@ -72,6 +72,7 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "python".into(),
         tasks,
         repeat: 1,

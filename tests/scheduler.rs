@@ -16,6 +16,7 @@ fn commands(scripts: &[&str]) -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "commands".into(),
         tasks: scripts.iter().map(|script| sh(script)).collect(),
         repeat: 1,

@@ -786,6 +786,7 @@ async fn the_driver_journals_with_least_privilege_and_no_one_else_can_write_the_
     let job = api.run_job(noops(20), |_| {}).await.expect("job runs");
     assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
     let large = SubmitJob {
+        speculation: None,
         tasks: vec![TaskSpec::Handler {
             name: "big".into(),
             arg: serde_json::Value::Null,

@@ -20,6 +20,7 @@ fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "echo".into(),
         tasks: vec![TaskSpec::Handler {
             name: "echo".into(),
@@ -199,6 +200,7 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
     let job = SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "outage".into(),
         tasks: vec![common::sh(&format!("touch {}", marker.display()))],
         repeat: 1,
@@ -276,6 +278,7 @@ async fn a_result_larger_than_max_payload_is_stored_in_chunks_and_comes_back_who
     let _executor = cluster.executor("e1", 2, handlers).await;
     let api = cluster.api(cluster.client().await);
     let job = SubmitJob {
+        speculation: None,
         tasks: vec![TaskSpec::Handler {
             name: "big".into(),
             arg: json!(null),

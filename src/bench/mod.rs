@@ -351,6 +351,7 @@ fn noops(tasks: u32) -> crate::protocol::SubmitJob {
     crate::protocol::SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "bench".into(),
         tasks: vec![noop()],
         repeat: tasks,

@@ -48,6 +48,7 @@ fn printers(tasks: u32) -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "soak-print".into(),
         tasks: vec![TaskSpec::Command {
             argv: vec!["sh".into(), "-c".into(), script],

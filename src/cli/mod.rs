@@ -5,6 +5,7 @@ pub mod creds;
 pub mod durations;
 pub mod events;
 pub mod sim;
+pub mod speculation;
 pub mod status;
 pub mod submit;
 pub mod up;

@@ -238,6 +238,7 @@ mod tests {
         JobSummary {
             pool: None,
             priority: 0,
+            speculative: None,
             job_id: 7,
             name: "sleepers".into(),
             state: JobState::Running,

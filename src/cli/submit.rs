@@ -24,6 +24,8 @@ pub struct SubmitArgs {
     /// Attempts a task gets before the job fails.
     #[arg(long, default_value_t = crate::DEFAULT_MAX_FAILURES)]
     pub max_failures: u32,
+    #[command(flatten)]
+    pub speculation: super::speculation::SpeculationArgs,
     /// Cores each task takes.
     #[arg(long, default_value_t = 1)]
     pub cpus_per_task: u32,
@@ -104,6 +106,7 @@ impl SubmitArgs {
         Ok(SubmitJob {
             pool: self.pool.clone(),
             priority: self.priority,
+            speculation: self.speculation.config()?,
             name,
             tasks: vec![spec],
             repeat: self.tasks,
@@ -140,15 +143,24 @@ pub async fn submit(client: &EmberClient, args: &SubmitArgs) -> anyhow::Result<b
     }
     let state = summary.state.to_string();
     if args.json {
-        let line = json!({
+        let mut line = json!({
             "job_id": summary.job_id, "state": state, "tasks": summary.tasks,
             "succeeded": summary.succeeded, "failed": summary.failed, "elapsed_ms": elapsed_ms,
         });
+        if let Some(copies) = summary.speculative {
+            line["speculative"] = json!(copies);
+        }
         println!("{line}");
     } else {
         println!("{}", summary_line(&summary, elapsed_ms));
         if let Some(reason) = &summary.reason {
             println!("reason: {reason}");
+        }
+        if let Some(copies) = &summary.speculative {
+            println!(
+                "speculative copies: {} launched, {} finished first",
+                copies.launched, copies.won
+            );
         }
     }
     Ok(summary.state == JobState::Succeeded)
@@ -235,6 +247,7 @@ mod tests {
         JobSummary {
             pool: None,
             priority: 0,
+            speculative: None,
             job_id: 7,
             name: "t".into(),
             state: JobState::Failed,

@@ -231,6 +231,7 @@ mod tests {
             reason: None,
             waiting: None,
             placement: None,
+            speculative: None,
         }
     }
 

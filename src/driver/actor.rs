@@ -199,6 +199,8 @@ async fn lead(
     revive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut allocate = tokio::time::interval(ALLOCATE_INTERVAL);
     allocate.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut speculate = tokio::time::interval(crate::driver::core::SPECULATION_INTERVAL);
+    speculate.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // One timer for the task events, moved only when what waits changes, rather than a new
     // one each time round the loop.
     let events_due = tokio::time::sleep(Duration::ZERO);
@@ -258,6 +260,10 @@ async fn lead(
             }
             _ = allocate.tick(), if config.allocation.is_some() => {
                 core.allocate(now_ms());
+                None
+            }
+            _ = speculate.tick(), if core.speculating() => {
+                core.speculate(now_ms());
                 None
             }
             _ = &mut events_due, if due.is_some() => {

@@ -213,6 +213,7 @@ mod tests {
             job: SubmitJob {
                 pool: None,
                 priority: 0,
+                speculation: None,
                 name: "n".into(),
                 tasks: vec![TaskSpec::Handler {
                     name: "noop".into(),

@@ -80,6 +80,21 @@ pub enum Event {
         reason: String,
         until_ms: u64,
     },
+    /// A speculative copy of a running task was launched: attempt `attempt` of task `task_id`
+    /// on `executor_id`, beside attempt `copy_of`, which had run `running_ms` (past the
+    /// job's `threshold_ms`). The copy is also in a `TaskStart`, as every launch is; the first
+    /// of the two to finish counts, and the other ends KILLED.
+    SpeculativeTaskStart {
+        time_ms: u64,
+        job_id: JobId,
+        executor_id: ExecutorId,
+        task_id: TaskId,
+        index: u32,
+        attempt: u32,
+        copy_of: u32,
+        running_ms: u64,
+        threshold_ms: u64,
+    },
     /// An exclusion ended before its job did: its time passed.
     ExecutorUnexcluded {
         time_ms: u64,
@@ -145,6 +160,7 @@ impl Event {
             Event::ExecutorTarget { .. } => "executor.target",
             Event::ExecutorExcluded { .. } => "executor.excluded",
             Event::ExecutorUnexcluded { .. } => "executor.unexcluded",
+            Event::SpeculativeTaskStart { .. } => "task.speculative",
         }
     }
 
@@ -154,7 +170,8 @@ impl Event {
             Event::JobStart { job_id, .. }
             | Event::TaskStart { job_id, .. }
             | Event::TaskEnd { job_id, .. }
-            | Event::JobEnd { job_id, .. } => Some(*job_id),
+            | Event::JobEnd { job_id, .. }
+            | Event::SpeculativeTaskStart { job_id, .. } => Some(*job_id),
             Event::ExecutorExcluded { job_id, .. } | Event::ExecutorUnexcluded { job_id, .. } => {
                 *job_id
             }

@@ -437,9 +437,12 @@ impl World {
             let tasks = (self.config.tasks / jobs
                 + u64::from((origin as u64) < self.config.tasks % jobs))
                 as u32;
+            // Every other job copies its slow tasks: the invariants hold with speculation too.
+            let speculation = (origin % 2 == 1).then(crate::protocol::Speculation::default);
             let job = SubmitJob {
                 pool: None,
                 priority: 0,
+                speculation,
                 name,
                 tasks: vec![TaskSpec::Handler {
                     name: "sim".into(),

@@ -77,6 +77,8 @@ pub struct Ledger {
     /// Which of the workload's jobs have ended (under any driver).
     pub origins_ended: Vec<bool>,
     pub tasks_finished: u64,
+    /// `SpeculativeTaskStart`s heard.
+    pub copies: u64,
 }
 
 impl Ledger {
@@ -91,6 +93,7 @@ impl Ledger {
             fence: Fence::new(patience),
             origins_ended: vec![false; jobs],
             tasks_finished: 0,
+            copies: 0,
         }
     }
 
@@ -206,6 +209,10 @@ impl Ledger {
             | Event::ExecutorTarget { .. }
             | Event::ExecutorExcluded { .. }
             | Event::ExecutorUnexcluded { .. } => Ok(()),
+            Event::SpeculativeTaskStart { .. } => {
+                self.copies += 1;
+                Ok(())
+            }
         }
     }
 

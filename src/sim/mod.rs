@@ -101,6 +101,8 @@ pub struct Report {
     /// The trace's hash: the same for every run of the same configuration.
     pub trace: u64,
     pub tasks_finished: u64,
+    /// Speculative copies launched (every other job of the workload has speculation on).
+    pub copies: u64,
     pub jobs_ended: usize,
     pub faults: faults::Counts,
     /// How many leaderships the run saw (1 without a failover).
@@ -139,6 +141,7 @@ pub fn run(config: SimConfig, print_trace: bool) -> Report {
         virtual_ms: world.queue.now(),
         trace: world.trace.hash(),
         tasks_finished: world.ledger.tasks_finished,
+        copies: world.ledger.copies,
         jobs_ended: world.ledger.origins_ended.iter().filter(|e| **e).count(),
         faults: world.counts_with_network(),
         leaderships: world.leaderships,

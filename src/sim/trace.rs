@@ -79,6 +79,9 @@ pub fn event_words(event: &Event) -> Vec<u64> {
         } => vec![7, *target_executors],
         Event::ExecutorExcluded { until_ms, .. } => vec![8, *until_ms],
         Event::ExecutorUnexcluded { .. } => vec![9],
+        Event::SpeculativeTaskStart {
+            task_id, attempt, ..
+        } => vec![10, *task_id, u64::from(*attempt)],
     }
 }
 

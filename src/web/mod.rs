@@ -37,6 +37,8 @@ const QUERIES_WAITING: usize = 16;
 const NOTICES_BUFFERED: usize = 4096;
 
 /// What the page asks the driver.
+// Made once per page request and sent once, as the `ApiRequest` it holds.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Ask {
     /// A read-only api request: `ListExecutors`, `ListJobs`, `GetJob` or `GetResults`.

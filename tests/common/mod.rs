@@ -321,6 +321,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
     ember::protocol::SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "noops".into(),
         tasks: vec![ember::protocol::TaskSpec::Handler {
             name: "noop".into(),
@@ -339,6 +340,7 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
     ember::protocol::SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "sleepers".into(),
         tasks: vec![ember::protocol::TaskSpec::Handler {
             name: "sleep".into(),

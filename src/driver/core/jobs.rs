@@ -58,6 +58,8 @@ pub struct Job {
     pub submitted_at_ms: u64,
     pub ended_at_ms: Option<u64>,
     pub reason: Option<String>,
+    /// Speculative execution, when the job asked for it.
+    pub speculation: Option<Box<super::speculation::Speculation>>,
 }
 
 impl Job {
@@ -91,6 +93,9 @@ impl Job {
             submitted_at_ms: now,
             ended_at_ms: None,
             reason: None,
+            speculation: submit
+                .speculation
+                .map(|config| Box::new(super::speculation::Speculation::new(config))),
         }
     }
 
@@ -106,11 +111,18 @@ impl Job {
         self.state == JobState::Running
     }
 
+    /// Whether any attempt of the job still runs: one a task record holds, or a speculative
+    /// copy (or the loser of a pair) beside it.
+    pub fn attempts_out(&self) -> bool {
+        self.running > 0 || self.speculation.as_ref().is_some_and(|s| s.any_other())
+    }
+
     /// The submission this job was made from, as the journal records it.
     pub fn submission(&self) -> SubmitJob {
         SubmitJob {
             pool: self.pool.clone(),
             priority: self.priority,
+            speculation: self.speculation.as_ref().map(|s| s.config),
             name: self.name.clone(),
             tasks: self
                 .specs
@@ -184,6 +196,7 @@ impl Job {
             reason: self.reason.clone(),
             waiting: None,
             placement: self.placement.as_ref().map(|p| p.wire.clone()),
+            speculative: self.speculation.as_ref().map(|s| s.counts()),
         }
     }
 
@@ -295,6 +308,7 @@ impl Core {
         self.first_tasks.insert(first_task, id);
         self.jobs.insert(id, job);
         self.placement_job_added(id);
+        self.track_speculation(id);
         self.queue_new_job(id);
         self.make_offers(None, now);
         ApiReply::JobAccepted { job_id: id }
@@ -366,6 +380,11 @@ impl Core {
                     false => "killed by request",
                 };
                 self.send_kill(executor, task_id, attempt, reason.into());
+                // Without retry, a speculative copy stops too; with it, the copy carries on
+                // as the task's attempt.
+                if !retry {
+                    self.stop_copies(job_id, Some(index), reason);
+                }
                 ApiReply::TaskKilled {
                     job_id,
                     index,
@@ -431,9 +450,14 @@ impl Core {
                 }
             }
         }
+        let speculative = job.speculation.is_some();
         job.state = state;
         job.ended_at_ms = Some(now);
         job.reason = reason.clone();
+        if speculative {
+            let why = format!("job {job_id} ended");
+            self.stop_copies(job_id, None, &why);
+        }
         self.journal(|| JournalRecord::JobEnded {
             job_id,
             state,
@@ -509,6 +533,9 @@ pub(super) fn validate_job(
     crate::resources::validate_request(&submit.resources)?;
     submit.placement.validate()?;
     super::pools::validate_submission(submit)?;
+    if let Some(speculation) = &submit.speculation {
+        super::speculation::validate(speculation)?;
+    }
     // A launch of one task must fit in one message: it is one group, the spec and under 250
     // bytes of ids and framing, so 1024 bytes of room is plenty.
     let spec_limit = max_bytes.saturating_sub(1024);

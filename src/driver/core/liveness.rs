@@ -118,9 +118,10 @@ impl Core {
         let missing: Vec<(TaskId, u32)> = assigned
             .iter()
             .filter(|key| !reported.contains(key))
-            .filter(|(task_id, _)| {
+            .filter(|(task_id, attempt)| {
                 self.started_before(
                     *task_id,
+                    *attempt,
                     now.saturating_sub(self.liveness.reconcile_grace_ms),
                 )
             })
@@ -152,9 +153,17 @@ impl Core {
         }
     }
 
-    fn started_before(&self, task_id: TaskId, time: u64) -> bool {
-        self.locate(task_id)
-            .is_some_and(|(job, index)| self.jobs[&job].tasks[index].started_ms <= time)
+    fn started_before(&self, task_id: TaskId, attempt: u32, time: u64) -> bool {
+        self.locate(task_id).is_some_and(|(job, index)| {
+            let job = &self.jobs[&job];
+            // A speculative copy started after the attempt the record holds.
+            let started = job
+                .speculation
+                .as_deref()
+                .and_then(|s| s.started(index, attempt))
+                .unwrap_or(job.tasks[index].started_ms);
+            started <= time
+        })
     }
 
     /// Removes an executor (idempotent): its cores leave the totals, its attempts run again
@@ -207,6 +216,10 @@ impl Core {
             if live {
                 let (end, _) = self.end_attempt(job_id, index, id, &update, now);
                 ends.entry(job_id).or_default().push(end);
+            } else if self.jobs[&job_id].speculation.is_some() {
+                if let Some((end, _)) = self.other_attempt_ended(job_id, index, id, &update, now) {
+                    ends.entry(job_id).or_default().push(end);
+                }
             }
         }
         ends

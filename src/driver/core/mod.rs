@@ -18,6 +18,7 @@ mod resources;
 mod restore;
 mod retention;
 mod snapshot;
+mod speculation;
 mod status;
 mod tasks;
 
@@ -41,6 +42,7 @@ pub use retention::{
     Retention, DEFAULT_MAX_JOB_RESULT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RETAIN_JOBS,
 };
 pub use snapshot::{SnapshotError, SnapshotIds, SNAPSHOT_TASKS_PER_RECORD};
+pub use speculation::{validate as validate_speculation, SPECULATION_INTERVAL};
 pub use status::MAX_UPDATES_PER_BATCH;
 
 /// Something the core wants sent.
@@ -128,6 +130,8 @@ pub struct Core {
     gate: Option<crate::protocol::StartGateStatus>,
     /// Exclusion on failure, when on.
     exclusion: Option<Box<exclusion::Exclusion>>,
+    /// Running jobs with speculative execution on.
+    speculating: Vec<JobId>,
     effects: Vec<Effect>,
 }
 
@@ -154,6 +158,7 @@ impl Core {
             allocation: None,
             gate: None,
             exclusion: None,
+            speculating: Vec::new(),
             effects: Vec::new(),
         }
     }
@@ -254,6 +259,7 @@ impl Core {
         self.expire(now);
         self.exclusion_tick(now);
         self.make_offers(None, now);
+        self.speculate(now);
     }
 
     fn publish(&mut self, event: Event) {

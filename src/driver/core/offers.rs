@@ -148,8 +148,10 @@ impl Core {
         let task_id = job.first_task + u64::from(index);
         let record = &mut job.tasks[index];
         if let (Some(previous), true) = (record.executor.take(), record.attempts > 0) {
+            // Kept if known: a speculative copy may have used the number.
             job.past_attempts
-                .insert((index, record.attempts - 1), previous);
+                .entry((index, record.attempts - 1))
+                .or_insert(previous);
         }
         let record = &mut job.tasks[index];
         let attempt = record.attempts;

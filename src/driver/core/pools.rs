@@ -494,8 +494,10 @@ impl Core {
         };
         for job in self.jobs.values() {
             let member = pools.members.get(&job.id);
-            let running = u64::from(job.running) * u64::from(job.cpus_per_task);
-            if job.is_active() || job.running > 0 {
+            // Speculative copies (and the losers of a pair) hold cores too.
+            let copies = job.speculation.as_ref().map_or(0, |s| s.others_out());
+            let running = u64::from(job.running + copies) * u64::from(job.cpus_per_task);
+            if job.is_active() || job.attempts_out() {
                 let member = member.unwrap_or_else(|| panic!("job {} is in no pool", job.id));
                 assert_eq!(member.running, running, "job {}", job.id);
                 assert_eq!(member.offered, job.is_active(), "job {}", job.id);

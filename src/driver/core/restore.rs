@@ -160,6 +160,10 @@ impl Core {
             self.end_job_if_done(job_id, now);
         }
         self.placement_resumed(now);
+        let ids: Vec<JobId> = self.jobs.keys().copied().collect();
+        for job_id in ids {
+            self.track_speculation(job_id);
+        }
         restored
     }
 

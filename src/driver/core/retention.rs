@@ -82,7 +82,7 @@ impl Core {
                 break;
             };
             match self.jobs.get(&id) {
-                Some(job) if job.running > 0 => self.forgetting.push(id),
+                Some(job) if job.attempts_out() => self.forgetting.push(id),
                 _ => self.forget(id),
             }
         }

@@ -173,8 +173,18 @@ impl Core {
             ));
         }
         let live = current == Some(update.attempt) && record.status == TaskStatus::Running;
-        if !live || !update.state.is_terminal() {
+        if !update.state.is_terminal() {
             return Ok(Applied::Noted);
+        }
+        if !live {
+            // The other attempt of a task that runs twice, or a late repeat.
+            let speculative = job.speculation.is_some();
+            return Ok(speculative
+                .then(|| self.other_attempt_ended(job_id, index, from, update, now))
+                .flatten()
+                .map_or(Applied::Noted, |(end, abort)| {
+                    Applied::Ended(job_id, end, abort)
+                }));
         }
         let (end, abort) = self.end_attempt(job_id, index, from, update, now);
         Ok(Applied::Ended(job_id, end, abort))
@@ -197,6 +207,13 @@ impl Core {
             .error
             .as_deref()
             .map(|e| crate::text::clip(e, cap).into_owned());
+        let job = self.jobs.get_mut(&job_id).expect("located above");
+        let speculative = job.speculation.is_some();
+        if speculative {
+            if let Some(ended) = self.first_attempt_ended(job_id, index, from, update, now) {
+                return ended;
+            }
+        }
         let job = self.jobs.get_mut(&job_id).expect("located above");
         let task_id = update.task_id;
         if let Some(executor) = self.executors.get_mut(from) {
@@ -265,7 +282,7 @@ impl Core {
                 job.tasks.wait_again(index);
             }
         }
-        let last_of_ended = !active && job.running == 0;
+        let last_of_ended = !active && !job.attempts_out();
         // A failure counts against the executor only when its task runs again.
         if self.exclusion.is_some()
             && update.state == TaskState::Failed
@@ -291,6 +308,9 @@ impl Core {
         if last_of_ended {
             self.last_attempt_ended(job_id);
         }
+        if speculative {
+            self.after_attempt_ended(job_id, index);
+        }
         (
             TaskEnded {
                 task_id,
@@ -309,8 +329,11 @@ impl Core {
     /// keeps a journal.
     fn settled(&self, job_id: JobId, from: &ExecutorId, end: &TaskEnded) -> Option<JournaledTask> {
         let job = self.jobs.get(&job_id).filter(|_| self.config.journal)?;
-        let status = job.tasks[end.index].status;
-        matches!(status, TaskStatus::Finished | TaskStatus::Failed).then(|| JournaledTask {
+        let record = &job.tasks[end.index];
+        // Only the attempt that ended the task: not the loser of a speculative pair.
+        let ended_it = record.attempts == end.attempt + 1;
+        let settled = matches!(record.status, TaskStatus::Finished | TaskStatus::Failed);
+        (settled && ended_it).then(|| JournaledTask {
             task_id: end.task_id,
             attempt: end.attempt,
             executor_id: from.clone(),

@@ -48,6 +48,7 @@ fn invalid_jobs_are_refused() {
         (
             "no tasks",
             SubmitJob {
+                speculation: None,
                 tasks: vec![],
                 ..job(1, 1, 4)
             },
@@ -77,6 +78,7 @@ fn invalid_jobs_are_refused() {
         (
             "name too long",
             SubmitJob {
+                speculation: None,
                 name: "n".repeat(257),
                 ..job(1, 1, 4)
             },
@@ -85,6 +87,7 @@ fn invalid_jobs_are_refused() {
         (
             "empty argv",
             SubmitJob {
+                speculation: None,
                 tasks: vec![TaskSpec::Command {
                     argv: vec![],
                     env: BTreeMap::new(),
@@ -104,6 +107,7 @@ fn invalid_jobs_are_refused() {
     }
     // A spec too large for one message.
     let huge = SubmitJob {
+        speculation: None,
         tasks: vec![TaskSpec::Handler {
             name: "echo".into(),
             arg: json!("x".repeat(64 * 1024)),
@@ -134,6 +138,7 @@ fn with_a_journal_a_job_that_would_not_fit_in_one_record_is_refused_before_it_is
         })
         .collect();
     let big = SubmitJob {
+        speculation: None,
         tasks: specs,
         ..job(1, 1, 4)
     };

@@ -17,6 +17,7 @@ mod resources;
 mod restore;
 mod retention;
 mod retries;
+mod speculation;
 mod status;
 
 use super::jobs::TaskStatus;
@@ -120,6 +121,7 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
     SubmitJob {
         pool: None,
         priority: 0,
+        speculation: None,
         name: "test-job".into(),
         tasks: vec![noop()],
         repeat: tasks,
@@ -629,7 +631,7 @@ fn check_retention(core: &Core) {
     assert!(core.ended.len() <= core.config.retention.jobs.max(1));
     for id in &core.forgetting {
         assert!(
-            core.jobs[id].running > 0,
+            core.jobs[id].attempts_out(),
             "job {id} waits to be forgotten for nothing"
         );
     }
@@ -685,9 +687,21 @@ fn check_executors(core: &Core) {
                 .unwrap_or_else(|| panic!("executor {id} runs unknown task {task_id}"));
             let job = &core.jobs[&job_id];
             let record = &job.tasks[index];
-            assert_eq!(record.status, TaskStatus::Running, "task {task_id} on {id}");
-            assert_eq!(record.attempts, attempt + 1, "task {task_id} on {id}");
-            assert_eq!(record.executor.as_ref(), Some(id), "task {task_id}");
+            // A speculative copy, or the loser of a pair, runs beside the task's own attempt.
+            let other = job.speculation.as_ref().and_then(|s| s.other(index));
+            match other {
+                Some((other, executor, losing)) if other == attempt && executor == id => {
+                    if !losing {
+                        assert_eq!(record.status, TaskStatus::Running, "{task_id} on {id}");
+                        assert_ne!(record.executor.as_ref(), Some(id), "a copy elsewhere");
+                    }
+                }
+                _ => {
+                    assert_eq!(record.status, TaskStatus::Running, "task {task_id} on {id}");
+                    assert_eq!(record.attempts, attempt + 1, "task {task_id} on {id}");
+                    assert_eq!(record.executor.as_ref(), Some(id), "task {task_id}");
+                }
+            }
             used += u64::from(job.cpus_per_task);
             if !job.resources.is_empty() {
                 assert!(
