@@ -144,8 +144,6 @@ impl Core {
         if let Some(placement) = &mut job.placement {
             placement.launched(executor, now);
         }
-        let cpus = job.cpus_per_task;
-        let task_id = job.first_task + u64::from(index);
         let record = &mut job.tasks[index];
         if let (Some(previous), true) = (record.executor.take(), record.attempts > 0) {
             // Kept if known: a speculative copy may have used the number.
@@ -161,6 +159,22 @@ impl Core {
         record.started_ms = now;
         record.duration_ms = super::jobs::NO_DURATION;
         job.running += 1;
+        self.hand_out(job_id, index, attempt, executor)
+    }
+
+    /// Takes attempt `attempt` of task `index` of job `job_id` out of `executor`'s free cores
+    /// (and resources) and its pool's share: the launch of a task's own attempt or of a
+    /// speculative copy, whose description it returns.
+    pub(super) fn hand_out(
+        &mut self,
+        job_id: JobId,
+        index: u32,
+        attempt: u32,
+        executor: &ExecutorId,
+    ) -> Option<TaskDescription> {
+        let job = self.jobs.get(&job_id)?;
+        let cpus = job.cpus_per_task;
+        let task_id = job.first_task + u64::from(index);
         let spec = job.spec(index).clone();
         let data = self.executors.get_mut(executor)?;
         data.free_cores -= cpus;

@@ -294,7 +294,6 @@ impl Core {
     ) -> Option<TaskDescription> {
         let job = self.jobs.get_mut(&job_id)?;
         let attempt = job.tasks[index].attempts;
-        let task_id = job.first_task + u64::from(index);
         let spec = job.speculation.as_deref_mut()?;
         spec.others.insert(
             index,
@@ -308,27 +307,7 @@ impl Core {
         spec.copied.insert(index, attempt);
         spec.launched += 1;
         job.past_attempts.insert((index, attempt), executor.clone());
-        let cpus = job.cpus_per_task;
-        let spec = job.spec(index).clone();
-        let data = self.executors.get_mut(executor)?;
-        data.free_cores -= cpus;
-        data.running.insert(task_id, attempt);
-        if let Some(pools) = self.pools.as_deref_mut() {
-            pools.started(job_id, cpus);
-        }
-        let resources = match job.resources.is_empty() {
-            true => Default::default(),
-            false => data.resources.take(task_id, &job.resources),
-        };
-        Some(TaskDescription {
-            task_id,
-            job_id,
-            index,
-            attempt,
-            cpus,
-            spec,
-            resources,
-        })
+        self.hand_out(job_id, index, attempt, executor)
     }
 
     /// The end of an attempt that is not the one task `index`'s record holds: the copy that
