@@ -360,22 +360,15 @@ impl Core {
         // A copy that ends any other way, or the loser: only its cores come back. A loser
         // ends KILLED whatever it reports, so that a task is seen to finish once; one the
         // driver lost (its executor gone or silent about it) ends LOST.
-        let lost = update.state == TaskState::Lost;
-        let (state, error) = match !lost && (other.losing || update.state == TaskState::Finished) {
-            true => (TaskState::Killed, Some(LOST_THE_RACE.to_string())),
-            false => {
-                let cap = crate::text::error_cap(self.config.max_reply_bytes);
-                let error = update
-                    .error
-                    .as_deref()
-                    .map(|e| crate::text::clip(e, cap).into_owned());
-                (update.state, error)
-            }
-        };
         let task_id = update.task_id;
         let cpus = job.cpus_per_task;
         let resources = !job.resources.is_empty();
         let last_of_ended = !active && !job.attempts_out();
+        let lost = update.state == TaskState::Lost;
+        let (state, error) = match !lost && (other.losing || update.state == TaskState::Finished) {
+            true => (TaskState::Killed, Some(LOST_THE_RACE.to_string())),
+            false => (update.state, self.clipped_error(update)),
+        };
         self.free_attempt(job_id, from, task_id, cpus, resources, now);
         if last_of_ended {
             self.last_attempt_ended(job_id);
@@ -425,11 +418,7 @@ impl Core {
         let cpus = job.cpus_per_task;
         let resources = !job.resources.is_empty();
         self.free_attempt(job_id, from, task_id, cpus, resources, now);
-        let cap = crate::text::error_cap(self.config.max_reply_bytes);
-        let error = update
-            .error
-            .as_deref()
-            .map(|e| crate::text::clip(e, cap).into_owned());
+        let error = self.clipped_error(update);
         Some((
             TaskEnded {
                 task_id,

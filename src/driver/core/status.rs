@@ -190,6 +190,17 @@ impl Core {
         Ok(Applied::Ended(job_id, end, abort))
     }
 
+    /// An attempt's error, cut here too, whatever the executor sent: it goes into the journal
+    /// record of the task's end, the job's reason and their events, and each must fit in a
+    /// message.
+    pub(super) fn clipped_error(&self, update: &StatusUpdate) -> Option<String> {
+        let cap = crate::text::error_cap(self.config.max_reply_bytes);
+        update
+            .error
+            .as_deref()
+            .map(|e| crate::text::clip(e, cap).into_owned())
+    }
+
     /// Ends the live attempt of task `index`: frees its cores and records the outcome. Returns
     /// the event entry, and the reason the job must fail if the task used up its attempts.
     pub(super) fn end_attempt(
@@ -200,13 +211,7 @@ impl Core {
         update: &StatusUpdate,
         now: u64,
     ) -> (TaskEnded, Option<String>) {
-        // Cut here too, whatever the executor sent: the error goes into the journal record of
-        // the task's end, the job's reason and their events, and each must fit in a message.
-        let cap = crate::text::error_cap(self.config.max_reply_bytes);
-        let mut error = update
-            .error
-            .as_deref()
-            .map(|e| crate::text::clip(e, cap).into_owned());
+        let mut error = self.clipped_error(update);
         let job = self.jobs.get_mut(&job_id).expect("located above");
         let speculative = job.speculation.is_some();
         if speculative {
