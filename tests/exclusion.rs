@@ -190,6 +190,67 @@ async fn a_job_whose_only_executor_is_excluded_fails_saying_so() {
 }
 
 #[tokio::test]
+async fn a_job_excluded_from_every_executor_meeting_its_constraints_fails_though_others_are_free() {
+    let cluster = TestCluster::start("exclusion-constrained");
+    let _driver = cluster
+        .driver_configured(|config| {
+            config.exclusion = Some(ExclusionConfig {
+                unschedulable_timeout_ms: 3_000,
+                ..ExclusionConfig::default()
+            })
+        })
+        .await;
+    let rack = |rack: &str| {
+        let attributes = [("rack".to_string(), rack.to_string())].into();
+        move |config: &mut ember::executor::ExecutorConfig| config.attributes = attributes
+    };
+    let _bad = cluster
+        .executor_configured("bad", 1, work(true), rack("r1"))
+        .await;
+    let _idle = cluster
+        .executor_configured("idle", 1, work(false), rack("r2"))
+        .await;
+    let api = cluster.api(cluster.client().await);
+    eventually(LIMIT, "both executors", || async {
+        (api.executors().await.ok()?.executors.len() == 2).then_some(())
+    })
+    .await;
+    // Both tasks fail on bad, the one executor on rack r1: it is excluded from the job. idle
+    // is free and not excluded, but the job may not run there.
+    let job = SubmitJob {
+        placement: ember::placement::Placement {
+            constraints: vec!["rack=r1".into()],
+            ..Default::default()
+        },
+        ..work_job(2)
+    };
+    let job_id = api.submit(job).await.unwrap();
+    let waiting = eventually(LIMIT, "the job to say why it waits", || async {
+        api.job(job_id).await.ok()?.waiting
+    })
+    .await;
+    assert!(
+        waiting.starts_with("every live executor meeting its constraints is excluded"),
+        "{waiting}"
+    );
+    let ended = until_ended(&api, job_id).await;
+    assert_eq!(ended.state, JobState::Failed);
+    let reason = ended.reason.unwrap();
+    for says in [
+        "cannot run anywhere",
+        "the one live executor meeting its constraints is excluded after failures",
+        "bad (this job)",
+        "last error: the disk is full",
+    ] {
+        assert!(reason.contains(says), "{says:?} in {reason}");
+    }
+    for task in api.results(job_id).await.unwrap() {
+        assert_eq!(task.attempts, 1, "{task:?}");
+        assert_eq!(task.executor_id.unwrap().as_str(), "bad");
+    }
+}
+
+#[tokio::test]
 async fn exclusion_flags_that_make_no_sense_are_refused() {
     let cluster = TestCluster::start("exclusion-flags");
     for (args, says) in [

@@ -301,8 +301,14 @@ impl Exclusion {
     }
 
     /// A waiting task of `job` that no executor of `live` may run, if there is one. `live` is
-    /// not empty.
-    fn blocked(&self, job: &super::Job, live: &[&ExecutorId]) -> Option<Blocked> {
+    /// not empty: the live executors the job's placement admits (`constrained`: the job has
+    /// constraints, which the reason then mentions).
+    fn blocked(
+        &self,
+        job: &super::Job,
+        live: &[&ExecutorId],
+        constrained: bool,
+    ) -> Option<Blocked> {
         static NO_FAILURES: JobHealth = JobHealth {
             executors: BTreeMap::new(),
             excluded: BTreeMap::new(),
@@ -331,9 +337,14 @@ impl Exclusion {
             _ => "this task",
         };
         let why = || {
+            let meeting = if constrained {
+                " meeting its constraints"
+            } else {
+                ""
+            };
             let who = match live.len() {
-                1 => "the one live executor is".to_string(),
-                n => format!("all {n} live executors are"),
+                1 => format!("the one live executor{meeting} is"),
+                n => format!("all {n} live executors{meeting} are"),
             };
             format!("{who} excluded after failures: {}", names(&scope_of))
         };
@@ -399,13 +410,15 @@ impl Core {
         self.exclusion = Some(Box::new(Exclusion::new(config)));
     }
 
-    /// Whether exclusion is on, some executor is live (registered, not decommissioning), and
-    /// every live executor is excluded from job `job_id` (or from every job).
-    pub(super) fn every_live_executor_excludes(&self, job_id: JobId) -> bool {
-        let mut live = self.live_executors().peekable();
-        self.exclusion.is_some()
-            && live.peek().is_some()
-            && live.all(|id| self.excluded(job_id, None, id))
+    /// Whether exclusion is on, some live executor (registered, not decommissioning) meets
+    /// `job`'s constraints, and every such executor is excluded from the job (or from every
+    /// job). With none meeting them, the job waits for its placement, not for exclusion.
+    pub(super) fn every_live_executor_excludes(&self, job: &super::Job) -> bool {
+        if self.exclusion.is_none() {
+            return false;
+        }
+        let mut live = self.live_executors_for(job).peekable();
+        live.peek().is_some() && live.all(|id| self.excluded(job.id, None, id))
     }
 
     /// The executors that may take tasks: registered and not decommissioning.
@@ -414,6 +427,16 @@ impl Core {
             .iter()
             .filter(|(_, data)| !data.decommissioning)
             .map(|(id, _)| id)
+    }
+
+    /// The live executors that `job`'s constraints admit (every live one, without).
+    fn live_executors_for<'a>(
+        &'a self,
+        job: &'a super::Job,
+    ) -> impl Iterator<Item = &'a ExecutorId> + 'a {
+        let placement = job.placement.as_deref();
+        self.live_executors()
+            .filter(move |id| placement.map_or(true, |p| p.admits(id)))
     }
 
     /// Whether `executor` is excluded from task `index` of job `job_id` (from any of its
@@ -483,7 +506,6 @@ impl Core {
         let Some(exclusion) = self.exclusion.as_deref() else {
             return;
         };
-        let live: Vec<&ExecutorId> = self.live_executors().collect();
         let timeout = exclusion.config.unschedulable_timeout_ms;
         // The jobs with failures counted; and, while an executor is excluded from every job,
         // the queued jobs without (all of whose tasks it may keep from running).
@@ -498,12 +520,19 @@ impl Core {
         let mut since = Vec::new();
         let mut doomed = Vec::new();
         for job_id in candidates {
-            // With no live executor, the no-executors timeout is the one that applies.
+            // Only the live executors the job's constraints admit count. With none, the
+            // no-executors timeout applies, or the job waits for its placement.
             let blocked = self
                 .jobs
                 .get(&job_id)
-                .filter(|job| job.is_active() && !live.is_empty())
-                .and_then(|job| exclusion.blocked(job, &live));
+                .filter(|job| job.is_active())
+                .and_then(|job| {
+                    let live: Vec<&ExecutorId> = self.live_executors_for(job).collect();
+                    let constrained = job.placement.as_ref().is_some_and(|p| p.constrains());
+                    (!live.is_empty())
+                        .then(|| exclusion.blocked(job, &live, constrained))
+                        .flatten()
+                });
             let health = exclusion.jobs.get(&job_id);
             let Some(blocked) = blocked else {
                 if health.is_some() {

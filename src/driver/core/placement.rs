@@ -78,6 +78,11 @@ impl JobPlacement {
         self.constraints.is_empty() || self.meets.contains(id)
     }
 
+    /// Whether the job has constraints (a preference alone admits every executor).
+    pub fn constrains(&self) -> bool {
+        !self.constraints.is_empty()
+    }
+
     /// Notes a launch on `id` at `now`: on a preferred executor, the locality wait starts over.
     pub fn launched(&mut self, id: &ExecutorId, now: u64) {
         if self.preferred.contains(id) {

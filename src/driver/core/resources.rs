@@ -172,12 +172,17 @@ impl Core {
                 gate.min_registered,
             ));
         }
-        if self.every_live_executor_excludes(job.id) {
-            return Some(
-                "every live executor is excluded from this job after failures (exclusion on \
-                 failure); it fails after --exclude-unschedulable-timeout unless one may run it"
-                    .into(),
-            );
+        if self.every_live_executor_excludes(job) {
+            let meeting = if job.placement.as_ref().is_some_and(|p| p.constrains()) {
+                " meeting its constraints"
+            } else {
+                ""
+            };
+            return Some(format!(
+                "every live executor{meeting} is excluded from this job after failures \
+                 (exclusion on failure); it fails after --exclude-unschedulable-timeout unless \
+                 one may run it"
+            ));
         }
         if let Some(reason) = self.placement_waiting(job) {
             return Some(reason);

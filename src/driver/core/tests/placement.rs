@@ -327,3 +327,111 @@ fn a_restored_driver_keeps_the_placement_and_starts_the_wait_over() {
     assert!(launches(&tick(&mut core, 5_999)).is_empty());
     assert_eq!(sent(&tick(&mut core, 6_000)), counts(&[("l", 1)]));
 }
+
+/// A core with exclusion on failure: exclusions for 5s, unschedulable after 1s.
+fn excluding() -> Core {
+    let mut core = new_core(0);
+    core.set_exclusion(crate::driver::core::ExclusionConfig {
+        timeout_ms: 5_000,
+        unschedulable_timeout_ms: 1_000,
+        ..Default::default()
+    });
+    core
+}
+
+#[test]
+fn a_job_excluded_from_every_executor_meeting_its_constraints_fails_though_others_are_free() {
+    let mut core = excluding();
+    add_with(&mut core, "a", 1, &[("rack", "r1")], 1);
+    add_with(&mut core, "b", 1, &[("rack", "r2")], 1);
+    let (job_id, launched) = start(&mut core, constrained(3, &["rack=r1"]), 10);
+    assert_eq!(tally(&launched), counts(&[("a", 1)]));
+    report(&mut core, "a", vec![failed(1, 0, "boom")], 20);
+    // a takes fresh task 1, which fails too: a is excluded from the job, and b, free and
+    // not excluded, may not run it.
+    report(&mut core, "a", vec![failed(2, 0, "disk full")], 30);
+    let waiting = summary(&mut core, job_id).waiting.unwrap_or_default();
+    assert!(
+        waiting.starts_with(
+            "every live executor meeting its constraints is excluded from this job after \
+             failures"
+        ),
+        "{waiting:?}"
+    );
+    assert_eq!(sent(&tick(&mut core, 40)), counts(&[]));
+    assert_eq!(job_ends(&tick(&mut core, 40 + 999)), []);
+    let ends = job_ends(&tick(&mut core, 40 + 1_000));
+    let [Event::JobEnd {
+        reason: Some(reason),
+        failed,
+        killed,
+        ..
+    }] = &ends[..]
+    else {
+        panic!("the job should have failed: {ends:?}");
+    };
+    assert_eq!(
+        reason,
+        "task 1 cannot run anywhere: the one live executor meeting its constraints is \
+         excluded after failures: a (this job) (exclusion on failure), for 1s; last error: \
+         disk full"
+    );
+    assert_eq!((*failed, *killed), (1, 2));
+    assert_eq!(summary(&mut core, job_id).state, JobState::Failed);
+}
+
+#[test]
+fn a_task_excluded_from_every_executor_meeting_the_constraints_counts_only_those() {
+    let mut core = excluding();
+    add_with(&mut core, "a", 1, &[("rack", "r1")], 1);
+    add_with(&mut core, "b", 1, &[("rack", "r1")], 1);
+    add_with(&mut core, "c", 1, &[("rack", "r2")], 1);
+    let (job_id, _) = start(&mut core, constrained(2, &["rack=r1"]), 10);
+    // Task 0 fails on a, then on b, where it was retried; c may not run it.
+    let effects = report(&mut core, "a", vec![failed(1, 0, "boom")], 20);
+    assert_eq!(sent(&effects), counts(&[]), "b runs task 1; not a again");
+    report(&mut core, "b", vec![finished(2, 0)], 25);
+    report(&mut core, "b", vec![failed(1, 1, "boom")], 30);
+    assert_eq!(summary(&mut core, job_id).waiting, None, "task scope only");
+    tick(&mut core, 40);
+    let ends = job_ends(&tick(&mut core, 40 + 1_000));
+    let [Event::JobEnd {
+        reason: Some(reason),
+        ..
+    }] = &ends[..]
+    else {
+        panic!("the job should have failed: {ends:?}");
+    };
+    assert!(
+        reason.starts_with(
+            "task 0 cannot run anywhere: all 2 live executors meeting its constraints are \
+             excluded after failures: a (this task), b (this task)"
+        ),
+        "{reason}"
+    );
+}
+
+#[test]
+fn with_no_live_executor_meeting_the_constraints_a_job_waits_for_placement_not_exclusion() {
+    let mut core = excluding();
+    add_with(&mut core, "a", 1, &[("rack", "r1")], 1);
+    add_with(&mut core, "b", 1, &[("rack", "r2")], 1);
+    let (job_id, _) = start(&mut core, constrained(1, &["rack=r1"]), 10);
+    report(&mut core, "a", vec![failed(1, 0, "boom")], 20);
+    core.remove_executor(&eid("a"), "gone".into(), 30);
+    core.take_effects();
+    // Within the executor timeout (10s) and the exclusion's (5s).
+    for now in [40, 40 + 1_000, 3_000] {
+        assert_eq!(job_ends(&tick(&mut core, now)), []);
+    }
+    assert_eq!(
+        summary(&mut core, job_id).waiting.as_deref(),
+        Some("no live executor meets rack=r1")
+    );
+    // a registers again with the same id, still excluded from the task: now it counts.
+    add_with(&mut core, "a", 1, &[("rack", "r1")], 3_001);
+    tick(&mut core, 3_002);
+    assert_eq!(job_ends(&tick(&mut core, 4_001)), []);
+    let ends = job_ends(&tick(&mut core, 4_002));
+    assert_eq!(ends.len(), 1, "{ends:?}");
+}
