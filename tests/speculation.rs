@@ -132,6 +132,20 @@ async fn with_one_slow_executor_speculation_finishes_sooner_and_each_task_once()
     )
     .await;
     assert!(started.elapsed() < Duration::from_secs(SLOW_SECS));
+    let first = job_id;
+
+    // `ember jobs` says what speculation did, under the table.
+    let out = within(LIMIT, cluster.cli(&["jobs"]).output())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "job {first} speculative copies: 2 launched, 2 finished first"
+        )),
+        "{stdout}"
+    );
 
     // The same job without speculation waits for the slow executor.
     let started = Instant::now();
@@ -146,4 +160,13 @@ async fn with_one_slow_executor_speculation_finishes_sooner_and_each_task_once()
     assert_eq!(finished, (0..6).map(|index| (index, 1)).collect());
     assert_eq!(copies, 0);
     assert_eq!(api.job(job_id).await.unwrap().speculative, None);
+    let out = within(LIMIT, cluster.cli(&["jobs"]).output())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("speculative copies").count(),
+        1,
+        "only the first job speculates: {stdout}"
+    );
 }

@@ -108,7 +108,19 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
             println!("job {} placement: {placement}", j.job_id);
         }
     }
+    for line in jobs.iter().filter_map(speculative_line) {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// `job 7 speculative copies: 2 launched, 1 finished first`, for a job with speculation on.
+fn speculative_line(job: &crate::protocol::JobSummary) -> Option<String> {
+    let copies = job.speculative?;
+    Some(format!(
+        "job {} speculative copies: {} launched, {} finished first",
+        job.job_id, copies.launched, copies.won
+    ))
 }
 
 /// Prints the scheduling mode and the pools as a table, or as JSON.
@@ -233,6 +245,23 @@ mod tests {
             placement: None,
             speculative: None,
         }
+    }
+
+    #[test]
+    fn speculative_copies_are_shown_only_for_a_job_with_speculation() {
+        assert_eq!(speculative_line(&job(1, None, 0)), None);
+        let copies = crate::protocol::SpeculativeCounts {
+            launched: 3,
+            won: 1,
+        };
+        let speculating = JobSummary {
+            speculative: Some(copies),
+            ..job(2, None, 0)
+        };
+        assert_eq!(
+            speculative_line(&speculating).as_deref(),
+            Some("job 2 speculative copies: 3 launched, 1 finished first")
+        );
     }
 
     #[test]
