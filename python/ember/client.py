@@ -303,21 +303,23 @@ class Client:
         name="",
         max_failures=DEFAULT_MAX_FAILURES,
         cpus_per_task=1,
+        resources=None,
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
-        repeated `repeat` times, and returns its `Job`."""
+        repeated `repeat` times, and returns its `Job`. `resources` asks for custom resources
+        per task, by name: `{"gpu": 1}`, as `ember submit --resource gpu=1`."""
         await self._ensure_watch()
-        answer = await self._expect(
-            {
-                "type": "SubmitJob",
-                "name": name or "",
-                "tasks": list(tasks),
-                "repeat": repeat,
-                "max_failures": max_failures,
-                "cpus_per_task": cpus_per_task,
-            },
-            "JobAccepted",
-        )
+        request = {
+            "type": "SubmitJob",
+            "name": name or "",
+            "tasks": list(tasks),
+            "repeat": repeat,
+            "max_failures": max_failures,
+            "cpus_per_task": cpus_per_task,
+        }
+        if resources:
+            request["resources"] = dict(resources)
+        answer = await self._expect(request, "JobAccepted")
         return Job(self, answer["job_id"])
 
     async def submit_commands(self, argv, *, tasks=1, timeout=None, env=None, cwd=None, **job):
@@ -339,25 +341,31 @@ class Client:
         return await self.submit_with(fn, args, kwargs)
 
     async def submit_with(
-        self, fn, args=(), kwargs=None, *, timeout=None, name=None, max_failures=1
+        self, fn, args=(), kwargs=None, *, timeout=None, name=None, max_failures=1,
+        resources=None,
     ):
         """`submit` with options: `timeout` (seconds, or a timedelta) stops the call's worker
-        when it runs longer; `max_failures` is how many attempts it gets."""
+        when it runs longer; `max_failures` is how many attempts it gets; `resources` what
+        custom resources the call holds (`{"gpu": 1}`: it reads the address in
+        `os.environ["EMBER_RESOURCE_GPU"]`)."""
         spec = python_task(fn, args, kwargs, timeout=timeout)
         job = await self._submit(
             [spec],
             name=name or _name_of(fn),
             max_failures=max_failures,
+            resources=resources,
             python="call",
         )
         return TaskFuture(job)
 
     async def map(
-        self, fn, iterable, *, chunksize=None, timeout=None, name=None, max_failures=1
+        self, fn, iterable, *, chunksize=None, timeout=None, name=None, max_failures=1,
+        resources=None,
     ):
         """Runs `fn` on each item of `iterable` as one job, `chunksize` items per task (by
         default about four tasks per core of the cluster); returns its `Job`, whose
-        `results()` are the values in the order of the items. `timeout` bounds each task."""
+        `results()` are the values in the order of the items. `timeout` bounds each task;
+        `resources` is what each task holds, as in `submit_with`."""
         items = list(iterable)
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
@@ -382,7 +390,8 @@ class Client:
         if not specs:
             return Job(self, None, python="map")
         return await self._submit(
-            specs, name=name or _name_of(fn), max_failures=max_failures, python="map"
+            specs, name=name or _name_of(fn), max_failures=max_failures,
+            resources=resources, python="map"
         )
 
     async def _total_cores(self):

@@ -104,3 +104,30 @@ def test_ember_up_gives_its_executors_the_python_it_is_told(tmp_path):
             up.wait(20)
         except subprocess.TimeoutExpired:
             up.kill()
+
+
+def resources_seen(_=None):
+    return os.environ.get("EMBER_RESOURCE_GPU"), os.environ.get("EMBER_TASK_RESOURCES")
+
+
+def test_a_function_reads_the_addresses_of_its_resources():
+    cluster = Cluster()
+    try:
+        cluster.driver()
+        cluster.executor("exec-1", "--resource", "gpu=2", cores=2)
+        cluster.wait_for_executors(1)
+        with ember.connect(cluster.url, cluster=cluster.name) as client:
+            both = client.submit_with(resources_seen, resources={"gpu": 2}).result(timeout=30)
+            assert both == ("0,1", '{"gpu":["0","1"]}')
+            # Each task of a map holds one GPU, and sees which.
+            seen = client.map(resources_seen, range(4), chunksize=1, resources={"gpu": 1})
+            seen = seen.results(timeout=30)
+            assert len(seen) == 4
+            for gpu, all_of_them in seen:
+                assert gpu in ("0", "1"), seen
+                assert all_of_them == f'{{"gpu":["{gpu}"]}}'
+            # A call without resources, on a worker that ran one with, sees none of them.
+            for _ in range(4):
+                assert client.submit(resources_seen).result(timeout=30) == (None, None)
+    finally:
+        cluster.stop()

@@ -129,6 +129,8 @@ impl PythonPool {
             "task_id": context.task_id,
             "index": context.index,
             "attempt": context.attempt,
+            // Set in the worker's environment for this call only, as a command task gets them.
+            "resources": context.resources,
         });
         match worker.call(&request).await {
             Ok(answer) => {

@@ -7,8 +7,9 @@ then that many bytes of JSON.
 
 - The worker's first frame: {"ready": <pid>, "cloudpickle": <bool>}.
 - A request: {"function": <b64>, "args": <b64>, "map": <bool>, "job_id", "task_id", "index",
-  "attempt"}. `function` is a pickled callable, `args` a pickled (args, kwargs) pair, or with
-  `map` a pickled list of items.
+  "attempt", "resources"}. `function` is a pickled callable, `args` a pickled (args, kwargs)
+  pair, or with `map` a pickled list of items; `resources` the addresses of the custom resources
+  the attempt holds, by name ({"gpu": ["1"]}), set in the environment for the call only.
 - The answer: {"ok": <b64 pickled result>}, or {"error": <text>, "type": <name>,
   "traceback": <text>, "exception": <b64 pickled exception or null>}.
 
@@ -43,6 +44,10 @@ ENVIRONMENT = (
     ("index", "EMBER_TASK_INDEX"),
     ("attempt", "EMBER_TASK_ATTEMPT"),
 )
+
+# The variables of a task's custom resources, as a command task gets them.
+RESOURCES_ALL = "EMBER_TASK_RESOURCES"
+RESOURCE_PREFIX = "EMBER_RESOURCE_"
 
 
 def take_pipes():
@@ -119,6 +124,35 @@ def unpickle(data, what):
         return None, answer
 
 
+def set_resources(resources):
+    """Sets the variables a command task with `resources` sees: EMBER_TASK_RESOURCES (all of
+    them, as JSON) and EMBER_RESOURCE_<NAME> (one's addresses, comma-separated). Returns what
+    they held before, for `restore`: the next call may hold other resources, or none."""
+    values = {}
+    if resources:
+        values[RESOURCES_ALL] = json.dumps(resources, separators=(",", ":"))
+        for name, addresses in resources.items():
+            values[RESOURCE_PREFIX + str(name).upper()] = ",".join(map(str, addresses))
+    # Any other EMBER_RESOURCE_ variable (the executor's own, say) is hidden for the call,
+    # so that a task sees only the resources it holds.
+    names = set(values) | {n for n in os.environ if n.startswith(RESOURCE_PREFIX)}
+    names.add(RESOURCES_ALL)
+    saved = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ.pop(name, None)
+    os.environ.update(values)
+    return saved
+
+
+def restore(saved):
+    """Puts back the variables `set_resources` changed."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def run(request):
     key = request["function"]
     function = FUNCTIONS.get(key)
@@ -134,6 +168,7 @@ def run(request):
         return answer
     for field, variable in ENVIRONMENT:
         os.environ[variable] = str(request.get(field, ""))
+    saved = set_resources(request.get("resources") or {})
     try:
         if request.get("map"):
             result = [function(item) for item in args]
@@ -144,6 +179,8 @@ def run(request):
         raise
     except BaseException as error:  # SystemExit too: the task failed, the worker goes on
         return failure(error, "the task raised")
+    finally:
+        restore(saved)
     try:
         return {"ok": base64.b64encode(dumps(result)).decode()}
     except Exception as error:
