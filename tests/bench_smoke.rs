@@ -64,6 +64,8 @@ async fn ember_bench_quick_reports_every_workload() {
     assert_eq!(report["wide"]["executors"], 50);
     assert_eq!(report["wide"]["jobs"], 10);
     assert_eq!(report["wide"]["tasks"], 2000);
+    assert_eq!(report["wide"]["scheduling"], "fifo");
+    assert_eq!(report["wide"]["pools"], 0);
     assert!(report["wide"]["tasks_per_s"].as_f64().unwrap() > 0.0);
     assert!(report["wide"]["offer_rounds"].as_u64().unwrap() > 0);
     // Two runs, each reported whole; the figures above are the lower of each pair.

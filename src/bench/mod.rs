@@ -59,6 +59,11 @@ pub struct BenchArgs {
     /// No-op tasks in the wide workload, shared equally by its jobs.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub wide_tasks: u32,
+    /// The wide workload's driver's --scheduling; under fair its jobs go round
+    /// `wide::FAIR_POOLS` pools.
+    #[arg(long, default_value = "fifo", value_name = "fifo|fair",
+          value_parser = crate::driver::core::SchedulingMode::parse)]
+    pub wide_scheduling: crate::driver::core::SchedulingMode,
     /// A Python interpreter with the `ember` package installed (`pip install ./python`): adds
     /// the Python workload, `client.map` of a no-op and `submit().result()` round trips on 2
     /// executors of 1 and of 8 Python workers, submitted from Python.
@@ -548,10 +553,15 @@ fn print_table(report: &Report) {
     if let Some(w) = &report.wide {
         table.add_row([
             format!(
-                "wide: {} jobs of {} no-op tasks at once, {} x 1 core{}",
+                "wide: {} jobs of {} no-op tasks at once, {} x 1 core{}{}",
                 w.jobs,
                 w.tasks / w.jobs.max(1),
                 w.executors,
+                if w.scheduling == "fair" {
+                    format!(", scheduling fair in {} pools", w.pools)
+                } else {
+                    String::new()
+                },
                 if report.journal { ", journal on" } else { "" }
             ),
             format!("{:.0} tasks/s ({:.2} s)", w.tasks_per_s, w.seconds),

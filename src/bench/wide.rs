@@ -8,6 +8,7 @@
 
 use super::procs::{cpu_seconds, Cluster};
 use super::workloads::{connect, wait_for_executors};
+use crate::driver::core::SchedulingMode;
 use crate::executor::{run, ExecutorConfig, Handlers};
 use crate::ids::ExecutorId;
 use crate::protocol::{decode, Event, JobState};
@@ -22,11 +23,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// How long the jobs may take before the workload gives up.
 const LIMIT: Duration = Duration::from_secs(600);
 
+/// Under `--scheduling fair`, the jobs go round this many pools (undeclared: weight 1, no
+/// minimum share), so that an offer round orders pools as well as jobs.
+pub const FAIR_POOLS: u32 = 10;
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Wide {
     pub executors: usize,
     pub jobs: u32,
     pub tasks: u32,
+    /// The driver's `--scheduling`: `fifo` or `fair`.
+    #[serde(default = "fifo")]
+    pub scheduling: String,
+    /// The pools the jobs went round (under fair), or 0.
+    #[serde(default)]
+    pub pools: u32,
     pub seconds: f64,
     pub tasks_per_s: f64,
     /// Offer rounds the driver made while the jobs ran.
@@ -36,17 +47,33 @@ pub struct Wide {
     pub driver_cpu_us_per_round: f64,
 }
 
+fn fifo() -> String {
+    SchedulingMode::Fifo.as_str().into()
+}
+
 /// Runs `tasks` no-op tasks in `jobs` jobs submitted at once on `executors` executors of one
-/// core, all in this process, against a driver that journals or not.
+/// core, all in this process, against a driver that journals or not and schedules as
+/// `scheduling` says (under fair, the jobs go round [`FAIR_POOLS`] pools).
 pub async fn run_wide(
     executors: usize,
     jobs: u32,
     tasks: u32,
+    scheduling: SchedulingMode,
     journal: bool,
 ) -> anyhow::Result<Wide> {
     let metrics = free_port()?;
     let metrics_arg = metrics.to_string();
-    let cluster = Cluster::start_with("wide", journal, &["--metrics-addr", &metrics_arg])?;
+    let driver_args = [
+        "--metrics-addr",
+        &metrics_arg,
+        "--scheduling",
+        scheduling.as_str(),
+    ];
+    let cluster = Cluster::start_with("wide", journal, &driver_args)?;
+    let pools = match scheduling {
+        SchedulingMode::Fair => FAIR_POOLS.min(jobs),
+        SchedulingMode::Fifo => 0,
+    };
     let api = connect(&cluster).await?;
     let host = Executors::start(&cluster, executors)?;
     wait_for_executors(&api, executors as u64).await?;
@@ -59,8 +86,12 @@ pub async fn run_wide(
     let cpu_before = cpu_seconds(cluster.driver.id());
     let started = Instant::now();
     let mut waiting = HashSet::new();
-    for _ in 0..jobs {
-        waiting.insert(api.submit(super::noops(per_job)).await?);
+    for i in 0..jobs {
+        let job = crate::protocol::SubmitJob {
+            pool: (pools > 0).then(|| format!("wide-{}", i % pools)),
+            ..super::noops(per_job)
+        };
+        waiting.insert(api.submit(job).await?);
     }
     let deadline = tokio::time::Instant::now() + LIMIT;
     while !waiting.is_empty() {
@@ -92,6 +123,8 @@ pub async fn run_wide(
         executors,
         jobs,
         tasks,
+        scheduling: scheduling.as_str().into(),
+        pools,
         seconds,
         tasks_per_s: f64::from(tasks) / seconds,
         offer_rounds,

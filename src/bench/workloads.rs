@@ -76,6 +76,7 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
                 args.wide_executors as usize,
                 args.wide_jobs,
                 args.wide_tasks,
+                args.wide_scheduling,
                 report.journal,
             )
             .await?,
