@@ -49,6 +49,8 @@ const SEEDS: &[&str] = &[
     r#"{"type":"ExecutorAdded","time_ms":1700000000000,"executor_id":"exec-1","info":{"host":"worker-3","host_port":"worker-3:7078","total_cores":8,"log_urls":{},"attributes":{}}}"#,
     r#"{"type":"TaskEnd","time_ms":3000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[[41,2,0,3],{"task_id":42,"index":3,"attempt":0,"state":"FAILED","duration_ms":15,"error":"boom"}]}]}"#,
     r#"{"type":"TaskStart","time_ms":2000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[[42,3,0],[44,5,0]]}]}"#,
+    r#"{"type":"TaskStart","time_ms":2000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[[42,3,0,3],[46,7,1]]}]}"#,
+    r#"{"type":"TaskEnd","time_ms":3000,"job_id":7,"executors":[{"executor_id":"exec-1","tasks":[[41,2,0,[3,0,1]],[44,5,0,2]]}]}"#,
     r#"{"type":"JobEnd","time_ms":4001,"job_id":8,"state":"KILLED","succeeded":1,"failed":0,"killed":9,"reason":"killed by request"}"#,
     r#"{"kind":"command","argv":["true"]}"#,
     r#"{"kind":"python","function":"gASVFAAAAAAAAACMCGJ1aWx0aW5zlIwDbGVulJOULg==","args":"gASVDAAAAAAAAABDAmFilIWUfZSGlC4=","map":true,"timeout_ms":1000}"#,

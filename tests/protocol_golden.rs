@@ -539,6 +539,119 @@ fn event_task_end() {
     assert_eq!(event.started().count(), 0);
 }
 
+/// `count` attempts from task 42 (index 3) on: consecutive ids and indices, attempt `attempt`.
+fn run_started(count: u64, attempt: u32) -> Vec<TaskStarted> {
+    (0..count)
+        .map(|n| TaskStarted {
+            task_id: 42 + n,
+            index: 3 + n as u32,
+            attempt,
+        })
+        .collect()
+}
+
+/// Plain finishes of consecutive tasks from task 42 (index 3) on, one per duration.
+fn run_ended(durations: &[u64]) -> Vec<TaskEnded> {
+    durations
+        .iter()
+        .zip(0..)
+        .map(|(&duration_ms, n)| TaskEnded {
+            task_id: 42 + n,
+            index: 3 + n as u32,
+            attempt: 0,
+            state: TaskState::Finished,
+            duration_ms,
+            error: None,
+        })
+        .collect()
+}
+
+#[test]
+fn event_task_start_writes_runs_of_consecutive_attempts() {
+    let mut tasks = run_started(3, 0);
+    // A gap in the ids, then an attempt of another number: each ends the run before it.
+    tasks.push(TaskStarted {
+        task_id: 50,
+        index: 11,
+        attempt: 0,
+    });
+    tasks.push(TaskStarted {
+        task_id: 51,
+        index: 12,
+        attempt: 1,
+    });
+    let event = Event::TaskStart {
+        time_ms: 2000,
+        job_id: 7,
+        executors: vec![on("exec-1", tasks)],
+    };
+    golden(
+        &event,
+        json!({
+            "type": "TaskStart",
+            "time_ms": 2000,
+            "job_id": 7,
+            "executors": [{"executor_id": "exec-1", "tasks": [[42, 3, 0, 3], [50, 11, 0], [51, 12, 1]]}]
+        }),
+    );
+    assert_eq!(event.task_count(), 5);
+}
+
+#[test]
+fn event_task_end_writes_runs_of_plain_finishes() {
+    let mut tasks = run_ended(&[15, 9, 0]);
+    tasks.insert(2, task_ended_failed());
+    // The failure between them cuts the run in two: [42, 43], then 43's failed retry, then 44.
+    let event = Event::TaskEnd {
+        time_ms: 3000,
+        job_id: 7,
+        executors: vec![on("exec-1", tasks.clone())],
+    };
+    golden(
+        &event,
+        json!({
+            "type": "TaskEnd",
+            "time_ms": 3000,
+            "job_id": 7,
+            "executors": [{"executor_id": "exec-1", "tasks": [
+                [42, 3, 0, [15, 9]],
+                {"task_id": 43, "index": 4, "attempt": 1, "state": "FAILED", "duration_ms": 2, "error": "boom"},
+                [44, 5, 0, 0]
+            ]}]
+        }),
+    );
+    let ended: Vec<_> = event.ended().map(|(_, t)| t.clone()).collect();
+    assert_eq!(ended, tasks);
+}
+
+#[test]
+fn runs_in_task_events_that_cannot_be_are_refused() {
+    let event = |tasks: &str| {
+        format!(
+            r#"{{"type":"TaskEnd","time_ms":1,"job_id":7,"executors":[{{"executor_id":"e","tasks":[{tasks}]}}]}}"#
+        )
+    };
+    let start = |tasks: &str| event(tasks).replace("TaskEnd", "TaskStart");
+    let short = "a run of fewer than two attempts";
+    let past = "past the largest task id or index";
+    for (payload, needle) in [
+        (event("[42,3,0,[5]]"), short),
+        (event("[42,3,0,[]]"), short),
+        (start("[42,3,0,1]"), short),
+        (start("[42,3,0,0]"), short),
+        (event("[18446744073709551615,3,0,[1,2]]"), past),
+        (start("[42,4294967295,0,2]"), past),
+        (start("[42,3,0,2000000]"), "more than 1048576 attempts"),
+        (event("[42,3,0,[1,-2]]"), "invalid value: integer `-2`"),
+        (
+            event(r#"[42,3,0,"7"]"#),
+            "a duration in ms, or a list of them",
+        ),
+    ] {
+        json_error::<Event>(payload.as_bytes(), &[needle]);
+    }
+}
+
 /// A `TaskEnd` of job 7 with `sizes[i]` attempts on executor `exec-<i>`, task ids counting up
 /// from 1 across the executors.
 fn task_end_of(sizes: &[usize]) -> Event {

@@ -3,13 +3,14 @@
 //! travels as an array: a plain finish (no result, no error) as `[task_id, attempt]` in a
 //! status batch, as `[task_id, index, attempt, duration_ms]` in a `TaskEnd` and as
 //! `[task_id, attempt, executor_id]` in the journal, and every started attempt as
-//! `[task_id, index, attempt]`, as in a launch. Anything else is an object.
+//! `[task_id, index, attempt]`, as in a launch. Anything else is an object. Runs of such
+//! entries for consecutive tasks are one entry in the journal and in task events.
 //!
 //! Written as objects, these entries cost 45 to 75 bytes a task, mostly field names; writing and
 //! reading those names led the driver's profile at high task rates. Both forms are read
 //! wherever an entry is, so a sender may always write objects.
 
-use super::event::{TaskEnded, TaskStarted};
+use super::event::{ExecutorTasks, TaskEnded, TaskStarted};
 use super::journal::JournaledTask;
 use super::{ResultChunks, StatusUpdate, TaskState};
 use crate::ids::{ExecutorId, TaskId};
@@ -566,3 +567,341 @@ pub(super) mod runs {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Runs of attempts in task events
+
+/// `ExecutorTasks.tasks` of a `TaskStart` or `TaskEnd`: a run of two or more attempts of
+/// consecutive task ids and indices with one attempt number (and, in a `TaskEnd`, all plain
+/// finishes) is one entry: `[first_task_id, first_index, attempt, count]` in a `TaskStart`,
+/// `[first_task_id, first_index, attempt, [duration_ms, ...]]` in a `TaskEnd`. A task's
+/// attempts launched in one offer round, and their ends, mostly come in such runs, so a
+/// task event costs a few bytes a task rather than twenty.
+mod event_runs {
+    use super::*;
+    use serde::ser::SerializeSeq;
+
+    /// The most attempts one event's list for one executor may expand to: more than any
+    /// offer round or status batch holds.
+    const MAX_TASKS: u64 = 1 << 20;
+
+    /// An attempt that may be written in a run.
+    pub trait Run: Sized + Compact + Serialize + From<(TaskStarted, Option<u64>)> {
+        /// Whether `self` may begin a run.
+        fn opens(&self) -> bool;
+        /// Whether `self` is the `n`th after `first` in `first`'s run.
+        fn follows(&self, first: &Self, n: u64) -> bool {
+            let n32 = u32::try_from(n).ok();
+            let (task, start) = (self.head(), first.head());
+            self.opens()
+                && task.attempt == start.attempt
+                && Some(task.task_id) == start.task_id.checked_add(n)
+                && Some(task.index) == n32.and_then(|n| start.index.checked_add(n))
+        }
+        /// Its task id, index and attempt.
+        fn head(&self) -> TaskStarted;
+        /// Writes the run `tasks` (two or more).
+        fn write_run<S: SerializeSeq>(tasks: &[Self], seq: &mut S) -> Result<(), S::Error>;
+        /// Reads the elements of an array form after its head: one attempt, or a run.
+        fn read_rest<'de, A: SeqAccess<'de>>(
+            head: TaskStarted,
+            seq: A,
+            expected: &dyn Expected,
+        ) -> Result<Entry<Self>, A::Error>;
+    }
+
+    /// One entry of the list.
+    pub enum Entry<T> {
+        One(T),
+        /// The first of a run, and what each of its attempts adds (a duration), or how many.
+        Many(TaskStarted, Vec<u64>),
+        Count(TaskStarted, u64),
+    }
+
+    pub fn serialize<T: Run, S: Serializer>(tasks: &[T], serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(None)?;
+        let mut at = 0;
+        while at < tasks.len() {
+            let first = &tasks[at];
+            let run = match first.opens() {
+                true => {
+                    1 + tasks[at + 1..]
+                        .iter()
+                        .zip(1..)
+                        .take_while(|(t, n)| t.follows(first, *n))
+                        .count()
+                }
+                false => 1,
+            };
+            match run {
+                1 => seq.serialize_element(first)?,
+                _ => T::write_run(&tasks[at..at + run], &mut seq)?,
+            }
+            at += run;
+        }
+        seq.end()
+    }
+
+    pub fn deserialize<'de, T: Run, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<T>, D::Error> {
+        deserializer.deserialize_seq(RunsVisitor(PhantomData))
+    }
+
+    struct RunsVisitor<T>(PhantomData<T>);
+
+    impl<'de, T: Run> Visitor<'de> for RunsVisitor<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of attempts")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut tasks = Vec::new();
+            while let Some(Listed(entry)) = seq.next_element::<Listed<T>>()? {
+                let (first, count) = match &entry {
+                    Entry::One(_) => (None, 1),
+                    Entry::Many(first, each) => (Some(first), each.len() as u64),
+                    Entry::Count(first, count) => (Some(first), *count),
+                };
+                if tasks.len() as u64 + count > MAX_TASKS {
+                    return Err(de::Error::custom(format!(
+                        "a list of more than {MAX_TASKS} attempts"
+                    )));
+                }
+                if let Some(first) = first {
+                    let ends = |n: u64| {
+                        let index = u32::try_from(n).ok()?.checked_add(first.index)?;
+                        Some((first.task_id.checked_add(n)?, index))
+                    };
+                    if count < 2 {
+                        return Err(de::Error::custom("a run of fewer than two attempts"));
+                    }
+                    if ends(count - 1).is_none() {
+                        return Err(de::Error::custom("a run past the largest task id or index"));
+                    }
+                }
+                match entry {
+                    Entry::One(task) => tasks.push(task),
+                    Entry::Many(first, each) => tasks.extend(
+                        each.into_iter()
+                            .zip(0..)
+                            .map(|(each, n)| T::from((shifted(&first, n), Some(each)))),
+                    ),
+                    Entry::Count(first, count) => {
+                        tasks.extend((0..count).map(|n| T::from((shifted(&first, n), None))))
+                    }
+                }
+            }
+            Ok(tasks)
+        }
+    }
+
+    /// The `n`th attempt of the run that `first` begins (checked to exist by the caller).
+    fn shifted(first: &TaskStarted, n: u64) -> TaskStarted {
+        TaskStarted {
+            task_id: first.task_id + n,
+            index: first.index + n as u32,
+            attempt: first.attempt,
+        }
+    }
+
+    /// One entry of the list, as read.
+    struct Listed<T>(Entry<T>);
+
+    impl<'de, T: Run> Deserialize<'de> for Listed<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_any(ListedVisitor(PhantomData))
+        }
+    }
+
+    struct ListedVisitor<T>(PhantomData<T>);
+
+    impl<'de, T: Run> Visitor<'de> for ListedVisitor<T> {
+        type Value = Listed<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(T::EXPECTING)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let head = attempt_head(&mut seq, &self)?;
+            T::read_rest(head, seq, &self).map(Listed)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            T::Object::deserialize(MapAccessDeserializer::new(map))
+                .map(|object| Listed(Entry::One(object.into())))
+        }
+    }
+
+    impl Run for TaskStarted {
+        fn opens(&self) -> bool {
+            true
+        }
+
+        fn head(&self) -> TaskStarted {
+            self.clone()
+        }
+
+        fn write_run<S: SerializeSeq>(tasks: &[Self], seq: &mut S) -> Result<(), S::Error> {
+            let first = &tasks[0];
+            seq.serialize_element(&(first.task_id, first.index, first.attempt, tasks.len()))
+        }
+
+        fn read_rest<'de, A: SeqAccess<'de>>(
+            head: TaskStarted,
+            mut seq: A,
+            expected: &dyn Expected,
+        ) -> Result<Entry<Self>, A::Error> {
+            let count: Option<u64> = seq.next_element()?;
+            end_of_tuple(seq, if count.is_some() { 4 } else { 3 }, expected)?;
+            Ok(match count {
+                None => Entry::One(head),
+                Some(count) => Entry::Count(head, count),
+            })
+        }
+    }
+
+    impl From<(TaskStarted, Option<u64>)> for TaskStarted {
+        fn from((started, _): (TaskStarted, Option<u64>)) -> Self {
+            started
+        }
+    }
+
+    impl Run for TaskEnded {
+        fn opens(&self) -> bool {
+            self.is_plain_finish()
+        }
+
+        fn head(&self) -> TaskStarted {
+            TaskStarted {
+                task_id: self.task_id,
+                index: self.index,
+                attempt: self.attempt,
+            }
+        }
+
+        fn write_run<S: SerializeSeq>(tasks: &[Self], seq: &mut S) -> Result<(), S::Error> {
+            let first = &tasks[0];
+            let durations = Durations(tasks);
+            seq.serialize_element(&(first.task_id, first.index, first.attempt, durations))
+        }
+
+        fn read_rest<'de, A: SeqAccess<'de>>(
+            head: TaskStarted,
+            mut seq: A,
+            expected: &dyn Expected,
+        ) -> Result<Entry<Self>, A::Error> {
+            let last: DurationOrRun = element(&mut seq, 3, expected)?;
+            end_of_tuple(seq, 4, expected)?;
+            Ok(match last {
+                DurationOrRun::One(duration_ms) => {
+                    Entry::One(TaskEnded::from((head, Some(duration_ms))))
+                }
+                DurationOrRun::Run(durations) => Entry::Many(head, durations),
+            })
+        }
+    }
+
+    impl From<(TaskStarted, Option<u64>)> for TaskEnded {
+        fn from((started, duration_ms): (TaskStarted, Option<u64>)) -> Self {
+            Self {
+                task_id: started.task_id,
+                index: started.index,
+                attempt: started.attempt,
+                state: TaskState::Finished,
+                duration_ms: duration_ms.unwrap_or(0),
+                error: None,
+            }
+        }
+    }
+
+    /// A run's durations, written as a list without copying them out.
+    struct Durations<'a>(&'a [TaskEnded]);
+
+    impl Serialize for Durations<'_> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_seq(self.0.iter().map(|t| t.duration_ms))
+        }
+    }
+
+    /// The last element of a `TaskEnd` entry's array form: one plain finish's duration, or a
+    /// run's.
+    enum DurationOrRun {
+        One(u64),
+        Run(Vec<u64>),
+    }
+
+    impl<'de> Deserialize<'de> for DurationOrRun {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = DurationOrRun;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a duration in ms, or a list of them")
+                }
+
+                fn visit_u64<E: de::Error>(self, v: u64) -> Result<DurationOrRun, E> {
+                    Ok(DurationOrRun::One(v))
+                }
+
+                fn visit_seq<A: SeqAccess<'de>>(
+                    self,
+                    mut seq: A,
+                ) -> Result<DurationOrRun, A::Error> {
+                    let mut durations = Vec::new();
+                    while let Some(d) = seq.next_element()? {
+                        if durations.len() as u64 >= MAX_TASKS {
+                            return Err(de::Error::custom(format!(
+                                "a run of more than {MAX_TASKS} attempts"
+                            )));
+                        }
+                        durations.push(d);
+                    }
+                    Ok(DurationOrRun::Run(durations))
+                }
+            }
+            deserializer.deserialize_any(V)
+        }
+    }
+}
+
+/// A task event's list for one executor, written with [`event_runs`].
+macro_rules! listed_in_runs {
+    ($attempt:ty) => {
+        impl Serialize for ExecutorTasks<$attempt> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                #[derive(Serialize)]
+                struct Listed<'a> {
+                    executor_id: &'a ExecutorId,
+                    #[serde(serialize_with = "event_runs::serialize")]
+                    tasks: &'a [$attempt],
+                }
+                Listed {
+                    executor_id: &self.executor_id,
+                    tasks: &self.tasks,
+                }
+                .serialize(serializer)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for ExecutorTasks<$attempt> {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                #[derive(Deserialize)]
+                struct Listed {
+                    executor_id: ExecutorId,
+                    #[serde(deserialize_with = "event_runs::deserialize")]
+                    tasks: Vec<$attempt>,
+                }
+                let Listed { executor_id, tasks } = Listed::deserialize(deserializer)?;
+                Ok(Self { executor_id, tasks })
+            }
+        }
+    };
+}
+
+listed_in_runs!(TaskStarted);
+listed_in_runs!(TaskEnded);

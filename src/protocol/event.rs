@@ -212,8 +212,9 @@ impl Event {
 }
 
 /// A task event's attempts on one executor, in the order they were launched or ended there.
-/// The executor is named once for all of them: it is most of what an entry would repeat.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The executor is named once for all of them: it is most of what an entry would repeat. On
+/// the wire, runs of consecutive attempts are one entry each (`compact.rs`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ExecutorTasks<T> {
     pub executor_id: ExecutorId,
     pub tasks: Vec<T>,
