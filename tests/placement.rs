@@ -104,11 +104,7 @@ async fn a_constrained_job_runs_only_where_its_constraints_hold_and_an_unmet_one
         Some("no live executor meets rack=r9")
     );
     assert_eq!(summary.running + summary.succeeded, 0);
-    let out = within(LIMIT, cluster.cli(&["jobs"]).output())
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+    let stdout = cluster.cli_stdout(&["jobs"]).await;
     assert!(
         stdout.contains(&format!(
             "job {waiting} waits: no live executor meets rack=r9"

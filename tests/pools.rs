@@ -86,9 +86,7 @@ async fn fair_pools_of_weights_1_and_3_share_4_cores_1_to_3() {
         "light ran {light_mean:.2} tasks on average, heavy {heavy_mean:.2}"
     );
     // `ember jobs` shows each job's pool.
-    let out = cluster.cli(&["jobs"]).output().await.unwrap();
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
+    let table = cluster.cli_stdout(&["jobs"]).await;
     assert!(table.contains("pool") && table.contains("heavy"), "{table}");
     // `ember pools` lists both, with their weights.
     let out = cluster.cli(&["pools", "--json"]).output().await.unwrap();

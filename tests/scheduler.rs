@@ -388,8 +388,7 @@ async fn a_job_asking_more_gpus_than_any_executor_has_waits_and_the_cli_says_why
     assert!(out.status.success(), "{out:?}");
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed["jobs"][0]["waiting"], why);
-    let out = cluster.cli(&["jobs"]).output().await.unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = cluster.cli_stdout(&["jobs"]).await;
     assert!(
         stdout.contains(&format!("job {job_id} waits: {why}")),
         "{stdout}"

@@ -135,11 +135,7 @@ async fn with_one_slow_executor_speculation_finishes_sooner_and_each_task_once()
     let first = job_id;
 
     // `ember jobs` says what speculation did, under the table.
-    let out = within(LIMIT, cluster.cli(&["jobs"]).output())
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+    let stdout = cluster.cli_stdout(&["jobs"]).await;
     assert!(
         stdout.contains(&format!(
             "job {first} speculative copies: 2 launched, 2 finished first"
@@ -160,10 +156,7 @@ async fn with_one_slow_executor_speculation_finishes_sooner_and_each_task_once()
     assert_eq!(finished, (0..6).map(|index| (index, 1)).collect());
     assert_eq!(copies, 0);
     assert_eq!(api.job(job_id).await.unwrap().speculative, None);
-    let out = within(LIMIT, cluster.cli(&["jobs"]).output())
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = cluster.cli_stdout(&["jobs"]).await;
     assert_eq!(
         stdout.matches("speculative copies").count(),
         1,

@@ -253,6 +253,16 @@ impl TestCluster {
     pub fn cli(&self, args: &[&str]) -> tokio::process::Command {
         self.process(env!("CARGO_BIN_EXE_ember"), args)
     }
+
+    /// What `ember <args>` prints on stdout; it must exit 0 within 30 s.
+    pub async fn cli_stdout(&self, args: &[&str]) -> String {
+        let out = tokio::time::timeout(Duration::from_secs(30), self.cli(args).output())
+            .await
+            .unwrap_or_else(|_| panic!("ember {args:?} did not exit within 30 s"))
+            .expect("ember runs");
+        assert!(out.status.success(), "ember {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
 }
 
 /// The registry as requests can change it: all but when each executor was last heard from,

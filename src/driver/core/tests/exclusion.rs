@@ -269,13 +269,7 @@ fn a_new_executor_makes_a_blocked_job_schedulable_again() {
     assert_eq!(job_ends(&core.take_effects()), []);
     core.tick(2_000 + UNSCHEDULABLE);
     let ends = job_ends(&core.take_effects());
-    let [Event::JobEnd {
-        reason: Some(reason),
-        ..
-    }] = &ends[..]
-    else {
-        panic!("the job should have failed: {ends:?}");
-    };
+    let (reason, ..) = one_failure(&ends);
     assert!(
         reason.contains(
             "all 2 live executors are excluded after failures: a (this task), b (this task)"
@@ -302,17 +296,9 @@ fn every_executor_excluded_from_a_job_blocks_its_fresh_tasks_too() {
     core.tick(40);
     core.tick(40 + UNSCHEDULABLE);
     let ends = job_ends(&core.take_effects());
-    let [Event::JobEnd {
-        reason: Some(reason),
-        failed,
-        killed,
-        ..
-    }] = &ends[..]
-    else {
-        panic!("the job should have failed: {ends:?}");
-    };
+    let (reason, failed, killed) = one_failure(&ends);
     assert!(reason.contains("a (this job)"), "{reason}");
-    assert_eq!((*failed, *killed), (1, 2));
+    assert_eq!((failed, killed), (1, 2));
     assert_eq!(summary(&mut core, job_id).state, JobState::Failed);
     check_invariants(&core);
 }
@@ -409,20 +395,12 @@ fn a_new_job_fails_when_every_executor_is_excluded_from_every_job() {
     core.tick(100);
     core.tick(100 + UNSCHEDULABLE);
     let ends = job_ends(&core.take_effects());
-    let [Event::JobEnd {
-        reason: Some(reason),
-        failed,
-        killed,
-        ..
-    }] = &ends[..]
-    else {
-        panic!("the second job should have failed: {ends:?}");
-    };
+    let (reason, failed, killed) = one_failure(&ends);
     assert!(
         reason.starts_with("task 0 cannot run anywhere: the one live executor is excluded after failures: a (every job)"),
         "{reason}"
     );
-    assert_eq!((*failed, *killed), (0, 2), "task 0 never ran");
+    assert_eq!((failed, killed), (0, 2), "task 0 never ran");
     assert_eq!(summary(&mut core, second).state, JobState::Failed);
     check_invariants(&core);
 }

@@ -449,6 +449,19 @@ fn job_ends(effects: &[Effect]) -> Vec<Event> {
         .collect()
 }
 
+/// The reason, failed and killed counts of the one `JobEnd` in `ends`, which failed its job.
+fn one_failure(ends: &[Event]) -> (&str, u32, u32) {
+    match ends {
+        [Event::JobEnd {
+            reason: Some(reason),
+            failed,
+            killed,
+            ..
+        }] => (reason, *failed, *killed),
+        _ => panic!("one job should have failed: {ends:?}"),
+    }
+}
+
 fn task_ends(effects: &[Effect]) -> Vec<TaskEnded> {
     events(effects)
         .iter()

@@ -361,22 +361,14 @@ fn a_job_excluded_from_every_executor_meeting_its_constraints_fails_though_other
     assert_eq!(sent(&tick(&mut core, 40)), counts(&[]));
     assert_eq!(job_ends(&tick(&mut core, 40 + 999)), []);
     let ends = job_ends(&tick(&mut core, 40 + 1_000));
-    let [Event::JobEnd {
-        reason: Some(reason),
-        failed,
-        killed,
-        ..
-    }] = &ends[..]
-    else {
-        panic!("the job should have failed: {ends:?}");
-    };
+    let (reason, failed, killed) = one_failure(&ends);
     assert_eq!(
         reason,
         "task 1 cannot run anywhere: the one live executor meeting its constraints is \
          excluded after failures: a (this job) (exclusion on failure), for 1s; last error: \
          disk full"
     );
-    assert_eq!((*failed, *killed), (1, 2));
+    assert_eq!((failed, killed), (1, 2));
     assert_eq!(summary(&mut core, job_id).state, JobState::Failed);
 }
 
@@ -395,13 +387,7 @@ fn a_task_excluded_from_every_executor_meeting_the_constraints_counts_only_those
     assert_eq!(summary(&mut core, job_id).waiting, None, "task scope only");
     tick(&mut core, 40);
     let ends = job_ends(&tick(&mut core, 40 + 1_000));
-    let [Event::JobEnd {
-        reason: Some(reason),
-        ..
-    }] = &ends[..]
-    else {
-        panic!("the job should have failed: {ends:?}");
-    };
+    let (reason, ..) = one_failure(&ends);
     assert!(
         reason.starts_with(
             "task 0 cannot run anywhere: all 2 live executors meeting its constraints are \
