@@ -15,6 +15,7 @@
 //! attempt end, and the periodic check walks only the jobs that asked for it.
 
 use super::jobs::{TaskStatus, NO_DURATION};
+use super::status::free_attempt;
 use super::Core;
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
@@ -345,12 +346,7 @@ impl Core {
                     losing: true,
                 },
             );
-            job.past_attempts
-                .insert((index, first_attempt), first.clone());
-            let record = &mut job.tasks[index];
-            record.executor = Some(other.executor.clone());
-            record.attempts = other.attempt + 1;
-            record.started_ms = other.started_ms;
+            copy_takes_the_record(job, index, &other, first.clone(), first_attempt);
             let task_id = job.first_task + u64::from(index);
             let ended = self.end_attempt(job_id, index, from, update, now);
             self.send_kill(first, task_id, first_attempt, LOST_THE_RACE.into());
@@ -369,7 +365,17 @@ impl Core {
             true => (TaskState::Killed, Some(LOST_THE_RACE.to_string())),
             false => (update.state, self.clipped_error(update)),
         };
-        self.free_attempt(job_id, from, task_id, cpus, resources, now);
+        let pools = self.pools.as_deref_mut();
+        free_attempt(
+            &mut self.executors,
+            pools,
+            job_id,
+            from,
+            task_id,
+            cpus,
+            resources,
+            now,
+        );
         if last_of_ended {
             self.last_attempt_ended(job_id);
         }
@@ -408,16 +414,21 @@ impl Core {
         spec.others.remove(&index);
         let first_attempt = record.attempts.checked_sub(1)?;
         let started_ms = record.started_ms;
-        job.past_attempts
-            .insert((index, first_attempt), from.clone());
-        let record = &mut job.tasks[index];
-        record.executor = Some(copy.executor);
-        record.attempts = copy.attempt + 1;
-        record.started_ms = copy.started_ms;
+        copy_takes_the_record(job, index, &copy, from.clone(), first_attempt);
         let task_id = update.task_id;
         let cpus = job.cpus_per_task;
         let resources = !job.resources.is_empty();
-        self.free_attempt(job_id, from, task_id, cpus, resources, now);
+        let pools = self.pools.as_deref_mut();
+        free_attempt(
+            &mut self.executors,
+            pools,
+            job_id,
+            from,
+            task_id,
+            cpus,
+            resources,
+            now,
+        );
         let error = self.clipped_error(update);
         Some((
             TaskEnded {
@@ -487,30 +498,20 @@ impl Core {
             self.send_kill(to, task_id, attempt, reason.to_string());
         }
     }
+}
 
-    /// Gives an ended attempt's cores (and resources) back on `executor`, if it is still
-    /// registered, and takes them off its job's pool's count.
-    fn free_attempt(
-        &mut self,
-        job_id: JobId,
-        executor: &ExecutorId,
-        task_id: crate::ids::TaskId,
-        cpus: u32,
-        resources: bool,
-        now: u64,
-    ) {
-        if let Some(data) = self.executors.get_mut(executor) {
-            data.free_cores += cpus;
-            data.running.remove(&task_id);
-            if resources {
-                data.resources.give_back(task_id);
-            }
-            if data.running.is_empty() {
-                data.idle_since_ms = now;
-            }
-        }
-        if let Some(pools) = self.pools.as_deref_mut() {
-            pools.ended(job_id, cpus);
-        }
-    }
+/// Copy `copy` becomes task `index`'s attempt in its record, and the record's attempt
+/// `first_attempt`, on `first`, one of its past attempts.
+fn copy_takes_the_record(
+    job: &mut super::Job,
+    index: u32,
+    copy: &Other,
+    first: ExecutorId,
+    first_attempt: u32,
+) {
+    job.past_attempts.insert((index, first_attempt), first);
+    let record = &mut job.tasks[index];
+    record.executor = Some(copy.executor.clone());
+    record.attempts = copy.attempt + 1;
+    record.started_ms = copy.started_ms;
 }

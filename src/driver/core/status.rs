@@ -221,20 +221,19 @@ impl Core {
         }
         let job = self.jobs.get_mut(&job_id).expect("located above");
         let task_id = update.task_id;
-        if let Some(executor) = self.executors.get_mut(from) {
-            executor.free_cores += job.cpus_per_task;
-            executor.running.remove(&task_id);
-            if !job.resources.is_empty() {
-                executor.resources.give_back(task_id);
-            }
-            if executor.running.is_empty() {
-                executor.idle_since_ms = now;
-            }
-        }
+        let (cpus, resources) = (job.cpus_per_task, !job.resources.is_empty());
+        let pools = self.pools.as_deref_mut();
+        free_attempt(
+            &mut self.executors,
+            pools,
+            job_id,
+            from,
+            task_id,
+            cpus,
+            resources,
+            now,
+        );
         job.running -= 1;
-        if let Some(pools) = self.pools.as_deref_mut() {
-            pools.ended(job_id, job.cpus_per_task);
-        }
         let active = job.is_active();
         let record = &mut job.tasks[index];
         record.last_failed = update.state == TaskState::Failed;
@@ -369,5 +368,35 @@ impl Core {
             );
             self.end_job(job_id, JobState::Killed, Some(reason), now);
         }
+    }
+}
+
+/// Gives an ended attempt's cores (and resources) back on `executor`, if it is still
+/// registered, and takes them off its job's pool's count. A function of the two maps, not of
+/// the core, so that a caller holding one of the core's jobs may call it: the end of a
+/// task's own attempt and of a speculative copy.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn free_attempt(
+    executors: &mut BTreeMap<ExecutorId, super::registry::ExecutorData>,
+    pools: Option<&mut super::pools::Pools>,
+    job_id: JobId,
+    executor: &ExecutorId,
+    task_id: crate::ids::TaskId,
+    cpus: u32,
+    resources: bool,
+    now: u64,
+) {
+    if let Some(data) = executors.get_mut(executor) {
+        data.free_cores += cpus;
+        data.running.remove(&task_id);
+        if resources {
+            data.resources.give_back(task_id);
+        }
+        if data.running.is_empty() {
+            data.idle_since_ms = now;
+        }
+    }
+    if let Some(pools) = pools {
+        pools.ended(job_id, cpus);
     }
 }
