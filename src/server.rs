@@ -6,9 +6,11 @@
 //! half the host's cores ([`broker_procs`]) unless `GOMAXPROCS` is set: on a small machine the
 //! Go runtime's idle threads spin looking for work, on the cores the cluster needs.
 
+use std::collections::BTreeSet;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Where scripts/install-nats-server installs the binary, inside the project.
@@ -88,10 +90,19 @@ fn wait_listening(port: u16) -> Result<(), ServerError> {
     Err(ServerError::NotReady(port))
 }
 
-/// A port on 127.0.0.1 that nothing listens on right now.
+/// A port on 127.0.0.1 that nothing listens on right now, and that this process has not
+/// handed out before: tests start servers on many threads at once, and the kernel may give two
+/// of them the same free port before either server has bound it.
 pub fn free_port() -> Result<u16, ServerError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(ServerError::Port)?;
-    Ok(listener.local_addr().map_err(ServerError::Port)?.port())
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(ServerError::Port)?;
+        let port = listener.local_addr().map_err(ServerError::Port)?.port();
+        if given.insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 /// A nats-server child process on loopback, killed when dropped.
