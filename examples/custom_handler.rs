@@ -125,6 +125,7 @@ mod tests {
             pool: None,
             priority: 0,
             speculation: None,
+            submission_id: None,
             name: "squares".into(),
             tasks: vec![ember::protocol::TaskSpec::Handler {
                 name: "square".into(),

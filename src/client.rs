@@ -33,6 +33,9 @@ pub enum ClientError {
     Request(String),
     #[error("the driver said: {0}")]
     Driver(String),
+    /// No driver could take the request, and nothing was done (`ApiReply::Unavailable`).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("the request is {size} bytes, over the server's limit of {limit} bytes; raise max_payload in nats.conf or send fewer, smaller tasks (use `repeat` for identical ones)")]
     TooLarge { size: usize, limit: usize },
     #[error("unexpected answer from the driver: {0}")]
@@ -41,6 +44,21 @@ pub enum ClientError {
     Subscribe(String),
     #[error("this connection's inbox prefix is _INBOX.{executor}, the one executor {executor} uses, and the driver answers no api request whose reply lies under an executor's inbox; open a second connection, with client credentials and the default inbox prefix, for the api")]
     ExecutorInbox { executor: ExecutorId },
+}
+
+impl ClientError {
+    /// Whether the request may be sent again in a moment and be answered then: no driver
+    /// answered (a standby may be taking over), the one that did no longer leads, or none can
+    /// take requests now.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ClientError::NoDriver(_)
+                | ClientError::Timeout(_)
+                | ClientError::Deposed(_)
+                | ClientError::Unavailable(_)
+        )
+    }
 }
 
 /// A handle for talking to a cluster's driver.
@@ -107,10 +125,15 @@ impl EmberClient {
             async_nats::RequestErrorKind::TimedOut => ClientError::Timeout(REQUEST_TIMEOUT),
             _ => ClientError::Request(e.to_string()),
         })?;
+        let answer = decode::<ApiReply>(&reply.payload, usize::MAX);
+        // Said by a standby, which has no epoch: it did nothing, whoever leads.
+        if let Ok(ApiReply::Unavailable { message }) = answer {
+            return Err(ClientError::Unavailable(message));
+        }
         if !self.epochs.hears(&reply) {
             return Err(ClientError::Deposed(epoch::of(&reply)));
         }
-        match decode::<ApiReply>(&reply.payload, usize::MAX) {
+        match answer {
             Ok(ApiReply::Error { message }) => Err(ClientError::Driver(message)),
             Ok(answer) => Ok(answer),
             Err(e) => Err(ClientError::Unexpected(e.to_string())),
@@ -144,10 +167,31 @@ impl EmberClient {
     }
 
     /// Submits a job; the driver accepts it at once and queues it.
-    pub async fn submit(&self, job: SubmitJob) -> Result<JobId, ClientError> {
-        match self.call(&ApiRequest::SubmitJob(job)).await? {
-            ApiReply::JobAccepted { job_id } => Ok(job_id),
-            other => Err(unexpected(other)),
+    ///
+    /// The submission carries a submission id (a new one, unless `job` has one), so it is
+    /// safe to send again: while the answer is a transient error other than the first try's
+    /// finding no driver at all, it is sent again for up to [`FAILOVER_PATIENCE`], and a
+    /// driver that took it already (whose answer was lost with its leadership, say) answers
+    /// with the job it made.
+    pub async fn submit(&self, mut job: SubmitJob) -> Result<JobId, ClientError> {
+        job.submission_id
+            .get_or_insert_with(|| uuid::Uuid::new_v4().simple().to_string());
+        let request = ApiRequest::SubmitJob(job);
+        let since = tokio::time::Instant::now();
+        let mut first = true;
+        loop {
+            match self.call(&request).await {
+                Ok(ApiReply::JobAccepted { job_id }) => return Ok(job_id),
+                Ok(other) => return Err(unexpected(other)),
+                Err(ClientError::NoDriver(subject)) if first => {
+                    return Err(ClientError::NoDriver(subject))
+                }
+                Err(error) if error.is_transient() && since.elapsed() < FAILOVER_PATIENCE => {
+                    tokio::time::sleep(POLL_INTERVAL).await
+                }
+                Err(error) => return Err(error),
+            }
+            first = false;
         }
     }
 
@@ -318,9 +362,9 @@ impl EmberClient {
         let since = tokio::time::Instant::now();
         loop {
             match self.job(job_id).await {
-                Err(
-                    ClientError::NoDriver(_) | ClientError::Timeout(_) | ClientError::Deposed(_),
-                ) if since.elapsed() < FAILOVER_PATIENCE => tokio::time::sleep(POLL_INTERVAL).await,
+                Err(error) if error.is_transient() && since.elapsed() < FAILOVER_PATIENCE => {
+                    tokio::time::sleep(POLL_INTERVAL).await
+                }
                 answer => return answer,
             }
         }

@@ -179,6 +179,12 @@ pub struct SubmitJob {
     /// Speculative execution (Spark's `spark.speculation`): off unless present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculation: Option<Speculation>,
+    /// A key the client picks (1 to 64 letters, digits, `_`, `-` or `.`) that makes the
+    /// submission safe to send again: a second `SubmitJob` with the same key, while the job it
+    /// made is kept, is answered with that job's id and submits nothing. `EmberClient` sets
+    /// one and sends again through a failover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_id: Option<String>,
 }
 
 fn is_zero_priority(n: &i32) -> bool {
@@ -396,6 +402,12 @@ pub enum ApiReply {
         executors: u32,
     },
     Error {
+        message: String,
+    },
+    /// No driver could take the request, and nothing was done: send it again later. A
+    /// standing-by driver answers this while no driver can lead (the journal's store refuses
+    /// the lease's writes).
+    Unavailable {
         message: String,
     },
 }

@@ -64,6 +64,29 @@ pub fn clip_owned(text: String, max: usize) -> String {
     }
 }
 
+/// A name or key a client picks (`what`, say "pool name"): 1 to `max` bytes of letters,
+/// digits, `_`, `-` and `.`.
+pub fn validate_key(what: &str, name: &str, max: usize) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(format!("a {what} may not be empty"));
+    }
+    if name.len() > max {
+        return Err(format!(
+            "{what} {:?} is longer than {max} bytes",
+            clip(name, 32)
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "{what} {name:?} has {c:?}: use letters, digits, '_', '-' and '.'"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: "test".into(),
         tasks,
         repeat,
@@ -572,6 +573,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: "echo".into(),
         tasks: vec![handler("echo", json!({"value": "kept"}))],
         repeat: 3,
@@ -829,4 +831,32 @@ async fn a_huge_error_is_cut_so_that_the_journal_stores_the_failure() {
         "{results:?}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A submission sent again with its submission id (as a client does when the first answer
+/// was lost) is answered with the job it made, and makes no second one.
+#[tokio::test]
+async fn a_submission_sent_again_makes_one_job() {
+    let cluster = TestCluster::start("jobs-resubmit");
+    let _driver = cluster.driver().await;
+    let api = cluster.api(cluster.client().await);
+    let keyed = SubmitJob {
+        submission_id: Some("once".into()),
+        ..job(vec![handler("noop", json!(null))], 3)
+    };
+    let first = api.submit(keyed.clone()).await.expect("submitted");
+    let again = api.submit(keyed.clone()).await.expect("sent again");
+    assert_eq!(again, first);
+    let changed = api
+        .submit(SubmitJob { repeat: 4, ..keyed })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        changed
+            .contains("submission id \"once\" made job 1, which was submitted with other settings"),
+        "{changed}"
+    );
+    let jobs = api.jobs().await.expect("jobs");
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
 }

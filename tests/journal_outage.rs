@@ -4,6 +4,7 @@
 mod common;
 
 use common::{eventually, noops, TestCluster};
+use ember::client::ClientError;
 use ember::driver::JournalMode;
 use ember::executor::Handlers;
 use ember::protocol::JobState;
@@ -22,11 +23,12 @@ impl Drop for TempDir {
 }
 
 /// A full store (the server's `max_file_store` reached): JetStream refuses every write, the
-/// lease's renewals included, so the leader stands down within its lease and nothing answers
-/// the api. Once there is room again it leads again: the jobs answered before are all there,
-/// and new ones run.
+/// lease's renewals included, so the leader stands down within its lease, and standing by, it
+/// answers every api request with `Unavailable`, saying why, once it finds that no driver can
+/// write the lease. Once there is room again it leads again: the jobs answered before are all
+/// there, and new ones run.
 #[tokio::test]
-async fn a_full_store_silences_the_driver_until_there_is_room_again() {
+async fn a_full_store_makes_the_driver_answer_unavailable_until_there_is_room_again() {
     let dir = TempDir(std::env::temp_dir().join(format!("ember-full-{}", uuid::Uuid::new_v4())));
     std::fs::create_dir_all(&dir.0).expect("temp dir");
     let config = dir.0.join("nats.conf");
@@ -89,13 +91,31 @@ async fn a_full_store_silences_the_driver_until_there_is_room_again() {
     .await;
     assert!(refused.contains("insufficient resources"), "{refused}");
 
-    // The leader cannot renew its lease: it stands down and the api goes unanswered.
-    eventually(
+    // The leader cannot renew its lease: it stands down, and nothing can lead.
+    let said = eventually(
         Duration::from_secs(20),
-        "the driver stops answering",
-        || async { api.executors().await.is_err().then_some(()) },
+        "the driver answers Unavailable",
+        || async {
+            match api.executors().await {
+                Err(ClientError::Unavailable(message)) => Some(message),
+                _ => None,
+            }
+        },
     )
     .await;
+    assert!(
+        said.contains(&format!(
+            "no driver of cluster {} can lead",
+            cluster.cluster
+        )) && said.contains("insufficient resources"),
+        "{said}"
+    );
+    // A submission is refused the same way, and a client sends it again until it gives up.
+    let submitted = api.submit(noops(5)).await;
+    assert!(
+        matches!(submitted, Err(ClientError::Unavailable(_))),
+        "{submitted:?}"
+    );
 
     // Room again: it leads again, knows the job answered before, and runs new ones.
     jetstream

@@ -1019,6 +1019,7 @@ fn full_job() -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: "nightly".into(),
         tasks: vec![
             TaskSpec::Handler {
@@ -1058,6 +1059,7 @@ fn default_job() -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: String::new(),
         tasks: vec![TaskSpec::Handler {
             name: "noop".into(),
@@ -2579,6 +2581,7 @@ fn journal_records() {
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: "nightly".into(),
         tasks: vec![TaskSpec::Handler {
             name: "noop".into(),
@@ -2595,7 +2598,7 @@ fn journal_records() {
             job_id: 3,
             first_task: 101,
             time_ms: 1_700_000_000_000,
-            job,
+            job: Box::new(job),
         },
         json!({"type":"JobSubmitted","job_id":3,"first_task":101,"time_ms":1700000000000u64,"job":{"name":"nightly","tasks":[{"kind":"handler","name":"noop","arg":null}],"repeat":50,"max_failures":4,"cpus_per_task":1}}),
     );
@@ -3255,5 +3258,38 @@ fn speculative_task_start_event() {
             "running_ms": 201,
             "threshold_ms": 200
         }),
+    );
+}
+
+#[test]
+fn submit_job_with_a_submission_id() {
+    let job = SubmitJob {
+        submission_id: Some("nightly-2026-12-03".into()),
+        ..default_job()
+    };
+    golden(
+        &job,
+        json!({
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "submission_id": "nightly-2026-12-03"
+        }),
+    );
+    json_error::<SubmitJob>(
+        br#"{"tasks":[{"kind":"handler","name":"noop"}],"submission_id":7}"#,
+        &["expected a string"],
+    );
+}
+
+#[test]
+fn unavailable() {
+    golden(
+        &ApiReply::Unavailable {
+            message: "no driver of cluster prod can lead".into(),
+        },
+        json!({"type": "Unavailable", "message": "no driver of cluster prod can lead"}),
     );
 }

@@ -73,6 +73,7 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: "python".into(),
         tasks,
         repeat: 1,

@@ -26,6 +26,7 @@ from .errors import (
     RemoteTraceback,
     RequestTooLarge,
     TaskError,
+    Unavailable,
 )
 from .sync import SyncClient, SyncFuture, SyncJob, connect
 
@@ -43,6 +44,7 @@ __all__ = [
     "SyncClient",
     "SyncFuture",
     "SyncJob",
+    "Unavailable",
     "TaskError",
     "TaskFuture",
     "command_task",

@@ -27,6 +27,7 @@ from .errors import (
     RemoteTraceback,
     RequestTooLarge,
     TaskError,
+    Unavailable,
 )
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -238,14 +239,19 @@ class Client:
             ) from None
         except nats.errors.TimeoutError:
             raise EmberError(f"the driver did not answer within {timeout}s") from None
-        epoch = self._epoch(reply)
-        if epoch < self._newest_epoch:
-            raise EmberError(f"answered by a driver of epoch {epoch}, which no longer leads")
-        self._newest_epoch = epoch
         try:
             answer = json.loads(reply.data)
         except ValueError as error:
             raise EmberError(f"unexpected answer from the driver: {error}") from None
+        if not isinstance(answer, dict):
+            raise EmberError(f"unexpected answer from the driver: {answer!r}")
+        # Said by a standby, which has no epoch: it did nothing, whoever leads.
+        if answer.get("type") == "Unavailable":
+            raise Unavailable(answer.get("message", ""))
+        epoch = self._epoch(reply)
+        if epoch < self._newest_epoch:
+            raise EmberError(f"answered by a driver of epoch {epoch}, which no longer leads")
+        self._newest_epoch = epoch
         if answer.get("type") == "Error":
             raise DriverError(answer.get("message", ""))
         return answer

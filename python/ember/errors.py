@@ -9,6 +9,11 @@ class NoDriver(EmberError):
     """No driver answers on the cluster's api subject."""
 
 
+class Unavailable(EmberError):
+    """No driver could take the request, and nothing was done: send it again later (a driver
+    standing by says so while no driver can lead, its journal's store refusing writes)."""
+
+
 class DriverError(EmberError):
     """The driver answered `Error`: `message` is what it said."""
 

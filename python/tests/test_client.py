@@ -137,6 +137,26 @@ def test_a_cluster_without_a_driver(cluster):
         ember.connect(cluster.url, cluster="a.b")
 
 
+async def test_an_unavailable_answer_raises_unavailable(cluster):
+    # A standing-by driver's answer while no driver can lead, given by hand: it carries no
+    # epoch, and is taken from any driver.
+    import nats
+
+    said = "no driver of cluster standby-only can lead: nothing was done"
+    nc = await nats.connect(cluster.url)
+    try:
+        async def answer(msg):
+            await msg.respond(b'{"type":"Unavailable","message":"%s"}' % said.encode())
+
+        await nc.subscribe("ember.standby-only.driver.api", cb=answer)
+        await nc.flush()
+        async with await ember.Client.connect(cluster.url, cluster="standby-only") as client:
+            with pytest.raises(ember.Unavailable, match="nothing was done"):
+                await client.executors()
+    finally:
+        await nc.close()
+
+
 async def test_async_submit_map_and_events(aclient):
     events = []
     seen_end = asyncio.Event()

@@ -66,6 +66,12 @@ pub struct SubmitArgs {
     /// The job's name.
     #[arg(long, default_value = "")]
     pub name: String,
+    /// A key that makes the submission safe to run again (1 to 64 letters, digits, '_', '-',
+    /// '.'): while the driver keeps the job a submission with this key made, the same
+    /// submission again waits for that job rather than making another. Without it, each run
+    /// gets a new key, and is sent again with it through a driver failover.
+    #[arg(long, value_name = "KEY")]
+    pub submission_id: Option<String>,
     /// Print every task's outcome when the job ends.
     #[arg(long)]
     pub results: bool,
@@ -107,6 +113,7 @@ impl SubmitArgs {
             pool: self.pool.clone(),
             priority: self.priority,
             speculation: self.speculation.config()?,
+            submission_id: self.submission_id.clone(),
             name,
             tasks: vec![spec],
             repeat: self.tasks,
@@ -152,7 +159,12 @@ pub async fn submit(client: &EmberClient, args: &SubmitArgs) -> anyhow::Result<b
         }
         println!("{line}");
     } else {
-        println!("{}", summary_line(&summary, elapsed_ms));
+        // What the job took, as its driver saw it: a submission sent again with the key of a
+        // job that ended long ago has waited for nothing.
+        let took_ms = summary.ended_at_ms.map_or(elapsed_ms, |end| {
+            end.saturating_sub(summary.submitted_at_ms)
+        });
+        println!("{}", summary_line(&summary, took_ms));
         if let Some(reason) = &summary.reason {
             println!("reason: {reason}");
         }

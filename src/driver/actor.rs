@@ -377,7 +377,14 @@ async fn start(
         let standby = discovery::standby(client, who)
             .await
             .map_err(DriverError::Service)?;
-        let taken = lease.acquire(driver_instance).await;
+        let (unled, unled_seen) = tokio::sync::watch::channel(None);
+        let taken = discovery::unavailable_while(
+            client,
+            &subjects,
+            unled_seen,
+            lease.acquire(driver_instance, &unled),
+        )
+        .await;
         discovery::stop(standby).await;
         let mark = JournalRecord::Leader {
             epoch: taken.epoch(),

@@ -13,6 +13,7 @@
 use crate::subjects::Subjects;
 use async_nats::service::{Service, ServiceExt};
 use async_nats::Client;
+use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -99,6 +100,83 @@ pub async fn leading(
         .add(api)
         .await?;
     Ok((service, endpoint))
+}
+
+/// Runs `until` to its end and returns what it returns; meanwhile, whenever `unled` says why
+/// no driver can lead, answers every api request with [`ApiReply::Unavailable`] saying so, so
+/// that clients learn that nothing was done and that they may send it again, rather than
+/// waiting out their timeout. The api is subscribed only while that lasts: a standby behind a
+/// leader never sees its requests.
+///
+/// [`ApiReply::Unavailable`]: crate::protocol::ApiReply::Unavailable
+pub async fn unavailable_while<T>(
+    client: &Client,
+    subjects: &Subjects,
+    mut unled: tokio::sync::watch::Receiver<Option<String>>,
+    until: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(until);
+    // The api's requests and since when no driver can lead, while that lasts.
+    let mut api: Option<(async_nats::Subscriber, tokio::time::Instant)> = None;
+    loop {
+        let request = async {
+            match api.as_mut() {
+                Some((requests, _)) => requests.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            done = &mut until => return done,
+            changed = unled.changed() => {
+                if changed.is_err() {
+                    // The lease no longer says: wait for `until` alone.
+                    return until.await;
+                }
+                let reason = unled.borrow_and_update().clone();
+                api = match (reason, api.take()) {
+                    (Some(reason), None) => {
+                        tracing::warn!(%reason, "no driver can lead: the server refuses the \
+                            lease's writes; answering api requests with Unavailable");
+                        match client.subscribe(subjects.api()).await {
+                            Ok(requests) => Some((requests, tokio::time::Instant::now())),
+                            Err(error) => {
+                                tracing::warn!(%error, "could not subscribe to the api");
+                                None
+                            }
+                        }
+                    }
+                    (None, Some(_)) => {
+                        tracing::info!("the lease may be written again");
+                        None
+                    }
+                    (_, same) => same,
+                };
+            }
+            Some(request) = request => {
+                let (Some(reply), Some((_, since))) = (request.reply, &api) else {
+                    continue;
+                };
+                let reason = unled.borrow().clone().unwrap_or_default();
+                let lasted = match since.elapsed().as_secs() {
+                    0 => String::new(),
+                    secs => format!(", for {secs} s now"),
+                };
+                let answer = crate::protocol::ApiReply::Unavailable {
+                    message: format!(
+                        "no driver of cluster {} can lead: the NATS server refuses to store \
+                         the leader's lease ({reason}){lasted}; nothing was done: send the \
+                         request again once the server's JetStream store takes writes",
+                        subjects.prefix().trim_start_matches("ember."),
+                    ),
+                };
+                let payload = crate::protocol::encode(&answer);
+                if let Err(error) = client.publish(reply, payload).await {
+                    tracing::warn!(%error, "could not answer an api request");
+                }
+            }
+        }
+    }
 }
 
 /// Stops a service, logging rather than failing: it only stops answering discovery.

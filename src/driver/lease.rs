@@ -135,11 +135,31 @@ impl Lease {
 
     /// Waits until this driver leads, as `driver_instance`, and returns its tenure, renewed
     /// from then on by a task of its own until it is lost or released.
-    pub async fn acquire(&self, driver_instance: Uuid) -> Tenure {
+    ///
+    /// `unled` says, while it is so, why no driver can lead: the key is free or its holder's
+    /// lease has lapsed, and the server refuses this driver's write of it (a full store, say),
+    /// so it refuses every other driver's too.
+    pub async fn acquire(
+        &self,
+        driver_instance: Uuid,
+        unled: &tokio::sync::watch::Sender<Option<String>>,
+    ) -> Tenure {
         let me = Holder::me(driver_instance, self.lease);
         let (mut waiting_for, mut seen) = (None, None);
         loop {
-            match self.try_take(&me, &mut seen).await {
+            let taken = self.try_take(&me, &mut seen).await;
+            let refused = match &taken {
+                Taken::Refused(reason) => Some(reason.clone()),
+                _ => None,
+            };
+            unled.send_if_modified(|now| {
+                let changed = now.is_some() != refused.is_some();
+                if changed {
+                    *now = refused;
+                }
+                changed
+            });
+            match taken {
                 Taken::Now(revision, sent) => {
                     info!(epoch = revision, lease = ?self.lease, "leading the cluster's drivers");
                     return Tenure::start(self.clone(), me, revision, sent);
@@ -155,7 +175,7 @@ impl Lease {
                         waiting_for = Some(holder);
                     }
                 }
-                Taken::Unknown => {}
+                Taken::Refused(_) | Taken::Unknown => {}
             }
             tokio::time::sleep(poll_interval(self.lease)).await;
         }
@@ -172,11 +192,17 @@ impl Lease {
             }
         };
         let sent = Instant::now();
+        // A write that lost a race is no news; any other failure is the server refusing it.
+        let created = |written: Result<u64, kv::CreateError>| {
+            written.map_err(|e| {
+                (e.kind() != kv::CreateErrorKind::AlreadyExists).then(|| e.to_string())
+            })
+        };
         let written = match entry {
             // Never written, or deleted by hand: free.
-            None => self.store.create(KEY, me.encode()).await.ok(),
+            None => created(self.store.create(KEY, me.encode()).await),
             Some(entry) if entry.operation != kv::Operation::Put => {
-                self.store.create(KEY, me.encode()).await.ok()
+                created(self.store.create(KEY, me.encode()).await)
             }
             Some(entry) => {
                 let holder = Holder::decode(&entry.value);
@@ -193,12 +219,15 @@ impl Lease {
                 self.store
                     .update(KEY, me.encode(), entry.revision)
                     .await
-                    .ok()
+                    .map_err(|e| {
+                        (e.kind() != kv::UpdateErrorKind::WrongLastRevision).then(|| e.to_string())
+                    })
             }
         };
         match written {
-            Some(revision) => Taken::Now(revision, sent),
-            None => Taken::Unknown,
+            Ok(revision) => Taken::Now(revision, sent),
+            Err(Some(reason)) => Taken::Refused(reason),
+            Err(None) => Taken::Unknown,
         }
     }
 
@@ -225,6 +254,8 @@ enum Taken {
     /// This driver's write succeeded at this revision, sent at that instant.
     Now(u64, Instant),
     HeldBy(Holder),
+    /// The key is free or lapsed, and the server refused to write it, saying this.
+    Refused(String),
     /// The key could not be read or the write lost a race: look again.
     Unknown,
 }

@@ -210,10 +210,11 @@ mod tests {
             job_id: 3,
             first_task: 10,
             time_ms: 5,
-            job: SubmitJob {
+            job: Box::new(SubmitJob {
                 pool: None,
                 priority: 0,
                 speculation: None,
+                submission_id: None,
                 name: "n".into(),
                 tasks: vec![TaskSpec::Handler {
                     name: "noop".into(),
@@ -224,7 +225,7 @@ mod tests {
                 cpus_per_task: 1,
                 resources: Default::default(),
                 placement: Default::default(),
-            },
+            }),
         };
         let ended = (0..tasks).map(|i| JournaledTask {
             task_id: 10 + i,

@@ -18,7 +18,7 @@ pub enum JournalRecord {
         job_id: JobId,
         first_task: TaskId,
         time_ms: u64,
-        job: SubmitJob,
+        job: Box<SubmitJob>,
     },
     /// Tasks ended for good: FINISHED, or FAILED for the last time. One record per status batch.
     /// A run of plain finishes of consecutive task ids, one attempt and one executor is written

@@ -443,6 +443,7 @@ impl World {
                 pool: None,
                 priority: 0,
                 speculation,
+                submission_id: None,
                 name,
                 tasks: vec![TaskSpec::Handler {
                     name: "sim".into(),

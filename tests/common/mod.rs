@@ -332,6 +332,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: "noops".into(),
         tasks: vec![ember::protocol::TaskSpec::Handler {
             name: "noop".into(),
@@ -351,6 +352,7 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: "sleepers".into(),
         tasks: vec![ember::protocol::TaskSpec::Handler {
             name: "sleep".into(),

@@ -18,6 +18,9 @@ pub const MAX_TASKS_PER_JOB: u64 = 10_000_000;
 /// The longest job name, in bytes.
 pub const MAX_NAME_LEN: usize = 256;
 
+/// The longest `SubmitJob.submission_id`, in bytes.
+pub const MAX_SUBMISSION_ID_LEN: usize = 64;
+
 /// A job: a set of tasks with a shared failure budget and cores per task.
 #[derive(Debug)]
 pub struct Job {
@@ -60,6 +63,8 @@ pub struct Job {
     pub reason: Option<String>,
     /// Speculative execution, when the job asked for it.
     pub speculation: Option<Box<super::speculation::Speculation>>,
+    /// The key its client gave to make the submission safe to send again.
+    pub submission_id: Option<String>,
 }
 
 impl Job {
@@ -96,6 +101,7 @@ impl Job {
             speculation: submit
                 .speculation
                 .map(|config| Box::new(super::speculation::Speculation::new(config))),
+            submission_id: submit.submission_id,
         }
     }
 
@@ -123,6 +129,7 @@ impl Job {
             pool: self.pool.clone(),
             priority: self.priority,
             speculation: self.speculation.as_ref().map(|s| s.config),
+            submission_id: self.submission_id.clone(),
             name: self.name.clone(),
             tasks: self
                 .specs
@@ -288,13 +295,20 @@ impl Core {
         if let Err(message) = validate_job(&submit, self.config.max_reply_bytes, journal) {
             return ApiReply::Error { message };
         }
+        if let Some(&id) = submit
+            .submission_id
+            .as_ref()
+            .and_then(|key| self.submissions.get(key))
+        {
+            return self.submitted_again(id, &submit);
+        }
         let id = self.next_job;
         let first_task = self.next_task;
         self.journal(|| JournalRecord::JobSubmitted {
             job_id: id,
             first_task,
             time_ms: now,
-            job: submit.clone(),
+            job: Box::new(submit.clone()),
         });
         let job = Job::new(id, first_task, submit, now);
         self.next_job += 1;
@@ -305,13 +319,37 @@ impl Core {
             name: job.name.clone(),
             tasks: job.len(),
         });
-        self.first_tasks.insert(first_task, id);
-        self.jobs.insert(id, job);
-        self.placement_job_added(id);
+        self.add_job(job);
         self.track_speculation(id);
         self.queue_new_job(id);
         self.make_offers(None, now);
         ApiReply::JobAccepted { job_id: id }
+    }
+
+    /// The answer to a submission whose id made job `id` already: that job's id, as the
+    /// first answer said (behind the same record, so it too is stored before it is told).
+    fn submitted_again(&self, id: JobId, submit: &SubmitJob) -> ApiReply {
+        match self.jobs.get(&id) {
+            Some(job) if job.submission() == *submit => ApiReply::JobAccepted { job_id: id },
+            _ => ApiReply::Error {
+                message: format!(
+                    "submission id {:?} made job {id}, which was submitted with other settings; \
+                     a new job needs a new submission id",
+                    submit.submission_id.as_deref().unwrap_or_default()
+                ),
+            },
+        }
+    }
+
+    /// Makes a new job known by its id, its tasks' ids and its submission id.
+    pub(super) fn add_job(&mut self, job: Job) {
+        let id = job.id;
+        if let Some(key) = &job.submission_id {
+            self.submissions.insert(key.clone(), id);
+        }
+        self.first_tasks.insert(job.first_task, id);
+        self.jobs.insert(id, job);
+        self.placement_job_added(id);
     }
 
     pub(super) fn on_kill_job(&mut self, job_id: JobId, now: u64) -> ApiReply {
@@ -533,6 +571,9 @@ pub(super) fn validate_job(
     crate::resources::validate_request(&submit.resources)?;
     submit.placement.validate()?;
     super::pools::validate_submission(submit)?;
+    if let Some(key) = &submit.submission_id {
+        crate::text::validate_key("submission id", key, MAX_SUBMISSION_ID_LEN)?;
+    }
     if let Some(speculation) = &submit.speculation {
         super::speculation::validate(speculation)?;
     }

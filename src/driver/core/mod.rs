@@ -24,7 +24,7 @@ mod tasks;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 pub use allocation::{
     AllocationConfig, DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MIN_EXECUTORS,
@@ -108,6 +108,8 @@ pub struct Core {
     pools: Option<Box<pools::Pools>>,
     /// First task id of each job, to find a task's job by range.
     first_tasks: BTreeMap<TaskId, JobId>,
+    /// The job each kept job's submission id made.
+    submissions: HashMap<String, JobId>,
     /// Finished jobs still kept, oldest end first; the oldest are forgotten past
     /// [`Retention::jobs`].
     ended: VecDeque<JobId>,
@@ -146,6 +148,7 @@ impl Core {
             queue: VecDeque::new(),
             pools: None,
             first_tasks: BTreeMap::new(),
+            submissions: HashMap::new(),
             ended: VecDeque::new(),
             forgetting: Vec::new(),
             result_bytes: 0,

@@ -151,24 +151,7 @@ impl Scheduling {
 
 /// A pool name: 1 to 64 bytes of letters, digits, `_`, `-` and `.`.
 pub fn validate_pool_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("a pool name may not be empty".into());
-    }
-    if name.len() > MAX_POOL_NAME_LEN {
-        return Err(format!(
-            "pool name {:?}... is longer than {MAX_POOL_NAME_LEN} bytes",
-            crate::text::clip(name, 32)
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
-    {
-        return Err(format!(
-            "pool name {name:?} has {c:?}: use letters, digits, '_', '-' and '.'"
-        ));
-    }
-    Ok(())
+    crate::text::validate_key("pool name", name, MAX_POOL_NAME_LEN)
 }
 
 /// Checks a submission's pool and priority.

@@ -99,7 +99,7 @@ impl Core {
                 first_task,
                 time_ms,
                 job,
-            } => self.replay_submitted(job_id, first_task, time_ms, job),
+            } => self.replay_submitted(job_id, first_task, time_ms, *job),
             JournalRecord::TasksEnded { tasks, .. } => self.replay_tasks(tasks),
             JournalRecord::ResultsDropped { job_id } => self.replay_results_dropped(job_id),
             JournalRecord::TaskKilledByRequest { job_id, index, .. } => {
@@ -187,9 +187,7 @@ impl Core {
         let job = Job::new(job_id, first_task, submit, time_ms);
         self.next_job = job_id + 1;
         self.next_task = first_task + u64::from(job.len());
-        self.first_tasks.insert(first_task, job_id);
-        self.jobs.insert(job_id, job);
-        self.placement_job_added(job_id);
+        self.add_job(job);
         Ok(())
     }
 

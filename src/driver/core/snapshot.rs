@@ -61,7 +61,7 @@ impl Core {
                 job_id: job.id,
                 first_task: job.first_task,
                 time_ms: job.submitted_at_ms,
-                job: job.submission(),
+                job: Box::new(job.submission()),
             });
             let launched = job.tasks.launched();
             let settled = (0..launched.len() as u32).filter_map(|index| {
@@ -185,6 +185,7 @@ impl Core {
     fn adopt(&mut self, restored: Core, ids: SnapshotIds) {
         self.jobs = restored.jobs;
         self.first_tasks = restored.first_tasks;
+        self.submissions = restored.submissions;
         self.ended = restored.ended;
         self.forgetting = restored.forgetting;
         self.result_bytes = restored.result_bytes;

@@ -393,3 +393,94 @@ fn recent_jobs_come_newest_first_a_page_at_a_time() {
     assert_eq!(page(&mut core, 2), (vec![1], None));
     assert_eq!(page(&mut core, 1), (vec![], None));
 }
+
+/// `job(tasks, 1, 4)` with submission id `key`.
+fn keyed(tasks: u32, key: &str) -> SubmitJob {
+    SubmitJob {
+        submission_id: Some(key.into()),
+        ..job(tasks, 1, 4)
+    }
+}
+
+#[test]
+fn a_submission_sent_again_is_answered_with_the_job_it_made() {
+    let mut core = journaled_core(0);
+    let mut journal = Vec::new();
+    assert_eq!(submit(&mut core, keyed(3, "k-1"), 0), 1);
+    take_journal(&mut core, &mut journal);
+    let again = unchanged(&mut core, |core| {
+        core.api(ApiRequest::SubmitJob(keyed(3, "k-1")), 1)
+    });
+    assert_eq!(again, ApiReply::JobAccepted { job_id: 1 });
+    // The same key with other settings is a mistake, not a retry.
+    let other = unchanged(&mut core, |core| {
+        core.api(ApiRequest::SubmitJob(keyed(4, "k-1")), 1)
+    });
+    assert_eq!(
+        api_error(other),
+        "submission id \"k-1\" made job 1, which was submitted with other settings; \
+         a new job needs a new submission id"
+    );
+    // Another key, or none, is another job.
+    assert_eq!(submit(&mut core, keyed(3, "k-2"), 2), 2);
+    assert_eq!(submit(&mut core, job(3, 1, 4), 2), 3);
+    take_journal(&mut core, &mut journal);
+    check_invariants(&core);
+
+    // A restarted driver knows the key, from the journal and from a snapshot of it.
+    let mut restarted = restored(&journal, 1);
+    let again = unchanged(&mut restarted, |core| {
+        core.api(ApiRequest::SubmitJob(keyed(3, "k-1")), 3)
+    });
+    assert_eq!(again, ApiReply::JobAccepted { job_id: 1 });
+    check_invariants(&restarted);
+    let mut from_snapshot = restored(&[snapshot_record(&core, 1, 4)], 1);
+    let again = unchanged(&mut from_snapshot, |core| {
+        core.api(ApiRequest::SubmitJob(keyed(3, "k-2")), 5)
+    });
+    assert_eq!(again, ApiReply::JobAccepted { job_id: 2 });
+    check_invariants(&from_snapshot);
+}
+
+#[test]
+fn a_forgotten_jobs_submission_id_makes_a_new_job() {
+    let mut core = core_retaining(1);
+    add(&mut core, "e1", 1, 0);
+    for (n, key) in ["a", "b"].into_iter().enumerate() {
+        let (job_id, launched) = start(&mut core, keyed(1, key), 0);
+        let (task_id, _, attempt) = launched[0].1[0];
+        report(&mut core, "e1", vec![finished(task_id, attempt)], 1);
+        assert_eq!(job_id, n as JobId + 1);
+    }
+    // Job 1 ("a") was forgotten when job 2 ended: its key is free again.
+    assert_eq!(submit(&mut core, keyed(1, "a"), 2), 3);
+    assert_eq!(
+        core.api(ApiRequest::SubmitJob(keyed(1, "b")), 2),
+        ApiReply::JobAccepted { job_id: 2 }
+    );
+    check_invariants(&core);
+}
+
+#[test]
+fn a_malformed_submission_id_is_refused() {
+    let mut core = new_core(0);
+    for (key, expected) in [
+        ("", "a submission id may not be empty".to_string()),
+        (
+            "a b",
+            "submission id \"a b\" has ' ': use letters, digits, '_', '-' and '.'".into(),
+        ),
+        (
+            &"k".repeat(65),
+            format!(
+                "submission id \"{} [cut: 65 bytes in all]\" is longer than 64 bytes",
+                "k".repeat(9)
+            ),
+        ),
+    ] {
+        let reply = unchanged(&mut core, |core| {
+            core.api(ApiRequest::SubmitJob(keyed(1, key)), 0)
+        });
+        assert_eq!(api_error(reply), expected, "{key:?}");
+    }
+}

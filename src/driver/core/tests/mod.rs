@@ -122,6 +122,7 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        submission_id: None,
         name: "test-job".into(),
         tasks: vec![noop()],
         repeat: tasks,
@@ -573,8 +574,17 @@ fn check_invariants(core: &Core) {
         "the queue is not in priority, then submission order: {queue:?}"
     );
     core.check_pools();
+    let keyed = core.jobs.values().filter(|job| job.submission_id.is_some());
+    assert_eq!(keyed.count(), core.submissions.len(), "submission ids");
     for (&job_id, job) in &core.jobs {
         assert_eq!(job.id, job_id);
+        if let Some(key) = &job.submission_id {
+            assert_eq!(
+                core.submissions.get(key),
+                Some(&job_id),
+                "submission id {key}"
+            );
+        }
         check_job_counts(job);
         check_job_tasks(core, job);
         placement::check_placement(core, job);

@@ -149,7 +149,7 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
                 job_id: 2,
                 first_task: 3,
                 time_ms: 0,
-                job: job(1, 1, 4),
+                job: Box::new(job(1, 1, 4)),
             },
             ReplayError::IdsOverlap {
                 job_id: 2,
@@ -165,7 +165,7 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
         job_id: 2,
         first_task: 5,
         time_ms: 0,
-        job: job(0, 1, 4),
+        job: Box::new(job(0, 1, 4)),
     };
     assert!(matches!(
         core.replay(empty),
