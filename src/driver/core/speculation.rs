@@ -15,7 +15,6 @@
 //! attempt end, and the periodic check walks only the jobs that asked for it.
 
 use super::jobs::{TaskStatus, NO_DURATION};
-use super::status::free_attempt;
 use super::Core;
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
@@ -365,17 +364,7 @@ impl Core {
             true => (TaskState::Killed, Some(LOST_THE_RACE.to_string())),
             false => (update.state, self.clipped_error(update)),
         };
-        let pools = self.pools.as_deref_mut();
-        free_attempt(
-            &mut self.executors,
-            pools,
-            job_id,
-            from,
-            task_id,
-            cpus,
-            resources,
-            now,
-        );
+        self.free_attempt(job_id, from, task_id, cpus, resources, now);
         if last_of_ended {
             self.last_attempt_ended(job_id);
         }
@@ -418,17 +407,7 @@ impl Core {
         let task_id = update.task_id;
         let cpus = job.cpus_per_task;
         let resources = !job.resources.is_empty();
-        let pools = self.pools.as_deref_mut();
-        free_attempt(
-            &mut self.executors,
-            pools,
-            job_id,
-            from,
-            task_id,
-            cpus,
-            resources,
-            now,
-        );
+        self.free_attempt(job_id, from, task_id, cpus, resources, now);
         let error = self.clipped_error(update);
         Some((
             TaskEnded {

@@ -371,10 +371,35 @@ impl Core {
     }
 }
 
+impl Core {
+    /// [`free_attempt`] on the core's executors and pools, for a caller that holds no job.
+    pub(super) fn free_attempt(
+        &mut self,
+        job_id: JobId,
+        executor: &ExecutorId,
+        task_id: crate::ids::TaskId,
+        cpus: u32,
+        resources: bool,
+        now: u64,
+    ) {
+        let pools = self.pools.as_deref_mut();
+        free_attempt(
+            &mut self.executors,
+            pools,
+            job_id,
+            executor,
+            task_id,
+            cpus,
+            resources,
+            now,
+        );
+    }
+}
+
 /// Gives an ended attempt's cores (and resources) back on `executor`, if it is still
 /// registered, and takes them off its job's pool's count. A function of the two maps, not of
-/// the core, so that a caller holding one of the core's jobs may call it: the end of a
-/// task's own attempt and of a speculative copy.
+/// the core, so that a caller holding one of the core's jobs may call it (the end of a task's
+/// own attempt); the ends of speculative copies call it through [`Core::free_attempt`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn free_attempt(
     executors: &mut BTreeMap<ExecutorId, super::registry::ExecutorData>,
