@@ -21,6 +21,7 @@ from .client import (
 from .errors import (
     DriverError,
     EmberError,
+    NoAnswer,
     NoDriver,
     RemoteError,
     RemoteTraceback,
@@ -37,6 +38,7 @@ __all__ = [
     "DriverError",
     "EmberError",
     "Job",
+    "NoAnswer",
     "NoDriver",
     "RemoteError",
     "RemoteTraceback",

@@ -14,6 +14,8 @@ import json
 import math
 import re
 import sys
+import time
+import uuid
 
 import cloudpickle
 import nats
@@ -22,6 +24,7 @@ import nats.errors
 from .errors import (
     DriverError,
     EmberError,
+    NoAnswer,
     NoDriver,
     RemoteError,
     RemoteTraceback,
@@ -34,6 +37,10 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 DEFAULT_CLUSTER = "default"
 # As the Rust client: how long one api request waits for its answer, in seconds.
 REQUEST_TIMEOUT = 10.0
+
+# How long a submission is sent again while no driver can take it (a standby taking over, or
+# `Unavailable`), as the Rust client does.
+FAILOVER_PATIENCE = 30.0
 # What Ember keeps free under the server's max_payload for framing.
 PAYLOAD_HEADROOM = 4096
 # How often a wait asks for the job's progress when no JobEnd event has come, in seconds.
@@ -238,7 +245,7 @@ class Client:
                 f"no driver answers on {subject} (is ember-driver running on this cluster?)"
             ) from None
         except nats.errors.TimeoutError:
-            raise EmberError(f"the driver did not answer within {timeout}s") from None
+            raise NoAnswer(f"the driver did not answer within {timeout}s") from None
         try:
             answer = json.loads(reply.data)
         except ValueError as error:
@@ -250,7 +257,7 @@ class Client:
             raise Unavailable(answer.get("message", ""))
         epoch = self._epoch(reply)
         if epoch < self._newest_epoch:
-            raise EmberError(f"answered by a driver of epoch {epoch}, which no longer leads")
+            raise NoAnswer(f"answered by a driver of epoch {epoch}, which no longer leads")
         self._newest_epoch = epoch
         if answer.get("type") == "Error":
             raise DriverError(answer.get("message", ""))
@@ -310,10 +317,15 @@ class Client:
         max_failures=DEFAULT_MAX_FAILURES,
         cpus_per_task=1,
         resources=None,
+        submission_id=None,
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
         repeated `repeat` times, and returns its `Job`. `resources` asks for custom resources
-        per task, by name: `{"gpu": 1}`, as `ember submit --resource gpu=1`."""
+        per task, by name: `{"gpu": 1}`, as `ember submit --resource gpu=1`.
+
+        The submission carries `submission_id` (a new one unless given), so it is safe to send
+        again: while the driver answers `Unavailable`, or no driver answers after one did, it is
+        sent again for up to 30 s, and a driver that took it already answers with its job."""
         await self._ensure_watch()
         request = {
             "type": "SubmitJob",
@@ -322,11 +334,21 @@ class Client:
             "repeat": repeat,
             "max_failures": max_failures,
             "cpus_per_task": cpus_per_task,
+            "submission_id": submission_id or uuid.uuid4().hex,
         }
         if resources:
             request["resources"] = dict(resources)
-        answer = await self._expect(request, "JobAccepted")
-        return Job(self, answer["job_id"])
+        deadline = time.monotonic() + FAILOVER_PATIENCE
+        first = True
+        while True:
+            try:
+                answer = await self._expect(request, "JobAccepted")
+                return Job(self, answer["job_id"])
+            except (Unavailable, NoDriver, NoAnswer) as error:
+                if (first and isinstance(error, NoDriver)) or time.monotonic() >= deadline:
+                    raise
+            first = False
+            await asyncio.sleep(0.2)
 
     async def submit_commands(self, argv, *, tasks=1, timeout=None, env=None, cwd=None, **job):
         """A job of `tasks` runs of one command, as `ember submit --tasks N -- argv...` does;

@@ -9,6 +9,11 @@ class NoDriver(EmberError):
     """No driver answers on the cluster's api subject."""
 
 
+class NoAnswer(EmberError):
+    """The driver did not answer in time, or the answer came from a driver that no longer
+    leads: the request may or may not have been taken."""
+
+
 class Unavailable(EmberError):
     """No driver could take the request, and nothing was done: send it again later (a driver
     standing by says so while no driver can lead, its journal's store refusing writes)."""

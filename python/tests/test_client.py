@@ -117,6 +117,15 @@ def test_commands_and_handlers(client):
     assert failing.wait(progress=True)["state"] == "FAILED"
 
 
+def test_a_submission_sent_again_makes_one_job(client):
+    first = client.submit_handler("noop", tasks=2, submission_id="py-once")
+    again = client.submit_handler("noop", tasks=2, submission_id="py-once")
+    assert again.job_id == first.job_id
+    assert [j["job_id"] for j in client.jobs()].count(first.job_id) == 1
+    with pytest.raises(ember.DriverError, match="submitted with other settings"):
+        client.submit_handler("noop", tasks=3, submission_id="py-once")
+
+
 def test_jobs_executors_and_driver_errors(client):
     job = client.submit_handler("noop", tasks=5)
     assert job.wait()["succeeded"] == 5
