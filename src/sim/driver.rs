@@ -25,7 +25,7 @@ use crate::protocol::{
     ApiReply, ApiRequest, Event as DriverEvent, JobState, JournalRecord, StatusRequest, SubmitJob,
     TaskSpec, TaskState,
 };
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 const TICK_MS: u64 = crate::DEFAULT_REVIVE_INTERVAL.as_millis() as u64;
@@ -415,8 +415,10 @@ impl World {
         Ok(())
     }
 
-    /// Submits the workload's jobs that have not ended and that the leader `node` does not
-    /// know: all of them at the start, and after a failover those whose submission was lost.
+    /// Submits the workload's jobs that have not ended, each with its name as its submission
+    /// id: all of them at the start, and after a failover those whose submission was lost. One
+    /// the leader `node` knows already is sent again too, as a client whose answer was lost
+    /// does, and must be answered with the job it made.
     fn submit_all(&mut self, node: u32) -> Result<(), String> {
         let now = self.queue.now();
         let jobs = self.config.jobs.max(1) as u64;
@@ -424,16 +426,13 @@ impl World {
         let Some(leader) = self.drivers[node as usize].leader() else {
             return Ok(());
         };
-        let known: BTreeSet<String> = match leader.core.api(ApiRequest::list_jobs(), now) {
-            ApiReply::Jobs { jobs, .. } => jobs.into_iter().map(|j| j.name).collect(),
-            _ => BTreeSet::new(),
+        let known: BTreeMap<String, JobId> = match leader.core.api(ApiRequest::list_jobs(), now) {
+            ApiReply::Jobs { jobs, .. } => jobs.into_iter().map(|j| (j.name, j.job_id)).collect(),
+            _ => BTreeMap::new(),
         };
         let mut accepted = Vec::new();
         for origin in origins {
             let name = format!("sim-{origin}");
-            if known.contains(&name) {
-                continue;
-            }
             let tasks = (self.config.tasks / jobs
                 + u64::from((origin as u64) < self.config.tasks % jobs))
                 as u32;
@@ -443,8 +442,8 @@ impl World {
                 pool: None,
                 priority: 0,
                 speculation,
-                submission_id: None,
-                name,
+                submission_id: Some(name.clone()),
+                name: name.clone(),
                 tasks: vec![TaskSpec::Handler {
                     name: "sim".into(),
                     arg: serde_json::Value::Null,
@@ -456,9 +455,19 @@ impl World {
                 placement: Default::default(),
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
-            if let ApiReply::JobAccepted { job_id } = reply {
-                self.ledger.submitted(job_id, origin, tasks.max(1));
-                accepted.push(Held::Accepted { origin, job_id });
+            match (known.get(&name), reply) {
+                (Some(made), ApiReply::JobAccepted { job_id }) if job_id == *made => {}
+                (Some(made), other) => {
+                    return Err(format!(
+                        "{name}, sent again with its submission id, was answered {other:?}, \
+                         not with job {made}, which it made"
+                    ))
+                }
+                (None, ApiReply::JobAccepted { job_id }) => {
+                    self.ledger.submitted(job_id, origin, tasks.max(1));
+                    accepted.push(Held::Accepted { origin, job_id });
+                }
+                (None, _) => {}
             }
         }
         self.driver_effects(node, None)?;
