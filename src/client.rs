@@ -61,6 +61,30 @@ impl ClientError {
     }
 }
 
+/// Runs `attempt` again every [`POLL_INTERVAL`], for up to [`FAILOVER_PATIENCE`], while it
+/// fails transiently ([`ClientError::is_transient`]): while a standby takes over, or no driver
+/// can lead. Without `driver_seen`, finding no driver at all on the first try is final: the
+/// cluster may have none.
+async fn through_failover<T, F: std::future::Future<Output = Result<T, ClientError>>>(
+    driver_seen: bool,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, ClientError> {
+    let since = tokio::time::Instant::now();
+    let mut first = true;
+    loop {
+        match attempt().await {
+            Err(ClientError::NoDriver(subject)) if first && !driver_seen => {
+                return Err(ClientError::NoDriver(subject))
+            }
+            Err(error) if error.is_transient() && since.elapsed() < FAILOVER_PATIENCE => {
+                tokio::time::sleep(POLL_INTERVAL).await
+            }
+            answer => return answer,
+        }
+        first = false;
+    }
+}
+
 /// A handle for talking to a cluster's driver.
 #[derive(Debug, Clone)]
 pub struct EmberClient {
@@ -177,22 +201,13 @@ impl EmberClient {
         job.submission_id
             .get_or_insert_with(|| uuid::Uuid::new_v4().simple().to_string());
         let request = ApiRequest::SubmitJob(job);
-        let since = tokio::time::Instant::now();
-        let mut first = true;
-        loop {
-            match self.call(&request).await {
-                Ok(ApiReply::JobAccepted { job_id }) => return Ok(job_id),
-                Ok(other) => return Err(unexpected(other)),
-                Err(ClientError::NoDriver(subject)) if first => {
-                    return Err(ClientError::NoDriver(subject))
-                }
-                Err(error) if error.is_transient() && since.elapsed() < FAILOVER_PATIENCE => {
-                    tokio::time::sleep(POLL_INTERVAL).await
-                }
-                Err(error) => return Err(error),
+        through_failover(false, || async {
+            match self.call(&request).await? {
+                ApiReply::JobAccepted { job_id } => Ok(job_id),
+                other => Err(unexpected(other)),
             }
-            first = false;
-        }
+        })
+        .await
     }
 
     pub async fn job(&self, job_id: JobId) -> Result<JobSummary, ClientError> {
@@ -359,15 +374,7 @@ impl EmberClient {
     /// A job's summary, asked again while no driver answers (a standby taking over from a
     /// leader that died), for up to [`FAILOVER_PATIENCE`].
     pub async fn job_through_failover(&self, job_id: JobId) -> Result<JobSummary, ClientError> {
-        let since = tokio::time::Instant::now();
-        loop {
-            match self.job(job_id).await {
-                Err(error) if error.is_transient() && since.elapsed() < FAILOVER_PATIENCE => {
-                    tokio::time::sleep(POLL_INTERVAL).await
-                }
-                answer => return answer,
-            }
-        }
+        through_failover(true, || self.job(job_id)).await
     }
 
     /// Submits a job and waits for its end, calling `progress` with each summary seen.

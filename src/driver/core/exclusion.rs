@@ -301,14 +301,8 @@ impl Exclusion {
     }
 
     /// A waiting task of `job` that no executor of `live` may run, if there is one. `live` is
-    /// not empty: the live executors the job's placement admits (`constrained`: the job has
-    /// constraints, which the reason then mentions).
-    fn blocked(
-        &self,
-        job: &super::Job,
-        live: &[&ExecutorId],
-        constrained: bool,
-    ) -> Option<Blocked> {
+    /// not empty: the live executors the job's placement admits.
+    fn blocked(&self, job: &super::Job, live: &[&ExecutorId]) -> Option<Blocked> {
         static NO_FAILURES: JobHealth = JobHealth {
             executors: BTreeMap::new(),
             excluded: BTreeMap::new(),
@@ -337,11 +331,7 @@ impl Exclusion {
             _ => "this task",
         };
         let why = || {
-            let meeting = if constrained {
-                " meeting its constraints"
-            } else {
-                ""
-            };
+            let meeting = meeting_constraints(job);
             let who = match live.len() {
                 1 => format!("the one live executor{meeting} is"),
                 n => format!("all {n} live executors{meeting} are"),
@@ -528,9 +518,8 @@ impl Core {
                 .filter(|job| job.is_active())
                 .and_then(|job| {
                     let live: Vec<&ExecutorId> = self.live_executors_for(job).collect();
-                    let constrained = job.placement.as_ref().is_some_and(|p| p.constrains());
                     (!live.is_empty())
-                        .then(|| exclusion.blocked(job, &live, constrained))
+                        .then(|| exclusion.blocked(job, &live))
                         .flatten()
                 });
             let health = exclusion.jobs.get(&job_id);
@@ -623,5 +612,14 @@ impl Core {
             });
         }
         self.end_job(job_id, JobState::Failed, Some(error), now);
+    }
+}
+
+/// How a reason names the executors that count for `job`: " meeting its constraints" if it has
+/// constraints, else nothing.
+pub(super) fn meeting_constraints(job: &super::Job) -> &'static str {
+    match job.placement.as_ref().is_some_and(|p| p.constrains()) {
+        true => " meeting its constraints",
+        false => "",
     }
 }

@@ -32,6 +32,21 @@ pub struct ExecutorData {
     pub resources: super::ExecutorResources,
 }
 
+impl ExecutorData {
+    /// Takes back what an ended attempt of `task_id` held: its `cpus` cores and, if its job
+    /// asks for any (`resources`), its custom resources.
+    pub fn attempt_ended(&mut self, task_id: TaskId, cpus: u32, resources: bool, now: u64) {
+        self.free_cores += cpus;
+        self.running.remove(&task_id);
+        if resources {
+            self.resources.give_back(task_id);
+        }
+        if self.running.is_empty() {
+            self.idle_since_ms = now;
+        }
+    }
+}
+
 impl Core {
     /// Handles `RegisterExecutor` that arrived on the subject of `subject_id`.
     pub fn register(&mut self, subject_id: &str, req: RegisterExecutor, now: u64) -> RegisterReply {

@@ -173,11 +173,7 @@ impl Core {
             ));
         }
         if self.every_live_executor_excludes(job) {
-            let meeting = if job.placement.as_ref().is_some_and(|p| p.constrains()) {
-                " meeting its constraints"
-            } else {
-                ""
-            };
+            let meeting = super::exclusion::meeting_constraints(job);
             return Some(format!(
                 "every live executor{meeting} is excluded from this job after failures \
                  (exclusion on failure); it fails after --exclude-unschedulable-timeout unless \

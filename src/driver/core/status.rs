@@ -221,18 +221,12 @@ impl Core {
         }
         let job = self.jobs.get_mut(&job_id).expect("located above");
         let task_id = update.task_id;
-        let (cpus, resources) = (job.cpus_per_task, !job.resources.is_empty());
-        let pools = self.pools.as_deref_mut();
-        free_attempt(
-            &mut self.executors,
-            pools,
-            job_id,
-            from,
-            task_id,
-            cpus,
-            resources,
-            now,
-        );
+        if let Some(executor) = self.executors.get_mut(from) {
+            executor.attempt_ended(task_id, job.cpus_per_task, !job.resources.is_empty(), now);
+        }
+        if let Some(pools) = self.pools.as_deref_mut() {
+            pools.ended(job_id, job.cpus_per_task);
+        }
         job.running -= 1;
         let active = job.is_active();
         let record = &mut job.tasks[index];
@@ -369,10 +363,10 @@ impl Core {
             self.end_job(job_id, JobState::Killed, Some(reason), now);
         }
     }
-}
 
-impl Core {
-    /// [`free_attempt`] on the core's executors and pools, for a caller that holds no job.
+    /// Takes back what an ended attempt held on `executor` (if it is still registered), and
+    /// takes its cores off its job's pool's count: for the ends of speculative copies, which
+    /// hold no job. A task's own attempt does the same in `end_attempt`.
     pub(super) fn free_attempt(
         &mut self,
         job_id: JobId,
@@ -382,46 +376,11 @@ impl Core {
         resources: bool,
         now: u64,
     ) {
-        let pools = self.pools.as_deref_mut();
-        free_attempt(
-            &mut self.executors,
-            pools,
-            job_id,
-            executor,
-            task_id,
-            cpus,
-            resources,
-            now,
-        );
-    }
-}
-
-/// Gives an ended attempt's cores (and resources) back on `executor`, if it is still
-/// registered, and takes them off its job's pool's count. A function of the two maps, not of
-/// the core, so that a caller holding one of the core's jobs may call it (the end of a task's
-/// own attempt); the ends of speculative copies call it through [`Core::free_attempt`].
-#[allow(clippy::too_many_arguments)]
-pub(super) fn free_attempt(
-    executors: &mut BTreeMap<ExecutorId, super::registry::ExecutorData>,
-    pools: Option<&mut super::pools::Pools>,
-    job_id: JobId,
-    executor: &ExecutorId,
-    task_id: crate::ids::TaskId,
-    cpus: u32,
-    resources: bool,
-    now: u64,
-) {
-    if let Some(data) = executors.get_mut(executor) {
-        data.free_cores += cpus;
-        data.running.remove(&task_id);
-        if resources {
-            data.resources.give_back(task_id);
+        if let Some(data) = self.executors.get_mut(executor) {
+            data.attempt_ended(task_id, cpus, resources, now);
         }
-        if data.running.is_empty() {
-            data.idle_since_ms = now;
+        if let Some(pools) = self.pools.as_deref_mut() {
+            pools.ended(job_id, cpus);
         }
-    }
-    if let Some(pools) = pools {
-        pools.ended(job_id, cpus);
     }
 }
