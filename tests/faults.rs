@@ -454,6 +454,50 @@ async fn a_nats_server_restart_mid_job_loses_nothing() {
     drop(executors);
 }
 
+#[tokio::test]
+async fn a_driver_deposed_while_its_server_is_down_leads_again_when_it_returns() {
+    let store = std::env::temp_dir().join(format!("ember-deposed-{}", uuid::Uuid::new_v4()));
+    let store_arg = store.display().to_string();
+    let js = ["-js", "--store_dir", store_arg.as_str()];
+    let mut cluster = TestCluster::start("fault-deposed");
+    let port = ember::server::free_port().unwrap();
+    cluster.server = NatsServer::start_on(port, &js).unwrap();
+    let driver_flags = [
+        "--journal",
+        "on",
+        "--lease",
+        "1s",
+        "--executor-timeout",
+        "3s",
+    ];
+    let mut driver = cluster.driver_process(&driver_flags).spawn().unwrap();
+    let executors = spawn_executors(&cluster, 2).await;
+    let api = cluster.api(cluster.client().await);
+    wait_registered(&api, 2).await;
+    let job_id = api.submit(sleepers(40, 100)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 5).then_some(())
+    })
+    .await;
+    cluster.server.kill();
+    // Longer than the lease, so the driver stands down, and than a request's patience, so
+    // each try to stand by again fails while the server is away.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(
+        driver.try_wait().unwrap().is_none(),
+        "the driver ended while its server was down"
+    );
+    cluster.server = NatsServer::start_on(port, &js).unwrap();
+    let summary = wait_end(&api, job_id).await;
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    assert_eq!(api.results(job_id).await.unwrap().len(), 40);
+    let holder = lease_holder(&cluster).await.expect("a leader");
+    assert_eq!(Some(holder.pid), driver.id(), "the same driver leads again");
+    drop((driver, executors));
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&store);
+}
+
 /// Three nats-servers routed into one cluster named `name`, node i started with `extra(i)`
 /// beside the cluster flags: their client ports and the servers, in order.
 fn three_nodes(name: &str, extra: impl Fn(usize) -> Vec<String>) -> (Vec<u16>, Vec<NatsServer>) {

@@ -146,8 +146,9 @@ struct Args {
     #[arg(long, env = "EMBER_LEASE", default_value = "3s", value_parser = parse_lease)]
     lease: Duration,
     /// With a journal, how long a driver taking the lead may spend marking the journal with
-    /// its leadership and then replaying it; past it, the driver gives up starting and exits
-    /// with an error naming this flag. Raise it for a journal that takes longer to read.
+    /// its leadership and then replaying it (a failed read starts the replay again); past it,
+    /// the driver gives up starting and exits with an error naming this flag. Raise it for a
+    /// journal that takes longer to read.
     #[arg(long, env = "EMBER_REPLAY_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
     replay_timeout: Duration,
     /// How many copies of the journal, the results bucket and the lease a cluster of NATS

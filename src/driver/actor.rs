@@ -134,6 +134,9 @@ const ALLOCATE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long a stopping driver waits for its last journal writes.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first and the longest pause before a deposed driver tries again to stand by.
+const RESTART_DELAY_MIN: Duration = Duration::from_millis(500);
+const RESTART_DELAY_MAX: Duration = Duration::from_secs(10);
 
 /// Runs the driver on `client` until `shutdown` completes. With a journal, it first waits to
 /// lead the cluster's drivers, and stands by again whenever it stops leading.
@@ -143,16 +146,35 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
     tokio::pin!(shutdown);
+    // Whether this driver has led: once it has, its settings are known to work, and a start
+    // that fails again (a server electing its JetStream leaders after losing a node) is
+    // tried again rather than ending the driver.
+    let mut has_led = false;
+    let mut retry_in = Duration::ZERO;
     loop {
         // A signal is heeded from the start: a journal slow to answer or to replay, a lease
         // held by another driver, or a server gone, must not keep the driver from stopping.
-        let (core, inputs, shell) = tokio::select! {
-            started = start(&client, &config) => started?,
+        let started = tokio::select! {
+            started = async {
+                tokio::time::sleep(retry_in).await;
+                start(&client, &config).await
+            } => started,
             _ = &mut shutdown => {
                 info!("driver stopped before it led");
                 return Ok(());
             }
         };
+        let (core, inputs, shell) = match started {
+            Ok(started) => started,
+            Err(error) if has_led => {
+                retry_in = (retry_in * 2).clamp(RESTART_DELAY_MIN, RESTART_DELAY_MAX);
+                warn!(%error, ?retry_in, "could not stand by again; trying again");
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
+        has_led = true;
+        retry_in = Duration::ZERO;
         match lead(&client, &config, core, inputs, shell, &mut shutdown).await? {
             Ended::Stopped => return Ok(()),
             Ended::Deposed => info!("standing by again"),
@@ -396,47 +418,55 @@ async fn start(
             .await?;
         tenure = Some(taken);
     }
-    let mut core = Core::new(CoreConfig {
-        driver_instance,
-        epoch: tenure.as_ref().map_or(0, Tenure::epoch),
-        expect_executors: config.expect_executors,
-        max_reply_bytes: limit - PAYLOAD_HEADROOM,
-        journal: journal.is_some(),
-        retention: config.retention,
-        results_bucket: results.is_some(),
-    });
-    core.set_liveness(config.liveness.clone());
-    core.set_scheduling(config.scheduling.clone());
-    if let Some(allocation) = &config.allocation {
-        core.set_allocation(allocation.clone());
-    }
-    if let Some(gate) = &config.start_gate {
-        core.set_start_gate(gate.clone(), now_ms());
-    }
-    if let Some(exclusion) = &config.exclusion {
-        core.set_exclusion(exclusion.clone());
-    }
-    let mut schedule = None;
-    if let Some(journal) = &journal {
-        let (restored, bytes) = journal
-            .replay(&mut core, limit, config.replay_timeout)
-            .await?;
-        info!(
-            jobs = restored.jobs,
-            running_jobs = restored.running_jobs,
-            pending_tasks = restored.pending_tasks,
-            bytes,
-            "journal replayed"
-        );
-        if restored.incomplete_snapshot {
-            warn!("the journal ends in a snapshot that was not finished; the records before it were used");
+    let epoch = tenure.as_ref().map_or(0, Tenure::epoch);
+    let new_core = || {
+        let mut core = Core::new(CoreConfig {
+            driver_instance,
+            epoch,
+            expect_executors: config.expect_executors,
+            max_reply_bytes: limit - PAYLOAD_HEADROOM,
+            journal: journal.is_some(),
+            retention: config.retention,
+            results_bucket: results.is_some(),
+        });
+        core.set_liveness(config.liveness.clone());
+        core.set_scheduling(config.scheduling.clone());
+        if let Some(allocation) = &config.allocation {
+            core.set_allocation(allocation.clone());
         }
-        schedule = Some(Schedule::new(
-            bytes,
-            config.snapshot_after,
-            config.journal_max_age,
-        ));
-    }
+        if let Some(gate) = &config.start_gate {
+            core.set_start_gate(gate.clone(), now_ms());
+        }
+        if let Some(exclusion) = &config.exclusion {
+            core.set_exclusion(exclusion.clone());
+        }
+        core
+    };
+    let mut schedule = None;
+    let core = match &journal {
+        None => new_core(),
+        Some(journal) => {
+            let (core, restored, bytes) = journal
+                .replay(new_core, limit, config.replay_timeout)
+                .await?;
+            info!(
+                jobs = restored.jobs,
+                running_jobs = restored.running_jobs,
+                pending_tasks = restored.pending_tasks,
+                bytes,
+                "journal replayed"
+            );
+            if restored.incomplete_snapshot {
+                warn!("the journal ends in a snapshot that was not finished; the records before it were used");
+            }
+            schedule = Some(Schedule::new(
+                bytes,
+                config.snapshot_after,
+                config.journal_max_age,
+            ));
+            core
+        }
+    };
     let api_counts = Arc::new(ApiCounts::default());
     let who = Identity {
         subjects: &subjects,

@@ -285,20 +285,39 @@ impl Journal {
         Ok(info.state.last_sequence)
     }
 
-    /// Replays every stored record into `core` and resumes it. A record that cannot be decoded
-    /// or does not fit is skipped with a warning; a `TasksEnded` record with some entries
-    /// that do not fit is applied in part, with a warning naming them. Fails if it takes
-    /// longer than `timeout`. Returns the bytes read beside what was restored.
+    /// Replays every stored record into a core made by `new_core` and resumes it. A record
+    /// that cannot be decoded or does not fit is skipped with a warning; a `TasksEnded` record
+    /// with some entries that do not fit is applied in part, with a warning naming them. A
+    /// read that fails (a server electing the stream's leader after losing a node times out)
+    /// starts again on a new core until `timeout` has passed since the first. Returns the core
+    /// and the bytes read beside what was restored.
     pub async fn replay(
         &self,
-        core: &mut Core,
+        new_core: impl Fn() -> Core,
         limit: usize,
         timeout: Duration,
-    ) -> Result<(Restored, u64), JournalError> {
-        let bytes = tokio::time::timeout(timeout, self.replay_all(core, limit))
-            .await
-            .map_err(|_| JournalError::ReplayTimeout(timeout))??;
-        Ok((core.resume(crate::now_ms()), bytes))
+    ) -> Result<(Core, Restored, u64), JournalError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut retry = Retry::new(None);
+        loop {
+            let mut core = new_core();
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, self.replay_all(&mut core, limit)).await {
+                Err(_) => return Err(JournalError::ReplayTimeout(timeout)),
+                Ok(Ok(bytes)) => {
+                    let restored = core.resume(crate::now_ms());
+                    return Ok((core, restored, bytes));
+                }
+                Ok(Err(error @ JournalError::Read { .. })) if retry.delay < left => {
+                    retry.attempts += 1;
+                    warn!(%error, attempts = retry.attempts, retry_in = ?retry.delay,
+                          "the journal could not be read; replaying it again from the start");
+                    tokio::time::sleep(retry.delay).await;
+                    retry.delay = (retry.delay * 2).min(MAX_RETRY_DELAY);
+                }
+                Ok(Err(error)) => return Err(error),
+            }
+        }
     }
 
     async fn replay_all(&self, core: &mut Core, limit: usize) -> Result<u64, JournalError> {
