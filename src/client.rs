@@ -242,11 +242,16 @@ impl EmberClient {
         }
     }
 
+    /// Kills job `job_id`. A kill is safe to send again (a killed job answers as the kill
+    /// did), so it is sent again through a failover as [`Self::submit`] is.
     pub async fn kill(&self, job_id: JobId) -> Result<(), ClientError> {
-        match self.call(&ApiRequest::KillJob { job_id }).await? {
-            ApiReply::JobKilled { .. } => Ok(()),
-            other => Err(unexpected(other)),
-        }
+        through_failover(false, || async {
+            match self.call(&ApiRequest::KillJob { job_id }).await? {
+                ApiReply::JobKilled { .. } => Ok(()),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
     }
 
     /// Kills task `index` of job `job_id` ([`ApiRequest::KillJobTask`]); with `retry` its

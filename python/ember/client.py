@@ -338,12 +338,18 @@ class Client:
         }
         if resources:
             request["resources"] = dict(resources)
+        answer = await self._through_failover(lambda: self._expect(request, "JobAccepted"))
+        return Job(self, answer["job_id"])
+
+    async def _through_failover(self, attempt):
+        """Awaits `attempt()` again every 0.2 s for up to 30 s while the driver answers
+        `Unavailable`, or no driver answers after one did (finding none at all on the first
+        try is final: the cluster may have none). For requests that are safe to send again."""
         deadline = time.monotonic() + FAILOVER_PATIENCE
         first = True
         while True:
             try:
-                answer = await self._expect(request, "JobAccepted")
-                return Job(self, answer["job_id"])
+                return await attempt()
             except (Unavailable, NoDriver, NoAnswer) as error:
                 if (first and isinstance(error, NoDriver)) or time.monotonic() >= deadline:
                     raise
@@ -647,9 +653,12 @@ class Job:
                 summary = await self.summary()
 
     async def kill(self):
-        """Kills the job: waiting tasks are dropped and running ones stopped."""
+        """Kills the job: waiting tasks are dropped and running ones stopped. A killed job
+        answers a kill as the kill did, so it is sent again through a failover as
+        `submit_job` is."""
         if self.job_id is not None:
-            await self.client._expect({"type": "KillJob", "job_id": self.job_id}, "JobKilled")
+            request = {"type": "KillJob", "job_id": self.job_id}
+            await self.client._through_failover(lambda: self.client._expect(request, "JobKilled"))
 
     async def outcomes(self):
         """Every task's `TaskOutcome` now, in index order, results in chunks read back."""

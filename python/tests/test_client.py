@@ -103,6 +103,9 @@ def test_kill_a_job(client):
     summary = job.wait(timeout=30)
     assert summary["state"] == "KILLED"
     assert summary["reason"] == "killed by request"
+    # Sent again, as after a lost answer, the kill is answered the same and changes nothing.
+    job.kill()
+    assert job.wait(timeout=30) == summary
     with pytest.raises(ember.TaskError, match="KILLED"):
         job.results()
 

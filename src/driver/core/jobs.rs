@@ -352,9 +352,12 @@ impl Core {
         self.placement_job_added(id);
     }
 
+    /// `KillJob`. Killing a job that ended KILLED answers as the kill did and changes
+    /// nothing, so a client may send it again when the answer was lost.
     pub(super) fn on_kill_job(&mut self, job_id: JobId, now: u64) -> ApiReply {
         match self.jobs.get(&job_id) {
             None => self.no_such_job(job_id),
+            Some(job) if job.state == JobState::Killed => ApiReply::JobKilled { job_id },
             Some(job) if !job.is_active() => ApiReply::Error {
                 message: format!("job {job_id} has already ended ({})", job.state),
             },
