@@ -326,15 +326,20 @@ impl Sim {
         }
     }
 
-    /// Kills a job: each running attempt gets one `KillTask`; an ended job cannot be killed.
+    /// Kills a job: each running attempt gets one `KillTask`; a job that ended KILLED answers
+    /// as the kill did, another ended job cannot be killed, and neither changes.
     fn kill(&mut self, pick: usize) {
         let now = self.now;
         let ids: Vec<JobId> = self.core.jobs.keys().copied().collect();
         let job_id = ids[pick % ids.len()];
         let job = &self.core.jobs[&job_id];
         if !job.is_active() {
+            let killed = job.state == JobState::Killed;
             let reply = self.unchanged(|core| core.api(ApiRequest::KillJob { job_id }, now));
-            assert!(matches!(reply, ApiReply::Error { .. }), "{reply:?}");
+            match killed {
+                true => assert_eq!(reply, ApiReply::JobKilled { job_id }),
+                false => assert!(matches!(reply, ApiReply::Error { .. }), "{reply:?}"),
+            }
             return;
         }
         let running: BTreeSet<_> = job
