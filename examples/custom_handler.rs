@@ -121,6 +121,19 @@ mod tests {
             .unwrap();
         let executor = tokio::spawn(run(client, config, handlers(), std::future::pending()));
         let api = ember::client::EmberClient::new(connect(None).await.unwrap(), subjects);
+        // The driver and the executor start beside this test: wait until the driver answers
+        // and has the executor, since a submission that finds no driver at all is refused.
+        let registered = async {
+            loop {
+                match api.executors().await {
+                    Ok(registry) if registry.registered_executors == 1 => break,
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), registered)
+            .await
+            .expect("the driver answers with the executor registered");
         let job = ember::protocol::SubmitJob {
             pool: None,
             priority: 0,
