@@ -298,7 +298,7 @@ impl Journal {
         timeout: Duration,
     ) -> Result<(Core, Restored, u64), JournalError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut retry = Retry::new(None);
+        let (mut attempts, mut delay) = (0, Duration::from_millis(50));
         loop {
             let mut core = new_core();
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -308,12 +308,12 @@ impl Journal {
                     let restored = core.resume(crate::now_ms());
                     return Ok((core, restored, bytes));
                 }
-                Ok(Err(error @ JournalError::Read { .. })) if retry.delay < left => {
-                    retry.attempts += 1;
-                    warn!(%error, attempts = retry.attempts, retry_in = ?retry.delay,
+                Ok(Err(error @ JournalError::Read { .. })) if delay < left => {
+                    attempts += 1;
+                    warn!(%error, attempts, retry_in = ?delay,
                           "the journal could not be read; replaying it again from the start");
-                    tokio::time::sleep(retry.delay).await;
-                    retry.delay = (retry.delay * 2).min(MAX_RETRY_DELAY);
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_RETRY_DELAY);
                 }
                 Ok(Err(error)) => return Err(error),
             }
