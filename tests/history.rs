@@ -244,3 +244,74 @@ async fn a_listener_following_through_a_nats_server_restart_gets_every_task_end_
     assert_eq!(finished, 200, "every task's end, once");
     let _ = std::fs::remove_dir_all(&store);
 }
+
+#[tokio::test]
+async fn events_a_killed_leader_had_not_stored_are_told_again_by_the_next() {
+    let cluster = TestCluster::start_with_jetstream("history-told");
+    let flags = ["--journal", "on"];
+    let mut driver = cluster.driver_process(&flags).spawn().unwrap();
+    let _executor = cluster.executor("e1", 2, Default::default()).await;
+    let api = cluster.api(cluster.client().await);
+    eventually(LIMIT, "the executor registered", || async {
+        (api.executors().await.ok()?.registered_executors == 1).then_some(())
+    })
+    .await;
+    // The events stream takes no more: the driver's history writes are refused (and tried
+    // again) while its journal goes on, so the job's events reach live listeners and not the
+    // history, as when the history's writes lag behind the journal's.
+    let jetstream = async_nats::jetstream::new(cluster.client().await);
+    let mut stream = jetstream
+        .get_stream(cluster.subjects.events_stream())
+        .await
+        .unwrap();
+    let info = stream.info().await.unwrap().clone();
+    let mut full = info.config.clone();
+    full.max_messages = info.state.messages as i64;
+    full.discard = async_nats::jetstream::stream::DiscardPolicy::New;
+    jetstream.update_stream(full).await.unwrap();
+    let job_id = run_job(&api, 20).await;
+    let held = cli_events(&cluster, &["events", "--from-start"]).await;
+    assert!(
+        held.iter().all(|e| e.job_id() != Some(job_id)),
+        "the history took the job's events: {held:?}"
+    );
+
+    // SIGKILL: the events it held are gone with it. The next driver opens the stream with
+    // its usual limits, and tells the job's events again from the journal.
+    driver.kill().await.unwrap();
+    let _next = cluster.driver_process(&flags).spawn().unwrap();
+    let events = eventually(LIMIT, "the job's end in the history", || async {
+        let events = cli_events(&cluster, &["events", "--from-start"]).await;
+        let told = events
+            .iter()
+            .any(|e| matches!(e, Event::JobEnd { job_id: j, .. } if *j == job_id));
+        if !told {
+            // Each read leaves a consumer for 30 s, of the stream's 1,000.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        told.then_some(events)
+    })
+    .await;
+    let of_job: Vec<&str> = events
+        .iter()
+        .filter(|e| e.job_id() == Some(job_id))
+        .map(Event::kind)
+        .collect();
+    assert_eq!(of_job.first(), Some(&"job.start"), "{of_job:?}");
+    assert_eq!(of_job.last(), Some(&"job.end"), "{of_job:?}");
+    assert_eq!(
+        of_job.iter().filter(|k| **k != "task.end").count(),
+        2,
+        "one start and one end: {of_job:?}"
+    );
+    let (ends, finished) = task_ends(&events, job_id);
+    assert_eq!(finished, 20, "every task's end: {ends:?}");
+    assert!(ends.values().all(|&n| n == 1), "{ends:?}");
+    let Some(Event::JobEnd {
+        state, succeeded, ..
+    }) = events.iter().rev().find(|e| e.job_id() == Some(job_id))
+    else {
+        unreachable!("found above");
+    };
+    assert_eq!((*state, *succeeded), (JobState::Succeeded, 20));
+}

@@ -8,8 +8,8 @@ use super::core::{
     AllocationConfig, Core, CoreConfig, Effect, ExclusionConfig, Liveness, Retention, StartGate,
 };
 use super::discovery::{self, ApiCounts, Identity};
-use super::history::{self, History};
-use super::journal::{Journal, JournalError, JournalMode, Replicas};
+use super::history::{self, Fill, History, Stamp, Stamps};
+use super::journal::{Journal, JournalError, JournalMode, Replayed, Replicas, Tail};
 use super::lease::{Guard, Lease, LeaseError, Tenure};
 use super::outbox::{Outbox, Output, ReplyTo};
 use super::results::ResultsBucket;
@@ -295,6 +295,7 @@ async fn lead(
             _ = &mut commit_due, if group_due.is_some() => None,
             released = outbox.released() => {
                 shell.send_all(released).await;
+                shell.stamps.released(outbox.released_through());
                 None
             }
             Some(stored) = snapshots.next() => {
@@ -387,6 +388,7 @@ async fn start(
     }
     let driver_instance = uuid::Uuid::new_v4();
     let mut tenure = None;
+    let mut history_after = None;
     let mut journal = journal;
     if let Some(journal) = journal.as_mut() {
         let lease =
@@ -417,6 +419,16 @@ async fn start(
             .lead(taken.guard().clone(), mark, config.replay_timeout)
             .await?;
         tenure = Some(taken);
+        // Read before the journal: what the history holds up to there is all it will ever
+        // hold of the predecessors' events, but for what this leader tells again.
+        history_after = match history::last_stamp(journal.context(), &subjects).await {
+            Ok(stamp) => stamp.map(|stamp| stamp.done),
+            Err(error) => {
+                warn!(%error, "the event history's end could not be read; events the last \
+                      leader had not stored will not be told again");
+                None
+            }
+        };
     }
     let epoch = tenure.as_ref().map_or(0, Tenure::epoch);
     let new_core = || {
@@ -443,11 +455,17 @@ async fn start(
         core
     };
     let mut schedule = None;
+    let mut fill = None;
     let core = match &journal {
         None => new_core(),
         Some(journal) => {
-            let (core, restored, bytes) = journal
-                .replay(new_core, limit, config.replay_timeout)
+            let Replayed {
+                core,
+                restored,
+                bytes,
+                tail,
+            } = journal
+                .replay(new_core, limit, config.replay_timeout, history_after)
                 .await?;
             info!(
                 jobs = restored.jobs,
@@ -464,6 +482,7 @@ async fn start(
                 config.snapshot_after,
                 config.journal_max_age,
             ));
+            fill = history_after.and_then(|after| retell(&core, after, tail, &subjects, limit));
             core
         }
     };
@@ -492,10 +511,13 @@ async fn start(
                 guard,
                 driver_instance,
             },
+            fill,
         )
     });
+    let stamps = Stamps::new(journal.as_ref().and_then(Journal::mark).unwrap_or(0));
     let shell = Shell {
         history,
+        stamps,
         headers: tenure
             .as_ref()
             .and_then(|t| crate::epoch::headers(t.epoch())),
@@ -515,6 +537,28 @@ async fn start(
         offer_rounds: 0,
     };
     Ok((core, inputs, shell))
+}
+
+/// What a new leader tells again for the event history, if anything: the events of the
+/// journal's `tail`, the records after the history's last complete write `after`.
+fn retell(core: &Core, after: u64, tail: Tail, subjects: &Subjects, limit: usize) -> Option<Fill> {
+    if tail.too_long {
+        warn!("the event history is too far behind the journal to tell its events again");
+        return None;
+    }
+    if tail.purged {
+        warn!(
+            "the journal was purged past the event history's end (a snapshot was taken); \
+               events the last leader had not stored before it will not be told again"
+        );
+    }
+    let events = core.retell(&tail.records);
+    (!events.is_empty()).then(|| Fill {
+        after,
+        events,
+        subjects: subjects.clone(),
+        max_bytes: limit - PAYLOAD_HEADROOM,
+    })
 }
 
 /// Why an api request's reply subject was refused.
@@ -613,6 +657,8 @@ struct Shell {
     results: Option<ResultsBucket>,
     /// What stores the events in the cluster's events stream, with a journal.
     history: Option<History>,
+    /// Where the events handed to `history` stand against the journal.
+    stamps: Stamps,
     /// Whether a revive tick came since the last look at the snapshot's age.
     ticked: bool,
     /// The core's offer rounds already counted in the metrics.
@@ -992,9 +1038,12 @@ impl Shell {
                 if let Some(event) = self.task_events.absorb(event) {
                     // Any other event follows the task events before it.
                     self.flush_task_events().await;
-                    self.publish_event(event).await;
-                } else if self.task_events.is_full() {
-                    self.flush_task_events().await;
+                    self.publish_event(event, self.stamps.now()).await;
+                } else {
+                    self.stamps.waits();
+                    if self.task_events.is_full() {
+                        self.flush_task_events().await;
+                    }
                 }
             }
             Output::Effect(Effect::Send { to, message }) => {
@@ -1020,6 +1069,7 @@ impl Shell {
             while !outbox.is_clear() {
                 let released = outbox.released().await;
                 self.send_all(released).await;
+                self.stamps.released(outbox.released_through());
             }
         })
         .await;
@@ -1030,14 +1080,15 @@ impl Shell {
     }
 
     async fn flush_task_events(&mut self) {
+        let stamp = self.stamps.of_waiting();
         for event in self.task_events.take() {
-            self.publish_event(event).await;
+            self.publish_event(event, stamp).await;
         }
     }
 
     /// Publishes an event on its plain subject and, with a journal while this driver leads,
     /// hands it to the events stream's writer to store under its history subject.
-    async fn publish_event(&self, event: Event) {
+    async fn publish_event(&self, event: Event, stamp: Stamp) {
         let current = self.guard().map_or(true, Guard::is_current);
         if let (Some(web), true) = (&self.web, current) {
             web.published(&event);
@@ -1049,7 +1100,7 @@ impl Shell {
         let stored: Subject = self.subjects.history(event.kind()).into();
         for payload in self.fit(event, &subject) {
             self.publish(subject.clone(), payload.clone()).await;
-            history.publish(stored.clone(), payload).await;
+            history.publish(stored.clone(), payload, stamp).await;
         }
     }
 

@@ -21,18 +21,32 @@
 //! remaining events up: they would land after its successor's, whose epoch readers hold to.
 //! So a deposed leader's late events are stored only in their place, before any successor's,
 //! and a reader's epoch fence (see [`crate::epoch`]) drops whatever else carries an old epoch.
+//!
+//! A leader killed before the stream acknowledged its last events leaves the history short of
+//! them, though the journal holds what they told. So each stored event carries a [`Stamp`]
+//! (header `Ember-Journal: <done> <at>`): every event of a journal write up to `done` was
+//! handed to the writer before it or with it, and `at` is the last write whose events were
+//! released when it was handed. The next leader reads the stamp of the stream's last event
+//! before it replays the journal, keeps the records written after its `done`, and tells their
+//! facts again ([`Core::retell`](super::core::Core::retell): job starts, task ends for good,
+//! job ends), leaving out those the stream holds already: any stored event of such a record
+//! was handed after the record's write was released, so its `at` is at least that `done`,
+//! and reading the stream back from its end while `at` is that high finds them all. It
+//! stores what is missing before any event of its own.
 
 use super::journal::JournalError;
+use crate::ids::{JobId, TaskId};
+use crate::protocol::{decode, Event};
 use crate::subjects::Subjects;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::{self, DiscardPolicy, StorageType};
+use async_nats::jetstream::stream::{self, DiscardPolicy, RawMessageErrorKind, StorageType};
 use async_nats::jetstream::{self, Context};
 use async_nats::{Client, Subject};
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -55,6 +69,177 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// How long a writer whose leadership is lost goes on trying to store the events it holds.
 const LATE_PATIENCE: Duration = Duration::from_secs(30);
+/// The header that carries an event's [`Stamp`].
+pub const JOURNAL_HEADER: &str = "Ember-Journal";
+/// How many stored events a new leader reads back at most, looking for those of the
+/// records it tells again; past it, it tells nothing rather than tell twice.
+const MAX_SCAN: u64 = 20_000;
+
+/// Where an event stands against the journal (see the module's doc): every event of the
+/// journal writes up to sequence `done` was handed to the writer before it or with it, and
+/// `at` is the last write whose events had been released when it was handed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub done: u64,
+    pub at: u64,
+}
+
+impl Stamp {
+    fn header(self) -> String {
+        format!("{} {}", self.done, self.at)
+    }
+
+    fn parse(header: &str) -> Option<Stamp> {
+        let (done, at) = header.split_once(' ')?;
+        Some(Stamp {
+            done: done.parse().ok()?,
+            at: at.parse().ok()?,
+        })
+    }
+}
+
+/// The shell's account of the events it hands over, for their stamps.
+#[derive(Debug, Default)]
+pub struct Stamps {
+    /// The last journal write whose held outputs have all been sent.
+    released: u64,
+    /// `released` when the task events that wait for company began to wait.
+    waiting_since: Option<u64>,
+}
+
+impl Stamps {
+    /// Stamps of a leader whose journal mark is `mark`: every record before it is the
+    /// predecessors', whose events the history has or is given before this leader's.
+    pub fn new(mark: u64) -> Self {
+        Self {
+            released: mark,
+            waiting_since: None,
+        }
+    }
+
+    /// Every output held behind the journal write `sequence`, and the writes before it, sent.
+    pub fn released(&mut self, sequence: u64) {
+        self.released = self.released.max(sequence);
+    }
+
+    /// A task event was taken in to wait for company.
+    pub fn waits(&mut self) {
+        self.waiting_since.get_or_insert(self.released);
+    }
+
+    /// The stamp of the task events that waited, as they go: the events of writes released
+    /// before they began to wait went before them.
+    pub fn of_waiting(&mut self) -> Stamp {
+        Stamp {
+            done: self.waiting_since.take().unwrap_or(self.released),
+            at: self.released,
+        }
+    }
+
+    /// The stamp of an event handed over while no task event waits.
+    pub fn now(&self) -> Stamp {
+        Stamp {
+            done: self.released,
+            at: self.released,
+        }
+    }
+}
+
+/// What a new leader tells again: the events of the records after the history's last
+/// stamp's `done`, before it stores any of its own.
+pub struct Fill {
+    /// The `done` of the stamp the history ended with when the journal was read.
+    pub after: u64,
+    pub events: Vec<Event>,
+    pub subjects: Subjects,
+    /// The largest payload the events are cut to.
+    pub max_bytes: usize,
+}
+
+/// The stamp of the last event in `subjects`' events stream, if it has one that carries a
+/// stamp.
+pub async fn last_stamp(context: &Context, subjects: &Subjects) -> Result<Option<Stamp>, String> {
+    let mut stream = context
+        .get_stream(subjects.events_stream())
+        .await
+        .map_err(|e| e.to_string())?;
+    let state = stream
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .state
+        .clone();
+    if state.messages == 0 {
+        return Ok(None);
+    }
+    let last = stream
+        .get_raw_message(state.last_sequence)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(stamp_of(&last.headers))
+}
+
+fn stamp_of(headers: &async_nats::HeaderMap) -> Option<Stamp> {
+    Stamp::parse(headers.get(JOURNAL_HEADER)?.as_str())
+}
+
+/// The facts the history holds already among those a new leader tells again.
+#[derive(Debug, Default)]
+struct Told {
+    job_starts: HashSet<JobId>,
+    job_ends: HashSet<JobId>,
+    task_ends: HashSet<(TaskId, u32)>,
+}
+
+impl Told {
+    fn add(&mut self, event: &Event) {
+        match event {
+            Event::JobStart { job_id, .. } => {
+                self.job_starts.insert(*job_id);
+            }
+            Event::JobEnd { job_id, .. } => {
+                self.job_ends.insert(*job_id);
+            }
+            Event::TaskEnd { .. } => self
+                .task_ends
+                .extend(event.ended().map(|(_, t)| (t.task_id, t.attempt))),
+            _ => {}
+        }
+    }
+
+    /// `events` without what was told already.
+    fn untold(&self, events: &[Event]) -> Vec<Event> {
+        let mut untold = Vec::new();
+        for event in events {
+            match event {
+                Event::JobStart { job_id, .. } if self.job_starts.contains(job_id) => {}
+                Event::JobEnd { job_id, .. } if self.job_ends.contains(job_id) => {}
+                Event::TaskEnd {
+                    time_ms,
+                    job_id,
+                    executors,
+                } => {
+                    let mut executors = executors.clone();
+                    for group in &mut executors {
+                        group
+                            .tasks
+                            .retain(|t| !self.task_ends.contains(&(t.task_id, t.attempt)));
+                    }
+                    executors.retain(|group| !group.tasks.is_empty());
+                    if !executors.is_empty() {
+                        untold.push(Event::TaskEnd {
+                            time_ms: *time_ms,
+                            job_id: *job_id,
+                            executors,
+                        });
+                    }
+                }
+                other => untold.push(other.clone()),
+            }
+        }
+        untold
+    }
+}
 
 /// Creates or updates the cluster's events stream with `replicas`.
 pub async fn open(
@@ -95,7 +280,7 @@ pub async fn open(
 
 /// The handle of one leadership's writer of events.
 pub struct History {
-    events: mpsc::Sender<(Subject, bytes::Bytes)>,
+    events: mpsc::Sender<(Subject, bytes::Bytes, Stamp)>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -106,8 +291,9 @@ pub struct Writer {
 }
 
 impl History {
-    /// Starts the writer of `writer`'s leadership on `client`.
-    pub fn start(client: &Client, writer: Writer) -> Self {
+    /// Starts the writer of `writer`'s leadership on `client`; it first stores what `fill`
+    /// tells again, if anything.
+    pub fn start(client: &Client, writer: Writer, fill: Option<Fill>) -> Self {
         let context = jetstream::ContextBuilder::new()
             .timeout(ACK_TIMEOUT)
             .build(client.clone());
@@ -124,13 +310,19 @@ impl History {
             next: 0,
             stored: None,
         };
-        let task = tokio::spawn(chain.run(received));
+        let task = tokio::spawn(async move {
+            let mut chain = chain;
+            if let Some(fill) = fill {
+                chain.tell_again(fill).await;
+            }
+            chain.run(received).await
+        });
         Self { events, task }
     }
 
     /// Hands one event to the writer; waits only while `QUEUE` events wait for it already.
-    pub async fn publish(&self, subject: Subject, payload: bytes::Bytes) {
-        if self.events.send((subject, payload)).await.is_err() {
+    pub async fn publish(&self, subject: Subject, payload: bytes::Bytes, stamp: Stamp) {
+        if self.events.send((subject, payload, stamp)).await.is_err() {
             warn!("the event writer has stopped; an event is not stored");
         }
     }
@@ -149,6 +341,7 @@ struct Pending {
     number: u64,
     subject: Subject,
     payload: bytes::Bytes,
+    stamp: Stamp,
 }
 
 /// The writer's state: the events not yet acknowledged, in order, and their acknowledgements.
@@ -166,7 +359,7 @@ struct Chain {
 }
 
 impl Chain {
-    async fn run(mut self, mut received: mpsc::Receiver<(Subject, bytes::Bytes)>) {
+    async fn run(mut self, mut received: mpsc::Receiver<(Subject, bytes::Bytes, Stamp)>) {
         let mut open = true;
         let mut retry = Retry::default();
         loop {
@@ -184,7 +377,7 @@ impl Chain {
                     }
                 },
                 event = received.recv(), if open && self.pending.len() < IN_FLIGHT => match event {
-                    Some((subject, payload)) => self.push(subject, payload).await,
+                    Some((subject, payload, stamp)) => self.push(subject, payload, stamp).await,
                     None => open = false,
                 },
                 else => return,
@@ -193,12 +386,13 @@ impl Chain {
     }
 
     /// Sends a new event after the others.
-    async fn push(&mut self, subject: Subject, payload: bytes::Bytes) {
+    async fn push(&mut self, subject: Subject, payload: bytes::Bytes, stamp: Stamp) {
         self.next += 1;
         self.pending.push_back(Pending {
             number: self.next,
             subject,
             payload,
+            stamp,
         });
         self.send(self.pending.len() - 1).await;
     }
@@ -244,7 +438,7 @@ impl Chain {
         };
         let mut publish = PublishMessage::build()
             .payload(event.payload.clone())
-            .headers(self.headers.clone())
+            .headers(self.stamped(event.stamp))
             .message_id(format!("{}.{}", self.id_prefix, event.number));
         if let Some(before) = before {
             publish = publish.expected_last_message_id(format!("{}.{before}", self.id_prefix));
@@ -258,6 +452,114 @@ impl Chain {
             Err(error) => Box::pin(std::future::ready(Err(error))),
         });
     }
+}
+
+impl Chain {
+    /// The headers of an event stamped `stamp`.
+    fn stamped(&self, stamp: Stamp) -> async_nats::HeaderMap {
+        let mut headers = self.headers.clone();
+        headers.insert(JOURNAL_HEADER, stamp.header());
+        headers
+    }
+
+    /// Stores the events of `fill` the stream lacks, trying again until they are stored or
+    /// this driver no longer leads.
+    async fn tell_again(&mut self, fill: Fill) {
+        let mut delay = Duration::ZERO;
+        loop {
+            tokio::time::sleep(delay).await;
+            if !self.guard.is_current() {
+                return;
+            }
+            match self.tell_untold(&fill).await {
+                Ok(0) => return,
+                Ok(told) => {
+                    return info!(
+                        events = told,
+                        "events the last leader had not stored told again from the journal"
+                    )
+                }
+                Err(Untold::TooFar) => {
+                    return warn!(
+                        scanned = MAX_SCAN,
+                        "the event history is too far behind the journal to tell its events \
+                         again; the history misses what the last leader could not store"
+                    )
+                }
+                Err(Untold::Failed(error)) => {
+                    delay = (delay * 2).clamp(Duration::from_millis(50), MAX_RETRY_DELAY);
+                    warn!(%error, retry_in = ?delay, "the events the last leader had not \
+                          stored are not told again yet");
+                }
+            }
+        }
+    }
+
+    /// Reads the stream back from its end while its events' stamps are at or past
+    /// `fill.after`, and stores, after its last event, those of `fill` not among them.
+    /// Returns how many messages were stored.
+    async fn tell_untold(&mut self, fill: &Fill) -> Result<usize, Untold> {
+        let failed = |e: &dyn std::fmt::Display| Untold::Failed(e.to_string());
+        let mut stream = self
+            .context
+            .get_stream(fill.subjects.events_stream())
+            .await
+            .map_err(|e| failed(&e))?;
+        let state = stream.info().await.map_err(|e| failed(&e))?.state.clone();
+        let mut told = Told::default();
+        let mut sequence = state.last_sequence;
+        while sequence >= state.first_sequence.max(1) {
+            if state.last_sequence - sequence >= MAX_SCAN {
+                return Err(Untold::TooFar);
+            }
+            let message = match stream.get_raw_message(sequence).await {
+                Ok(message) => message,
+                Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(failed(&e)),
+            };
+            if !stamp_of(&message.headers).is_some_and(|s| s.at >= fill.after) {
+                break;
+            }
+            if let Ok(event) = decode::<Event>(&message.payload, usize::MAX) {
+                told.add(&event);
+            }
+            sequence -= 1;
+        }
+        let stamp = Stamp {
+            done: fill.after,
+            at: fill.after,
+        };
+        let mut expected = state.last_sequence;
+        let mut stored = 0;
+        for event in told.untold(&fill.events) {
+            let subject: Subject = fill.subjects.history(event.kind()).into();
+            for payload in super::actor::fit(event, fill.max_bytes, &subject) {
+                // Each after the one before: should another writer come between, the next
+                // try reads what it wrote.
+                let publish = PublishMessage::build()
+                    .payload(payload)
+                    .headers(self.stamped(stamp))
+                    .expected_last_sequence(expected);
+                let ack = self
+                    .context
+                    .send_publish(subject.clone(), publish)
+                    .await
+                    .map_err(|e| failed(&e))?
+                    .await
+                    .map_err(|e| failed(&e))?;
+                expected = ack.sequence;
+                stored += 1;
+            }
+        }
+        Ok(stored)
+    }
+}
+
+/// Why the events a new leader tells again were not stored.
+enum Untold {
+    /// The history is further behind than `MAX_SCAN` events.
+    TooFar,
+    Failed(String),
 }
 
 /// The tries to store the oldest event: how many so far, since when, and the next pause.
@@ -288,5 +590,79 @@ impl Retry {
         warn!(%error, attempts = self.attempts, retry_in = ?self.delay,
               "an event was not stored in the history; sending it and those after it again");
         tokio::time::sleep(self.delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::ExecutorId;
+    use crate::protocol::{ExecutorTasks, TaskEnded, TaskState};
+
+    #[test]
+    fn task_events_that_waited_are_stamped_with_where_they_began_to_wait() {
+        let mut stamps = Stamps::new(5);
+        assert_eq!(stamps.now(), Stamp { done: 5, at: 5 });
+        stamps.waits();
+        stamps.released(7);
+        stamps.waits();
+        // Events of writes 6 and 7 may be among those that waited, or go after them.
+        assert_eq!(stamps.of_waiting(), Stamp { done: 5, at: 7 });
+        assert_eq!(stamps.now(), Stamp { done: 7, at: 7 });
+        assert_eq!(stamps.of_waiting(), Stamp { done: 7, at: 7 }, "none waited");
+        stamps.released(6);
+        assert_eq!(stamps.now().done, 7, "never back");
+    }
+
+    #[test]
+    fn a_stamp_reads_back_and_garbage_is_no_stamp() {
+        let stamp = Stamp { done: 12, at: 40 };
+        assert_eq!(Stamp::parse(&stamp.header()), Some(stamp));
+        for garbage in ["", "12", "12 x", "-1 3", "1 2 3"] {
+            assert_eq!(Stamp::parse(garbage), None, "{garbage:?}");
+        }
+    }
+
+    fn ends(job_id: JobId, tasks: &[(TaskId, u32)]) -> Event {
+        Event::TaskEnd {
+            time_ms: 1,
+            job_id,
+            executors: vec![ExecutorTasks {
+                executor_id: ExecutorId::parse("e1").unwrap(),
+                tasks: tasks
+                    .iter()
+                    .map(|&(task_id, attempt)| TaskEnded {
+                        task_id,
+                        index: task_id as u32,
+                        attempt,
+                        state: TaskState::Finished,
+                        duration_ms: 0,
+                        error: None,
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    fn start(job_id: JobId) -> Event {
+        Event::JobStart {
+            time_ms: 1,
+            job_id,
+            name: "j".into(),
+            tasks: 3,
+        }
+    }
+
+    #[test]
+    fn what_the_stream_holds_is_not_told_again() {
+        let mut told = Told::default();
+        told.add(&start(1));
+        told.add(&ends(1, &[(0, 0), (2, 1)]));
+        let retold = [start(1), ends(1, &[(0, 0), (1, 0), (2, 0)]), start(2)];
+        // Task 2's attempt 1 was told, not its attempt 0.
+        assert_eq!(told.untold(&retold), [ends(1, &[(1, 0), (2, 0)]), start(2)]);
+        told.add(&ends(1, &[(1, 0), (2, 0)]));
+        told.add(&start(2));
+        assert_eq!(told.untold(&retold), []);
     }
 }

@@ -157,6 +157,70 @@ fn says_no_jetstream(error: &AccountError) -> bool {
     }
 }
 
+/// What a replay gives: the core restored and resumed, what it restored, the bytes read, and
+/// the records kept for the event history.
+pub struct Replayed {
+    pub core: Core,
+    pub restored: Restored,
+    pub bytes: u64,
+    pub tail: Tail,
+}
+
+/// The records a replay keeps, in order: those written after a given sequence (the last the
+/// event history has every event of), whose events a new leader tells again. Snapshot parts
+/// repeat what came before them and are not kept.
+pub struct Tail {
+    after: Option<u64>,
+    /// The records kept.
+    pub records: Vec<JournalRecord>,
+    /// Whether records after `after` were purged before the replay read them (a snapshot
+    /// came after them): their events cannot be told again.
+    pub purged: bool,
+    /// Whether more than `MAX_TAIL_BYTES` were to be kept: none are.
+    pub too_long: bool,
+    bytes: usize,
+}
+
+/// The most bytes of records a replay keeps for the event history.
+const MAX_TAIL_BYTES: usize = 64 << 20;
+
+impl Tail {
+    fn new(after: Option<u64>) -> Self {
+        Self {
+            after,
+            records: Vec::new(),
+            purged: false,
+            too_long: false,
+            bytes: 0,
+        }
+    }
+
+    /// Whether the records of the message at `sequence`, of `bytes`, are kept.
+    fn keeps(&mut self, sequence: u64, bytes: usize) -> bool {
+        let Some(after) = self.after.filter(|&after| sequence > after) else {
+            return false;
+        };
+        // The first message past `after` should be the next one.
+        if self.bytes == 0 && sequence > after + 1 {
+            self.purged = true;
+        }
+        self.bytes += bytes.max(1);
+        if self.bytes > MAX_TAIL_BYTES {
+            self.too_long = true;
+            self.records = Vec::new();
+        }
+        !self.too_long
+    }
+
+    /// Keeps a copy of `record` if `kept`, and gives it back.
+    fn keep(&mut self, kept: bool, record: JournalRecord) -> JournalRecord {
+        if kept && !matches!(record, JournalRecord::SnapshotPart { .. }) {
+            self.records.push(record.clone());
+        }
+        record
+    }
+}
+
 impl Journal {
     /// Opens (creating it if needed) the journal stream, or `None` if the journal is off, or
     /// `auto` and the server has no JetStream. Records older than `max_age` are dropped; the
@@ -296,17 +360,25 @@ impl Journal {
         new_core: impl Fn() -> Core,
         limit: usize,
         timeout: Duration,
-    ) -> Result<(Core, Restored, u64), JournalError> {
+        keep_after: Option<u64>,
+    ) -> Result<Replayed, JournalError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let (mut attempts, mut delay) = (0, Duration::from_millis(50));
         loop {
             let mut core = new_core();
+            let mut tail = Tail::new(keep_after);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match tokio::time::timeout(left, self.replay_all(&mut core, limit)).await {
+            let replayed = self.replay_all(&mut core, limit, &mut tail);
+            match tokio::time::timeout(left, replayed).await {
                 Err(_) => return Err(JournalError::ReplayTimeout(timeout)),
                 Ok(Ok(bytes)) => {
                     let restored = core.resume(crate::now_ms());
-                    return Ok((core, restored, bytes));
+                    return Ok(Replayed {
+                        core,
+                        restored,
+                        bytes,
+                        tail,
+                    });
                 }
                 Ok(Err(error @ JournalError::Read { .. })) if delay < left => {
                     attempts += 1;
@@ -320,7 +392,12 @@ impl Journal {
         }
     }
 
-    async fn replay_all(&self, core: &mut Core, limit: usize) -> Result<u64, JournalError> {
+    async fn replay_all(
+        &self,
+        core: &mut Core,
+        limit: usize,
+        tail: &mut Tail,
+    ) -> Result<u64, JournalError> {
         let read_error = |e: &dyn std::fmt::Display| JournalError::Read {
             stream: self.stream.clone(),
             message: e.to_string(),
@@ -354,11 +431,12 @@ impl Journal {
             let message = message.map_err(|e| read_error(&e))?;
             sequence = message.info().map_err(|e| read_error(&e))?.stream_sequence;
             bytes += message.payload.len() as u64;
+            let kept = tail.keeps(sequence, message.payload.len());
             // A message holds a group of records, one per line.
             for line in message.payload.split(|&b| b == b'\n') {
                 match decode::<JournalRecord>(line, limit) {
                     Err(error) => warn!(sequence, %error, "journal record skipped"),
-                    Ok(record) => match core.replay(record) {
+                    Ok(record) => match core.replay(tail.keep(kept, record)) {
                         Ok(()) => {}
                         Err(error) if error.applied_in_part() => {
                             warn!(sequence, %error, "journal record applied in part")
@@ -416,9 +494,19 @@ impl Journal {
     }
 
     /// Stores `payload` (one encoded record), trying again until the server acknowledges it:
-    /// what waits behind it must not leave before it is stored.
-    pub fn store(&self, payload: bytes::Bytes) -> BoxFuture<'static, ()> {
-        self.store_in_turn(payload).1
+    /// what waits behind it must not leave before it is stored. The future gives the
+    /// sequence the write took, once this driver leads.
+    pub fn store(&self, payload: bytes::Bytes) -> BoxFuture<'static, Option<u64>> {
+        let (sequence, write) = self.store_in_turn(payload);
+        Box::pin(async move {
+            write.await;
+            sequence
+        })
+    }
+
+    /// The sequence of this driver's leadership mark, once it leads.
+    pub fn mark(&self) -> Option<u64> {
+        self.turns.as_ref().map(|turns| turns.mark)
     }
 
     /// Stores `payload` in its turn, once this driver leads: the sequence it will take, and

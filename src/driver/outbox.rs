@@ -43,6 +43,9 @@ pub const GROUP_INTERVAL: Duration = Duration::from_millis(1);
 /// How many outputs may wait behind the journal before executors' messages wait too.
 const MAX_HELD: usize = 8192;
 
+/// A group write of the journal: it gives the sequence it took, if the driver leads.
+pub type Write = BoxFuture<'static, Option<u64>>;
+
 /// An api request taken from the driver's NATS service endpoint, to be answered through it so
 /// that `$SRV.STATS` counts it.
 pub type ReplyTo = Box<async_nats::service::Request>;
@@ -96,7 +99,10 @@ pub struct Outbox {
     held_for_executors: usize,
     /// Outputs among `held`.
     held_outputs: usize,
-    writes: FuturesOrdered<BoxFuture<'static, ()>>,
+    /// Each gives the journal sequence it took, if it is a journal write of a leader.
+    writes: FuturesOrdered<BoxFuture<'static, Option<u64>>>,
+    /// The sequence of the last journal write whose outputs were released.
+    released_through: u64,
     /// The records gathering for the next group write, one per line, if any; its place in the
     /// order is the last `Held::Write`, which has no write in `writes` yet.
     group: Option<Vec<u8>>,
@@ -126,11 +132,14 @@ impl Outbox {
     pub fn write(
         &mut self,
         write: BoxFuture<'static, ()>,
-        store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>,
+        store: impl FnOnce(bytes::Bytes) -> Write,
     ) {
         self.seal(store);
         self.held.push_back(Held::Write);
-        self.writes.push_back(write);
+        self.writes.push_back(Box::pin(async move {
+            write.await;
+            None
+        }));
     }
 
     /// Adds one encoded journal record (at most `max_bytes`) to the group gathering; a group
@@ -141,7 +150,7 @@ impl Outbox {
         record: &[u8],
         urgent: bool,
         max_bytes: usize,
-        store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>,
+        store: impl FnOnce(bytes::Bytes) -> Write,
     ) {
         if self
             .group
@@ -166,7 +175,7 @@ impl Outbox {
     /// Writes the group gathering if the writes in flight leave room for it (more room for an
     /// urgent one), and it is urgent or `GROUP_INTERVAL` has passed since the last write
     /// started.
-    pub fn commit(&mut self, store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>) {
+    pub fn commit(&mut self, store: impl FnOnce(bytes::Bytes) -> Write) {
         let room = match self.urgent {
             true => URGENT_IN_FLIGHT,
             false => GROUPS_IN_FLIGHT,
@@ -186,7 +195,7 @@ impl Outbox {
     }
 
     /// Writes the group gathering now, if there is one.
-    pub fn seal(&mut self, store: impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()>) {
+    pub fn seal(&mut self, store: impl FnOnce(bytes::Bytes) -> Write) {
         if let Some(group) = self.group.take() {
             self.urgent = false;
             self.last_started = Some(Instant::now());
@@ -201,11 +210,19 @@ impl Outbox {
         self.held.push_back(Held::Output(output));
     }
 
+    /// The journal sequence of the last group write whose outputs [`Outbox::released`] gave
+    /// (0 before any): every output held behind it, and behind the writes before it, has left.
+    pub fn released_through(&self) -> u64 {
+        self.released_through
+    }
+
     /// Waits for the oldest write to be stored and returns the outputs it released, in
     /// order. Never completes while no write is in flight. Cancel-safe.
     pub async fn released(&mut self) -> Vec<Output> {
-        if self.writes.next().await.is_none() {
-            return std::future::pending().await;
+        match self.writes.next().await {
+            None => return std::future::pending().await,
+            Some(Some(sequence)) => self.released_through = sequence,
+            Some(None) => {}
         }
         debug_assert!(matches!(self.held.front(), Some(Held::Write)));
         self.held.pop_front();
@@ -285,11 +302,17 @@ mod tests {
     }
 
     impl Journal {
-        fn store(&self) -> impl FnOnce(bytes::Bytes) -> BoxFuture<'static, ()> + '_ {
+        /// Stores groups as a journal of a leader would: the n-th takes sequence n.
+        fn store(&self) -> impl FnOnce(bytes::Bytes) -> Write + '_ {
             |group| {
                 let (open, write) = gate();
-                self.groups.lock().unwrap().push((group, Some(open)));
-                write
+                let mut groups = self.groups.lock().unwrap();
+                groups.push((group, Some(open)));
+                let sequence = groups.len() as u64;
+                Box::pin(async move {
+                    write.await;
+                    Some(sequence)
+                })
             }
         }
 
@@ -342,8 +365,10 @@ mod tests {
         outbox.commit(journal.store());
         outbox.hold(reply(3));
         assert_eq!(journal.groups(), ["a"]);
+        assert_eq!(outbox.released_through(), 0);
         journal.open(0);
         assert_eq!(names(&outbox.released().await), ["r1"]);
+        assert_eq!(outbox.released_through(), 1, "the first group's sequence");
         // Room again, and its time: the gathered group goes as one write, and both replies
         // wait for it.
         tokio::time::sleep_until(outbox.commit_due().expect("waits for time")).await;
@@ -351,6 +376,7 @@ mod tests {
         assert_eq!(journal.groups(), ["a", "b\nc"]);
         journal.open(1);
         assert_eq!(names(&outbox.released().await), ["r2", "r3"]);
+        assert_eq!(outbox.released_through(), 2);
         assert!(outbox.is_clear());
     }
 
@@ -406,7 +432,10 @@ mod tests {
         result.send(()).unwrap();
         journal.open(0);
         assert_eq!(names(&outbox.released().await), ["r1"]);
+        assert_eq!(outbox.released_through(), 1);
+        // A result's write takes no journal sequence.
         assert_eq!(names(&outbox.released().await), ["r2"]);
+        assert_eq!(outbox.released_through(), 1);
     }
 
     #[tokio::test]

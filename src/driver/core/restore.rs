@@ -10,7 +10,9 @@ use super::jobs::{validate_job, Job, TaskStatus};
 use super::snapshot::SnapshotIds;
 use super::Core;
 use crate::ids::{JobId, TaskId};
-use crate::protocol::{JournalRecord, JournaledTask, SubmitJob, TaskState};
+use crate::protocol::{
+    Event, ExecutorTasks, JournalRecord, JournaledTask, SubmitJob, TaskEnded, TaskState,
+};
 use serde_json::Value;
 
 /// Why a journal record, or some entries of a `TasksEnded` record, was skipped.
@@ -276,4 +278,101 @@ fn settle(
         job.result_bytes += chunks.bytes;
     }
     Ok(task.result)
+}
+
+impl Core {
+    /// The events a driver published for what `records` made true, told again from the
+    /// journal for a history that lacks them (see `driver::history`): a `JobStart` for each
+    /// job submitted, a `TaskEnd` for each task that ended for good (its `duration_ms` 0: the
+    /// journal keeps no durations), and a `JobEnd` with the job's final counts. Called after
+    /// the replay; jobs forgotten since are left out. Snapshot parts and leadership marks tell
+    /// nothing new.
+    pub fn retell(&self, records: &[JournalRecord]) -> Vec<Event> {
+        let mut events = Vec::new();
+        for record in records {
+            match record {
+                JournalRecord::JobSubmitted {
+                    job_id, time_ms, ..
+                } => {
+                    if let Some(job) = self.jobs.get(job_id) {
+                        events.push(Event::JobStart {
+                            time_ms: *time_ms,
+                            job_id: *job_id,
+                            name: job.name.clone(),
+                            tasks: job.len(),
+                        });
+                    }
+                }
+                JournalRecord::TasksEnded { time_ms, tasks } => {
+                    self.retell_task_ends(*time_ms, tasks, &mut events)
+                }
+                JournalRecord::JobEnded {
+                    job_id,
+                    state,
+                    time_ms,
+                    reason,
+                } => {
+                    if let Some(job) = self.jobs.get(job_id) {
+                        let summary = job.summary();
+                        events.push(Event::JobEnd {
+                            time_ms: *time_ms,
+                            job_id: *job_id,
+                            state: *state,
+                            succeeded: summary.succeeded,
+                            failed: summary.failed,
+                            killed: summary.killed,
+                            reason: reason.clone(),
+                        });
+                    }
+                }
+                JournalRecord::TaskKilledByRequest { .. }
+                | JournalRecord::ResultsDropped { .. }
+                | JournalRecord::Leader { .. }
+                | JournalRecord::SnapshotPart { .. } => {}
+            }
+        }
+        events
+    }
+
+    /// One `TaskEnd` per job of `tasks`, in the order each job first appears, its entries
+    /// grouped by executor.
+    fn retell_task_ends(&self, time_ms: u64, tasks: &[JournaledTask], events: &mut Vec<Event>) {
+        let mut jobs: Vec<(JobId, Vec<ExecutorTasks<TaskEnded>>)> = Vec::new();
+        for task in tasks {
+            let Some((job_id, index)) = self.locate(task.task_id) else {
+                continue;
+            };
+            let ended = TaskEnded {
+                task_id: task.task_id,
+                index,
+                attempt: task.attempt,
+                state: task.state,
+                duration_ms: 0,
+                error: task.error.clone(),
+            };
+            let at = match jobs.iter().position(|(id, _)| *id == job_id) {
+                Some(at) => at,
+                None => {
+                    jobs.push((job_id, Vec::new()));
+                    jobs.len() - 1
+                }
+            };
+            let executors = &mut jobs[at].1;
+            match executors
+                .iter_mut()
+                .find(|group| group.executor_id == task.executor_id)
+            {
+                Some(group) => group.tasks.push(ended),
+                None => executors.push(ExecutorTasks {
+                    executor_id: task.executor_id.clone(),
+                    tasks: vec![ended],
+                }),
+            }
+        }
+        events.extend(jobs.into_iter().map(|(job_id, executors)| Event::TaskEnd {
+            time_ms,
+            job_id,
+            executors,
+        }));
+    }
 }

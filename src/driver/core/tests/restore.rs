@@ -214,3 +214,86 @@ fn a_job_whose_last_task_end_was_stored_but_not_its_own_end_ends_on_resume() {
         "its end is stored now: {stored:?}"
     );
 }
+
+/// The live events a journal's facts stand for: job starts, the ends of tasks that ended for
+/// good (durations aside: the journal keeps none), and job ends.
+fn journaled_facts(events: &[Event]) -> Vec<Event> {
+    let mut facts = Vec::new();
+    for event in events {
+        match event {
+            Event::JobStart { .. } | Event::JobEnd { .. } => facts.push(event.clone()),
+            Event::TaskEnd {
+                time_ms,
+                job_id,
+                executors,
+            } => {
+                let mut executors = executors.clone();
+                for group in &mut executors {
+                    group.tasks.retain(|t| {
+                        matches!(t.state, TaskState::Finished)
+                            || (t.state == TaskState::Failed && t.error.as_deref() == Some("last"))
+                    });
+                    for task in &mut group.tasks {
+                        task.duration_ms = 0;
+                    }
+                }
+                executors.retain(|group| !group.tasks.is_empty());
+                if !executors.is_empty() {
+                    facts.push(Event::TaskEnd {
+                        time_ms: *time_ms,
+                        job_id: *job_id,
+                        executors,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    facts
+}
+
+#[test]
+fn a_journal_retells_the_job_starts_task_ends_and_job_ends_published_live() {
+    let mut core = journaled_core(0);
+    let mut journal = Vec::new();
+    let mut live = Vec::new();
+    add(&mut core, "e1", 2, 0);
+    add(&mut core, "e2", 2, 0);
+    core.take_effects();
+    let first = submit(&mut core, job(3, 1, 2), 10);
+    let second = submit(&mut core, job(2, 1, 1), 11);
+    live.extend(events(&take_journal(&mut core, &mut journal)));
+    let placed: Vec<(String, TaskId)> = running_attempts(&core)
+        .into_iter()
+        .map(|(executor, task, _)| (executor.to_string(), task))
+        .collect();
+    let on = |task: TaskId| placed.iter().find(|(_, t)| *t == task).unwrap().0.clone();
+    // One status batch ends tasks of both jobs; a retried failure is not journaled.
+    for (task, update) in [
+        (1, finished(1, 0)),
+        (2, failed(2, 0, "retried")),
+        (4, finished(4, 0)),
+    ] {
+        status(&mut core, &on(task), vec![update], 20);
+        live.extend(events(&take_journal(&mut core, &mut journal)));
+    }
+    let retried = running_attempts(&core);
+    for (executor, task, attempt) in retried {
+        let update = match task {
+            2 => failed(2, attempt, "last"),
+            _ => finished(task, attempt),
+        };
+        status(&mut core, &executor.to_string(), vec![update], 30);
+        live.extend(events(&take_journal(&mut core, &mut journal)));
+    }
+    let restored = restored(&journal, 1);
+    let retold = restored.retell(&journal);
+    assert_eq!(retold, journaled_facts(&live), "journal {journal:#?}");
+    let kinds: Vec<_> = retold.iter().map(Event::kind).collect();
+    assert!(
+        kinds.contains(&"job.start") && kinds.contains(&"job.end"),
+        "{kinds:?}"
+    );
+    assert!(retold.iter().any(|e| e.job_id() == Some(first)));
+    assert!(retold.iter().any(|e| e.job_id() == Some(second)));
+}
