@@ -1,6 +1,7 @@
 //! The event history on a real nats-server: `ember events` reads a job's whole history after
 //! it ended, follows through a nats-server restart with every task end once, filters by job,
-//! and refuses a `--since` it cannot read.
+//! and refuses a `--since` it cannot read; a driver killed mid-job, or with events the stream
+//! had refused, leaves each job start, task end and job end in the history once.
 
 mod common;
 
@@ -314,4 +315,54 @@ async fn events_a_killed_leader_had_not_stored_are_told_again_by_the_next() {
         unreachable!("found above");
     };
     assert_eq!((*state, *succeeded), (JobState::Succeeded, 20));
+}
+
+#[tokio::test]
+async fn a_leader_killed_mid_job_leaves_every_task_end_in_the_history_once() {
+    let cluster = TestCluster::start_with_jetstream("history-once");
+    let flags = ["--journal", "on"];
+    let mut driver = cluster.driver_process(&flags).spawn().unwrap();
+    let _executor = cluster.executor("e1", 4, Default::default()).await;
+    let api = cluster.api(cluster.client().await);
+    eventually(LIMIT, "the executor registered", || async {
+        (api.executors().await.ok()?.registered_executors == 1).then_some(())
+    })
+    .await;
+    let job_id = api.submit(sleepers(200, 10)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 40).then_some(())
+    })
+    .await;
+    // Killed with task ends stored, some perhaps released and not stored, and more to come:
+    // the next leader tells again only those the history lacks.
+    driver.kill().await.unwrap();
+    let _next = cluster.driver_process(&flags).spawn().unwrap();
+    let events = eventually(LIMIT, "the job's end in the history", || async {
+        let events = cli_events(&cluster, &["events", "--from-start"]).await;
+        let stored = events
+            .iter()
+            .any(|e| matches!(e, Event::JobEnd { job_id: j, .. } if *j == job_id));
+        if !stored {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        stored.then_some(events)
+    })
+    .await;
+    let kinds: Vec<&str> = events
+        .iter()
+        .filter(|e| e.job_id() == Some(job_id))
+        .map(Event::kind)
+        .filter(|k| *k != "task.start" && *k != "task.end")
+        .collect();
+    assert_eq!(kinds, ["job.start", "job.end"]);
+    let mut finished = BTreeMap::new();
+    for event in events.iter().filter(|e| e.job_id() == Some(job_id)) {
+        for (_, end) in event.ended() {
+            if end.state == TaskState::Finished {
+                *finished.entry(end.index).or_insert(0) += 1;
+            }
+        }
+    }
+    assert_eq!(finished.len(), 200, "every task's end: {finished:?}");
+    assert!(finished.values().all(|&n| n == 1), "{finished:?}");
 }
