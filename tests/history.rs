@@ -41,6 +41,22 @@ async fn cli_events(cluster: &TestCluster, args: &[&str]) -> Vec<Event> {
         .collect()
 }
 
+/// The whole history once it holds `job_id`'s end. Each read leaves a consumer for 30 s, of
+/// the stream's 1,000, so reads are a quarter second apart.
+async fn history_through_end(cluster: &TestCluster, job_id: u64) -> Vec<Event> {
+    eventually(LIMIT, "the job's end in the history", || async {
+        let events = cli_events(cluster, &["events", "--from-start"]).await;
+        let stored = events
+            .iter()
+            .any(|e| matches!(e, Event::JobEnd { job_id: j, .. } if *j == job_id));
+        if !stored {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        stored.then_some(events)
+    })
+    .await
+}
+
 /// How many times each (task index, attempt) of `job_id` ended, and how many of its indices
 /// finished.
 fn task_ends(events: &[Event], job_id: u64) -> (BTreeMap<(u32, u32), usize>, usize) {
@@ -281,18 +297,7 @@ async fn events_a_killed_leader_had_not_stored_are_told_again_by_the_next() {
     // its usual limits, and tells the job's events again from the journal.
     driver.kill().await.unwrap();
     let _next = cluster.driver_process(&flags).spawn().unwrap();
-    let events = eventually(LIMIT, "the job's end in the history", || async {
-        let events = cli_events(&cluster, &["events", "--from-start"]).await;
-        let told = events
-            .iter()
-            .any(|e| matches!(e, Event::JobEnd { job_id: j, .. } if *j == job_id));
-        if !told {
-            // Each read leaves a consumer for 30 s, of the stream's 1,000.
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        told.then_some(events)
-    })
-    .await;
+    let events = history_through_end(&cluster, job_id).await;
     let of_job: Vec<&str> = events
         .iter()
         .filter(|e| e.job_id() == Some(job_id))
@@ -337,17 +342,7 @@ async fn a_leader_killed_mid_job_leaves_every_task_end_in_the_history_once() {
     // the next leader tells again only those the history lacks.
     driver.kill().await.unwrap();
     let _next = cluster.driver_process(&flags).spawn().unwrap();
-    let events = eventually(LIMIT, "the job's end in the history", || async {
-        let events = cli_events(&cluster, &["events", "--from-start"]).await;
-        let stored = events
-            .iter()
-            .any(|e| matches!(e, Event::JobEnd { job_id: j, .. } if *j == job_id));
-        if !stored {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        stored.then_some(events)
-    })
-    .await;
+    let events = history_through_end(&cluster, job_id).await;
     let kinds: Vec<&str> = events
         .iter()
         .filter(|e| e.job_id() == Some(job_id))

@@ -214,26 +214,11 @@ impl Told {
             match event {
                 Event::JobStart { job_id, .. } if self.job_starts.contains(job_id) => {}
                 Event::JobEnd { job_id, .. } if self.job_ends.contains(job_id) => {}
-                Event::TaskEnd {
-                    time_ms,
-                    job_id,
-                    executors,
-                } => {
-                    let mut executors = executors.clone();
-                    for group in &mut executors {
-                        group
-                            .tasks
-                            .retain(|t| !self.task_ends.contains(&(t.task_id, t.attempt)));
-                    }
-                    executors.retain(|group| !group.tasks.is_empty());
-                    if !executors.is_empty() {
-                        untold.push(Event::TaskEnd {
-                            time_ms: *time_ms,
-                            job_id: *job_id,
-                            executors,
-                        });
-                    }
-                }
+                Event::TaskEnd { .. } => untold.extend(
+                    event
+                        .clone()
+                        .keep_ended(|t| !self.task_ends.contains(&(t.task_id, t.attempt))),
+                ),
                 other => untold.push(other.clone()),
             }
         }

@@ -148,6 +148,28 @@ impl Event {
         }
     }
 
+    /// This `TaskEnd` with only the entries `keep` keeps (it may change them too), and only
+    /// the executors left with any; `None` if it keeps none, or the event is no `TaskEnd`.
+    pub fn keep_ended(self, mut keep: impl FnMut(&mut TaskEnded) -> bool) -> Option<Event> {
+        let Event::TaskEnd {
+            time_ms,
+            job_id,
+            mut executors,
+        } = self
+        else {
+            return None;
+        };
+        for group in &mut executors {
+            group.tasks.retain_mut(&mut keep);
+        }
+        executors.retain(|group| !group.tasks.is_empty());
+        (!executors.is_empty()).then_some(Event::TaskEnd {
+            time_ms,
+            job_id,
+            executors,
+        })
+    }
+
     /// The subject suffix this event is published under.
     pub fn kind(&self) -> &'static str {
         match self {

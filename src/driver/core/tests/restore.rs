@@ -222,30 +222,11 @@ fn journaled_facts(events: &[Event]) -> Vec<Event> {
     for event in events {
         match event {
             Event::JobStart { .. } | Event::JobEnd { .. } => facts.push(event.clone()),
-            Event::TaskEnd {
-                time_ms,
-                job_id,
-                executors,
-            } => {
-                let mut executors = executors.clone();
-                for group in &mut executors {
-                    group.tasks.retain(|t| {
-                        matches!(t.state, TaskState::Finished)
-                            || (t.state == TaskState::Failed && t.error.as_deref() == Some("last"))
-                    });
-                    for task in &mut group.tasks {
-                        task.duration_ms = 0;
-                    }
-                }
-                executors.retain(|group| !group.tasks.is_empty());
-                if !executors.is_empty() {
-                    facts.push(Event::TaskEnd {
-                        time_ms: *time_ms,
-                        job_id: *job_id,
-                        executors,
-                    });
-                }
-            }
+            Event::TaskEnd { .. } => facts.extend(event.clone().keep_ended(|t| {
+                t.duration_ms = 0;
+                t.state == TaskState::Finished
+                    || (t.state == TaskState::Failed && t.error.as_deref() == Some("last"))
+            })),
             _ => {}
         }
     }
