@@ -119,9 +119,19 @@ async fn driver_and_executor_scrapes_during_and_after_a_job_agree_with_the_job()
     assert_eq!(free + running, 5.0, "{during}");
     assert_eq!(sample(&during, "ember_driver_leader"), Some(1.0));
 
-    // The executors, scraped again and again while the job runs.
+    // The driver and the executors, scraped again and again while the job runs. The driver's
+    // gauges and counters are of one moment: every task is waiting, running or finished, and
+    // every one launched is running or finished (none fails).
     let (mut scrapes, mut busy_seen) = (0, 0.0_f64);
     while api.job(job_id).await.unwrap().state == JobState::Running {
+        let driver = scrape(driver_addr).await;
+        let of = |name: &str| sample(&driver, name).unwrap();
+        let running = of("ember_driver_tasks_running");
+        let finished = of("ember_driver_tasks_ended_total{state=\"finished\"}");
+        let waiting = of("ember_driver_tasks_waiting");
+        let launched = of("ember_driver_tasks_launched_total");
+        assert_eq!(waiting + running + finished, 20.0, "{driver}");
+        assert_eq!(launched, running + finished, "{driver}");
         let mut running = 0.0;
         for &(addr, cores) in &addrs {
             let scrape = scrape(addr).await;

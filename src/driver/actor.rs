@@ -206,6 +206,7 @@ async fn lead(
         .epoch
         .set(shell.tenure.as_ref().map_or(0, |t| t.epoch() as i64));
     shell.metrics.set_core(core.gauges());
+    let mut scrapes = shell.metrics.scrapes();
     let mut queries = shell.web.as_ref().and_then(|web| {
         web.leading(
             shell.tenure.as_ref().map_or(0, Tenure::epoch),
@@ -273,9 +274,12 @@ async fn lead(
                 crate::web::answer(&mut core, shell.results.as_ref(), query, now_ms());
                 None
             }
+            Some(scrape) = scrapes.recv() => {
+                shell.metrics.answer(scrape, core.gauges());
+                None
+            }
             _ = revive.tick() => {
                 core.tick(now_ms());
-                shell.metrics.set_core(core.gauges());
                 shell.refusals.report();
                 shell.ticked = true;
                 None
@@ -981,6 +985,11 @@ impl Shell {
             .into_iter()
             .chain(effects.into_iter().map(Output::Effect))
         {
+            // Counted as the core decides, so a scrape's counters and gauges agree even while
+            // the events wait for the journal.
+            if let Output::Effect(Effect::Publish(event)) = &output {
+                self.count(event);
+            }
             if outbox.may_send(&output) {
                 self.send(output).await;
             } else {
@@ -1034,7 +1043,6 @@ impl Shell {
             }
             Output::ExecutorReply(reply, payload) => self.publish(reply, payload).await,
             Output::Effect(Effect::Publish(event)) => {
-                self.count(&event);
                 if let Some(event) = self.task_events.absorb(event) {
                     // Any other event follows the task events before it.
                     self.flush_task_events().await;

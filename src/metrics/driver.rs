@@ -1,14 +1,25 @@
-//! The driver's metrics: counters as things happen, and gauges set from the core when the
-//! driver starts to lead and once a revive tick after, so a scrape sees them at most that old.
+//! The driver's metrics: counters as things happen, and gauges set from the core when a scrape
+//! asks. While the driver leads, its actor answers a scrape between two of its steps: it sets
+//! the gauges and encodes everything then, so the gauges and the counters the actor keeps
+//! (tasks launched and ended, offer rounds, requests) are of one moment.
 
 use super::{label, seconds_histogram, sizes_histogram, HistogramFamily, Labels, Scrape};
 use crate::protocol::TaskState;
+use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use std::sync::Mutex;
 use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// How long a scrape waits for a busy actor before it serves the metrics as they are.
+const SCRAPE_WAIT: Duration = Duration::from_secs(1);
+
+/// A scrape's request to the actor: the metrics' text, encoded once the gauges are set.
+pub type ScrapeRequest = oneshot::Sender<String>;
 
 /// What a driver counts, shared by the actor and the metrics server.
 #[derive(Debug)]
@@ -37,6 +48,8 @@ pub struct DriverMetrics {
     pub journal: JournalWrites,
     /// Slow-consumer events of the driver's NATS connection.
     pub slow_consumers: Counter,
+    /// Where a scrape asks the leading actor for the metrics, if a driver leads.
+    actor: Mutex<Option<mpsc::Sender<ScrapeRequest>>>,
 }
 
 /// The terminal states of an attempt, as their labels; [`end_index`] finds a state's place.
@@ -154,6 +167,7 @@ impl DriverMetrics {
             offer_rounds: Counter::default(),
             journal: JournalWrites::default(),
             slow_consumers: Counter::default(),
+            actor: Mutex::new(None),
             registry: Registry::with_prefix("ember_driver"),
         };
         metrics.register_gauges();
@@ -279,9 +293,28 @@ impl DriverMetrics {
         }
     }
 
+    /// The scrapes of a driver that starts to lead: its actor answers each with
+    /// [`DriverMetrics::answer`] until it drops them.
+    pub fn scrapes(&self) -> mpsc::Receiver<ScrapeRequest> {
+        let (requests, scrapes) = mpsc::channel(4);
+        if let Ok(mut actor) = self.actor.lock() {
+            *actor = Some(requests);
+        }
+        scrapes
+    }
+
+    /// Answers a scrape with the metrics as they are now, gauges set from `gauges`.
+    pub fn answer(&self, scrape: ScrapeRequest, gauges: CoreGauges) {
+        self.set_core(gauges);
+        let _ = scrape.send(self.encode());
+    }
+
     /// The driver no longer leads: it holds nothing, so its gauges say so (the counters keep
     /// what it counted).
     pub fn stood_down(&self) {
+        if let Ok(mut actor) = self.actor.lock() {
+            *actor = None;
+        }
         self.leader.set(0);
         self.epoch.set(0);
         self.set_core(CoreGauges::default());
@@ -312,5 +345,22 @@ impl DriverMetrics {
 impl Scrape for DriverMetrics {
     fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Asks the leading actor, if any, for the metrics of one moment; as they are if none
+    /// answers within `SCRAPE_WAIT` (a standby's gauges are 0 and stay so).
+    fn scrape(&self) -> BoxFuture<'_, String> {
+        let actor = self.actor.lock().ok().and_then(|actor| actor.clone());
+        Box::pin(async move {
+            if let Some(actor) = actor {
+                let (request, answer) = oneshot::channel();
+                if actor.send(request).await.is_ok() {
+                    if let Ok(Ok(text)) = tokio::time::timeout(SCRAPE_WAIT, answer).await {
+                        return text;
+                    }
+                }
+            }
+            self.encode()
+        })
     }
 }

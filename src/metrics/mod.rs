@@ -10,6 +10,7 @@ mod executor;
 pub use driver::{CoreGauges, DriverMetrics, JournalWrites, RequestKind};
 pub use executor::ExecutorMetrics;
 
+use futures::future::BoxFuture;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
@@ -51,6 +52,12 @@ pub trait Scrape: Send + Sync + 'static {
         encode(&mut text, self.registry()).expect("writing to a String cannot fail");
         text
     }
+
+    /// What a scrape serves: [`Scrape::encode`], unless the metrics know a better moment to
+    /// take it.
+    fn scrape(&self) -> BoxFuture<'_, String> {
+        Box::pin(std::future::ready(self.encode()))
+    }
 }
 
 /// The content type of [`Scrape::encode`].
@@ -71,8 +78,11 @@ pub async fn serve<M: Scrape>(addr: SocketAddr, metrics: Arc<M>) -> std::io::Res
             let metrics = metrics.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request| {
-                    let response = respond(&request, metrics.as_ref());
-                    async move { Ok::<_, std::convert::Infallible>(response) }
+                    let metrics = metrics.clone();
+                    async move {
+                        let response = respond(&request, metrics.as_ref()).await;
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
                 });
                 let served = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -86,9 +96,9 @@ pub async fn serve<M: Scrape>(addr: SocketAddr, metrics: Arc<M>) -> std::io::Res
     Ok(local)
 }
 
-fn respond<B>(request: &Request<B>, metrics: &impl Scrape) -> Response<Full<Bytes>> {
+async fn respond<B>(request: &Request<B>, metrics: &impl Scrape) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (request.method().as_str(), request.uri().path()) {
-        ("GET" | "HEAD", "/metrics") => (StatusCode::OK, CONTENT_TYPE, metrics.encode()),
+        ("GET" | "HEAD", "/metrics") => (StatusCode::OK, CONTENT_TYPE, metrics.scrape().await),
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
