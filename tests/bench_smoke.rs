@@ -47,6 +47,11 @@ async fn ember_bench_quick_reports_every_workload() {
     for field in ["chain_p50_ms", "chain_p99_ms"] {
         assert!(report["bare"][field].as_f64().unwrap() > 0.0, "{field}");
     }
+    // The journaled round trip's floor: the chain with two acknowledged JetStream writes, over
+    // as many rounds as the latency workload.
+    let journaled = &report["bare"]["journaled_chain"];
+    assert_eq!(journaled["samples"], report["latency"]["samples"]);
+    assert!(journaled["p50_ms"].as_f64().unwrap() > 0.0, "{journaled}");
     let loops = report["bare"]["loops"].as_array().unwrap();
     assert_eq!(loops.len(), 2, "one bare loop per core count: {loops:?}");
     assert!(loops

@@ -8,6 +8,10 @@
 //!   more: the bound on Ember's E x C throughput.
 //! - **chain**: submit -> launch -> status -> job end, four hops through two relays: the bound
 //!   on Ember's task round trip.
+//! - **journaled chain**: the chain with the two acknowledged JetStream writes that a journal
+//!   which stores before it tells adds to a one-task job (the submission, written as the
+//!   launch goes out; the task's and the job's end, written when the status comes, and the end
+//!   told once both are stored): the bound on Ember's round trip with its journal.
 
 use super::{noop, noops, percentiles};
 use crate::ids::ExecutorId;
@@ -32,6 +36,9 @@ pub struct Bare {
     pub loops: Vec<Loop>,
     pub chain_p50_ms: f64,
     pub chain_p99_ms: f64,
+    /// The journaled chain, measured when the journaled workloads run.
+    #[serde(default)]
+    pub journaled_chain: Option<super::Percentiles>,
 }
 
 /// The bare loop at one core count: each status batch reports `cores` tasks, and each answer
@@ -82,6 +89,7 @@ pub async fn measure(
             loops,
             chain_p50_ms: chain.p50_ms,
             chain_p99_ms: chain.p99_ms,
+            journaled_chain: None,
         })
     })
     .await?
@@ -210,6 +218,50 @@ async fn relay(
     }
 }
 
+/// The chain's driver with a journal: as [`relay`] with the routes of the chain, but each
+/// message it takes is first written to a JetStream stream (`BENCH_CHAIN`, file storage, as
+/// Ember's journal); the launch goes out at once, and the end once both writes are stored.
+async fn journaled_relay(
+    client: Client,
+    routes: Vec<(&'static str, &'static str, bytes::Bytes)>,
+    stop: oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    use async_nats::jetstream::{self, stream};
+    let js = jetstream::new(client.clone());
+    js.get_or_create_stream(stream::Config {
+        name: "BENCH_CHAIN".into(),
+        subjects: vec!["bench.chain.journal".into()],
+        storage: stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("creating the bench's journal stream: {e}"))?;
+    let (submit, status) = (routes[0].0, routes[1].0);
+    let mut submits = client.subscribe(submit).await?;
+    let mut statuses = client.subscribe(status).await?;
+    client.flush().await?;
+    tokio::pin!(stop);
+    let mut submitted = None;
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            Some(message) = submits.next() => {
+                let write = js.publish("bench.chain.journal", message.payload).await?;
+                client.publish(routes[0].1, routes[0].2.clone()).await?;
+                submitted = Some(write);
+            }
+            Some(message) = statuses.next() => {
+                let ended = js.publish("bench.chain.journal", message.payload).await?;
+                if let Some(write) = submitted.take() {
+                    write.await?;
+                }
+                ended.await?;
+                client.publish(routes[1].1, routes[1].2.clone()).await?;
+            }
+        }
+    }
+}
+
 /// Sends requests until one is answered: a flush only writes the SUB, so the other party's
 /// subscription may not be in place yet.
 async fn wait_for_answers(
@@ -276,6 +328,18 @@ fn bare_loop(url: &str, executors: u32, cores: u32, cycles: usize) -> anyhow::Re
 /// driver, which launches on the executor, whose status reaches the driver, which tells the
 /// client the job ended.
 fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
+    chain_through(url, rounds, false)
+}
+
+/// `rounds` round trips through the journaled chain, on a server with JetStream.
+pub async fn journaled_chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || chain_through(&url, rounds, true)).await?
+}
+
+/// The chain; with `journal`, its driver stores the submission and the end in a JetStream
+/// stream of its own before it tells the end.
+fn chain_through(url: &str, rounds: usize, journal: bool) -> anyhow::Result<super::Percentiles> {
     let (stop_driver, driver_stopped) = oneshot::channel();
     let (stop_executor, executor_stopped) = oneshot::channel();
     let (status, _) = status_and_answer(0, 1);
@@ -285,7 +349,12 @@ fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
             ("bench.chain.submit", "bench.chain.launch", launch),
             ("bench.chain.status", "bench.chain.end", end),
         ];
-        relay(client, routes, driver_stopped)
+        async move {
+            match journal {
+                true => journaled_relay(client, routes, driver_stopped).await,
+                false => relay(client, routes, driver_stopped).await,
+            }
+        }
     });
     let executor = spawn_party(url, move |client| {
         let routes = vec![("bench.chain.launch", "bench.chain.status", status)];

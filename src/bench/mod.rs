@@ -452,8 +452,14 @@ fn print_table(report: &Report) {
             format!("latency, {} single-task jobs", l.samples),
             format!("p50 {:.3} ms, p99 {:.3} ms", l.p50_ms, l.p99_ms),
             report.bare.as_ref().map_or(String::new(), |b| {
+                let journaled = b.journaled_chain.as_ref().map_or(String::new(), |j| {
+                    format!(
+                        " ({:.2} x the bare journaled round trip)",
+                        l.p50_ms / j.p50_ms
+                    )
+                });
                 format!(
-                    "p50 = {:.2} x the bare round trip",
+                    "p50 = {:.2} x the bare round trip{journaled}",
                     l.p50_ms / b.chain_p50_ms
                 )
             }),
@@ -516,7 +522,12 @@ fn print_table(report: &Report) {
                     .join(", "),
                 b.chain_p50_ms,
                 b.chain_p99_ms
-            ),
+            ) + &b.journaled_chain.as_ref().map_or(String::new(), |j| {
+                format!(
+                    "; with a journal's two writes: p50 {:.3} ms, p99 {:.3} ms",
+                    j.p50_ms, j.p99_ms
+                )
+            }),
             String::new(),
         ]);
     }
