@@ -70,6 +70,8 @@ pub struct Reader {
     context: Context,
     stream: String,
     messages: Ordered,
+    /// The name of the consumer `messages` reads, as made.
+    consumer: String,
     /// The stream sequence of the last event given out, 0 before the first.
     last: u64,
     /// How many events the stream held from the start when the reader was made.
@@ -94,16 +96,34 @@ impl Reader {
                 start_time: time.into(),
             },
         };
-        let (messages, pending_at_open) = consume(&context, &stream, deliver).await?;
+        let (messages, consumer, pending_at_open) = consume(&context, &stream, deliver).await?;
         let patience = crate::client::FAILOVER_PATIENCE.as_millis() as u64;
         Ok(Reader {
             context,
             stream,
             messages,
+            consumer,
             last: 0,
             pending_at_open,
             fence: crate::epoch::Fence::new(patience),
         })
+    }
+
+    /// Deletes the reader's consumer on the server, which would otherwise stay there, one of
+    /// the stream's limited number, until it had been idle for 30 s. Best effort, for up to
+    /// `CLOSE_WAIT`: a consumer the server no longer has, or a server that does not answer,
+    /// leaves nothing to do.
+    pub async fn close(self) {
+        let delete = self
+            .context
+            .delete_consumer_from_stream(&self.consumer, &self.stream);
+        match tokio::time::timeout(CLOSE_WAIT, delete).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "the event reader's consumer was not deleted")
+            }
+            Err(_) => tracing::debug!("the server did not answer the event reader's delete"),
+        }
     }
 
     /// Whether the stream held nothing from the start when the reader was made.
@@ -160,7 +180,10 @@ impl Reader {
                 start_sequence: self.last + 1,
             };
             match consume(&self.context, &self.stream, deliver).await {
-                Ok((messages, _)) => return self.messages = messages,
+                Ok((messages, consumer, _)) => {
+                    (self.messages, self.consumer) = (messages, consumer);
+                    return;
+                }
                 Err(error) => {
                     tracing::warn!(%error, "could not resume the event history; trying again");
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -170,12 +193,16 @@ impl Reader {
     }
 }
 
-/// An ordered consumer of `stream` from `deliver`, and how many events it has to deliver.
+/// How long [`Reader::close`] waits for the server to delete its consumer.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// An ordered consumer of `stream` from `deliver`, its name, and how many events it has to
+/// deliver.
 async fn consume(
     context: &Context,
     stream: &str,
     deliver: DeliverPolicy,
-) -> Result<(Ordered, u64), HistoryError> {
+) -> Result<(Ordered, String, u64), HistoryError> {
     let failed = |message: String| HistoryError::Unavailable {
         stream: stream.to_string(),
         message,
@@ -188,12 +215,15 @@ async fn consume(
         .create_consumer_on_stream(config, stream)
         .await
         .map_err(|e| failed(e.to_string()))?;
-    let pending = consumer.cached_info().num_pending;
+    let (name, pending) = (
+        consumer.cached_info().name.clone(),
+        consumer.cached_info().num_pending,
+    );
     let messages = consumer
         .messages()
         .await
         .map_err(|e| failed(e.to_string()))?;
-    Ok((messages, pending))
+    Ok((messages, name, pending))
 }
 
 #[cfg(test)]

@@ -41,8 +41,7 @@ async fn cli_events(cluster: &TestCluster, args: &[&str]) -> Vec<Event> {
         .collect()
 }
 
-/// The whole history once it holds `job_id`'s end. Each read leaves a consumer for 30 s, of
-/// the stream's 1,000, so reads are a quarter second apart.
+/// The whole history once it holds `job_id`'s end, read again a quarter second apart.
 async fn history_through_end(cluster: &TestCluster, job_id: u64) -> Vec<Event> {
     eventually(LIMIT, "the job's end in the history", || async {
         let events = cli_events(cluster, &["events", "--from-start"]).await;
@@ -98,6 +97,15 @@ async fn a_listener_started_after_a_job_ended_gets_its_whole_history() {
     // Ten minutes back reaches the start too.
     let since = cli_events(&cluster, &["events", "--since", "10m"]).await;
     assert_eq!(since, events);
+    // Each read deleted its consumer as it ended, rather than leaving it on the server (one of
+    // the stream's 1,000) until it had been idle for 30 s.
+    let client = cluster.client().await;
+    let mut stream = async_nats::jetstream::new(client)
+        .get_stream(cluster.subjects.events_stream())
+        .await
+        .unwrap();
+    let consumers = stream.info().await.unwrap().state.consumer_count;
+    assert_eq!(consumers, 0, "consumers left by two finished reads");
 }
 
 #[tokio::test]

@@ -74,9 +74,20 @@ pub async fn events(
     read_history(reader, args, shutdown).await
 }
 
-/// Prints the history from the reader's start, until its end unless it follows.
+/// Prints the history from the reader's start, until its end unless it follows; then closes
+/// the reader.
 async fn read_history(
     mut reader: Reader,
+    args: &EventsArgs,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let read = print_history(&mut reader, args, shutdown).await;
+    reader.close().await;
+    read
+}
+
+async fn print_history(
+    reader: &mut Reader,
     args: &EventsArgs,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
