@@ -353,11 +353,14 @@ impl Scrape for DriverMetrics {
         let actor = self.actor.lock().ok().and_then(|actor| actor.clone());
         Box::pin(async move {
             if let Some(actor) = actor {
-                let (request, answer) = oneshot::channel();
-                if actor.send(request).await.is_ok() {
-                    if let Ok(Ok(text)) = tokio::time::timeout(SCRAPE_WAIT, answer).await {
-                        return text;
-                    }
+                let asked = async {
+                    let (request, answer) = oneshot::channel();
+                    actor.send(request).await.ok()?;
+                    answer.await.ok()
+                };
+                // Both the queue of scrapes and the answer wait for the actor.
+                if let Ok(Some(text)) = tokio::time::timeout(SCRAPE_WAIT, asked).await {
+                    return text;
                 }
             }
             self.encode()
