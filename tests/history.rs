@@ -15,8 +15,14 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Runs a job of `tasks` sleepers to its end and returns its id.
+/// Runs a job of `tasks` sleepers to its end and returns its id, once the driver answers (a
+/// journaled driver takes its lease and reads its journal before it serves the api, and a
+/// submission that finds no driver is refused).
 async fn run_job(api: &ember::client::EmberClient, tasks: u32) -> u64 {
+    eventually(LIMIT, "the driver's answer", || async {
+        api.jobs().await.ok()
+    })
+    .await;
     let job_id = api.submit(sleepers(tasks, 5)).await.unwrap();
     let summary = eventually(LIMIT, "the job's end", || async {
         let s = api.job(job_id).await.ok()?;
