@@ -48,6 +48,16 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(dir.join(name))
 }
 
+/// A nats-server for the bench: with JetStream for a journal (syncing every write with
+/// `--sync-always`), or without.
+pub fn server(journal: bool) -> anyhow::Result<NatsServer> {
+    Ok(match journal {
+        true if SYNC_ALWAYS.load(Relaxed) => NatsServer::start_with_synced_jetstream(&[])?,
+        true => NatsServer::start_with_jetstream(&[])?,
+        false => NatsServer::start(&[])?,
+    })
+}
+
 impl Cluster {
     /// A nats-server on a free port and a driver; executors come with [`Cluster::add_executors`].
     /// With `journal`, the server has JetStream (in a temporary store) and the driver journals
@@ -58,11 +68,7 @@ impl Cluster {
 
     /// As [`Cluster::start`], the driver started with `driver_args` too.
     pub fn start_with(name: &str, journal: bool, driver_args: &[&str]) -> anyhow::Result<Self> {
-        let server = match journal {
-            true if SYNC_ALWAYS.load(Relaxed) => NatsServer::start_with_synced_jetstream(&[])?,
-            true => NatsServer::start_with_jetstream(&[])?,
-            false => NatsServer::start(&[])?,
-        };
+        let server = server(journal)?;
         let cluster = format!(
             "bench-{name}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..6]

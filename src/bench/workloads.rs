@@ -42,10 +42,8 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
     drop(cluster);
     if args.journal == super::Journal::On {
         eprintln!("bench: the bare round trip with a journal");
-        let server = match args.sync_always {
-            true => crate::server::NatsServer::start_with_synced_jetstream(&[])?,
-            false => crate::server::NatsServer::start_with_jetstream(&[])?,
-        };
+        super::procs::set_sync_always(args.sync_always);
+        let server = super::procs::server(true)?;
         let journaled = super::bare::journaled_chain(&server.url(), args.latency_jobs).await?;
         if let Some(bare) = report.bare.as_mut() {
             bare.journaled_chain = Some(journaled);
