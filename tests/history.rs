@@ -105,13 +105,54 @@ async fn a_listener_started_after_a_job_ended_gets_its_whole_history() {
     assert_eq!(since, events);
     // Each read deleted its consumer as it ended, rather than leaving it on the server (one of
     // the stream's 1,000) until it had been idle for 30 s.
+    let consumers = history_consumers(&cluster).await;
+    assert_eq!(consumers, 0, "consumers left by two finished reads");
+}
+
+/// How many consumers the cluster's events stream has.
+async fn history_consumers(cluster: &TestCluster) -> usize {
     let client = cluster.client().await;
     let mut stream = async_nats::jetstream::new(client)
         .get_stream(cluster.subjects.events_stream())
         .await
         .unwrap();
-    let consumers = stream.info().await.unwrap().state.consumer_count;
-    assert_eq!(consumers, 0, "consumers left by two finished reads");
+    stream.info().await.unwrap().state.consumer_count
+}
+
+#[tokio::test]
+async fn a_follower_whose_terminal_hangs_up_deletes_its_consumer() {
+    let cluster = TestCluster::start_with_jetstream("history-hangup");
+    let _driver = cluster.driver().await;
+    let _executor = cluster.executor("e1", 2, Default::default()).await;
+    let api = cluster.api(cluster.client().await);
+    run_job(&api, 4).await;
+    let mut listener = cluster
+        .cli(&["events", "--from-start", "--follow", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(listener.stdout.take().unwrap()).lines();
+    let first = within(LIMIT, lines.next_line()).await.unwrap();
+    assert!(first.is_some(), "the follower printed no event");
+    assert_eq!(
+        history_consumers(&cluster).await,
+        1,
+        "the follower's consumer"
+    );
+
+    // What closing its terminal sends it.
+    let pid = nix::unistd::Pid::from_raw(listener.id().expect("running") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let status = within(LIMIT, listener.wait()).await.unwrap();
+    assert!(
+        status.success(),
+        "a hangup stops it as Ctrl-C does: {status}"
+    );
+    assert_eq!(
+        history_consumers(&cluster).await,
+        0,
+        "the consumer a hung-up follower left"
+    );
 }
 
 #[tokio::test]

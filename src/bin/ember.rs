@@ -10,7 +10,7 @@ use ember::cli::status::{status, StatusArgs};
 use ember::cli::submit::{submit, SubmitArgs};
 use ember::cli::up::{up, UpArgs};
 use ember::cli::view::{show_executors, show_jobs, show_pools};
-use ember::cli::{init_tracing, runtime, shutdown_signal};
+use ember::cli::{init_tracing, runtime, shutdown_signal, stop_or_hangup_signal};
 use ember::client::EmberClient;
 use ember::connect::NatsArgs;
 use ember::ids::ExecutorId;
@@ -162,7 +162,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
     match cli.command {
         Command::Up(_) | Command::Bench(_) => unreachable!("handled above"),
         Command::Creds(_) | Command::Sim(_) => unreachable!("handled above"),
-        Command::Events(args) => events(&nats, &subjects, &args, shutdown_signal()).await?,
+        Command::Events(args) => events(&nats, &subjects, &args, stop_or_hangup_signal()).await?,
         Command::Executors { json } => show_executors(&client, json).await?,
         Command::Jobs { json } => show_jobs(&client, json).await?,
         Command::Pools { json } => show_pools(&client, json).await?,

@@ -38,9 +38,20 @@ pub fn init_tracing(json: bool, default: &str) {
 /// the serving loops may poll this future on every turn, and a poll of a one-shot receiver
 /// costs far less than a poll of both signal streams. Call it inside the runtime.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    signalled(false)
+}
+
+/// Completes on the first SIGINT, SIGTERM or SIGHUP: for a command that follows a terminal
+/// (`ember events`), whose terminal closing stops it as Ctrl-C does, so that it removes what it
+/// holds on the server rather than die with it there. Call it inside the runtime.
+pub fn stop_or_hangup_signal() -> impl std::future::Future<Output = ()> {
+    signalled(true)
+}
+
+fn signalled(hangup: bool) -> impl std::future::Future<Output = ()> {
     let (signalled, signal) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        first_signal().await;
+        first_signal(hangup).await;
         let _ = signalled.send(());
     });
     async move {
@@ -49,24 +60,38 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-async fn first_signal() {
+async fn first_signal(hangup: bool) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
+        // Only asked for: a handler left on SIGHUP would keep it from ending the others.
+        let hangups = async {
+            match hangup.then(|| signal(SignalKind::hangup())) {
+                Some(Ok(mut hangups)) => {
+                    hangups.recv().await;
+                }
+                _ => std::future::pending().await,
+            }
+        };
         match signal(SignalKind::terminate()) {
             Ok(mut term) => {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
+                    _ = hangups => {}
                 }
             }
             Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = hangups => {}
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
+        let _ = hangup;
         let _ = tokio::signal::ctrl_c().await;
     }
 }
