@@ -11,7 +11,8 @@ use ember::server::NatsServer;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -109,6 +110,17 @@ async fn a_listener_started_after_a_job_ended_gets_its_whole_history() {
     assert_eq!(consumers, 0, "consumers left by two finished reads");
 }
 
+/// `ember events --from-start --follow --json`, running, with its output's lines.
+fn follow_from_start(cluster: &TestCluster) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut listener = cluster
+        .cli(&["events", "--from-start", "--follow", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(listener.stdout.take().unwrap()).lines();
+    (listener, lines)
+}
+
 /// How many consumers the cluster's events stream has.
 async fn history_consumers(cluster: &TestCluster) -> usize {
     let client = cluster.client().await;
@@ -126,12 +138,7 @@ async fn a_follower_whose_terminal_hangs_up_deletes_its_consumer() {
     let _executor = cluster.executor("e1", 2, Default::default()).await;
     let api = cluster.api(cluster.client().await);
     run_job(&api, 4).await;
-    let mut listener = cluster
-        .cli(&["events", "--from-start", "--follow", "--json"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(listener.stdout.take().unwrap()).lines();
+    let (mut listener, mut lines) = follow_from_start(&cluster);
     let first = within(LIMIT, lines.next_line()).await.unwrap();
     assert!(first.is_some(), "the follower printed no event");
     assert_eq!(
@@ -278,12 +285,7 @@ async fn a_listener_following_through_a_nats_server_restart_gets_every_task_end_
         (api.executors().await.ok()?.registered_executors == 2).then_some(())
     })
     .await;
-    let mut listener = cluster
-        .cli(&["events", "--from-start", "--follow", "--json"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(listener.stdout.take().unwrap()).lines();
+    let (mut listener, mut lines) = follow_from_start(&cluster);
     let job_id = api.submit(sleepers(200, 20)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.server.kill();
