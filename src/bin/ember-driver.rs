@@ -195,6 +195,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    ember::cli::return_big_blocks_when_freed();
     let args = Args::parse();
     let scheduling = scheduling(&args);
     init_tracing(args.log_json, ember::cli::SERVICE_LOG);
