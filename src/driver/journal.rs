@@ -326,9 +326,14 @@ impl Journal {
                 }
             }
         };
+        // Checked after the write too: the timer's resolution (1 ms) lets a write that is
+        // answered within it through a shorter timeout.
+        let started = tokio::time::Instant::now();
         let sequence = tokio::time::timeout(timeout, marked)
             .await
-            .map_err(|_| JournalError::Lead(timeout, "no answer".into()))?;
+            .ok()
+            .filter(|_| started.elapsed() <= timeout)
+            .ok_or_else(|| JournalError::Lead(timeout, "no answer in time".into()))?;
         self.turns = Some(Arc::new(Turns {
             next: AtomicU64::new(sequence),
             mark: sequence,
@@ -370,7 +375,11 @@ impl Journal {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let replayed = self.replay_all(&mut core, limit, &mut tail);
             match tokio::time::timeout(left, replayed).await {
+                // The second: a replay done within the timer's resolution but past the deadline.
                 Err(_) => return Err(JournalError::ReplayTimeout(timeout)),
+                Ok(Ok(_)) if tokio::time::Instant::now() > deadline => {
+                    return Err(JournalError::ReplayTimeout(timeout))
+                }
                 Ok(Ok(bytes)) => {
                     let restored = core.resume(crate::now_ms());
                     return Ok(Replayed {
