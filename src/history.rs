@@ -112,7 +112,8 @@ impl Reader {
     /// Deletes the reader's consumer on the server, which would otherwise stay there, one of
     /// the stream's limited number, until it had been idle for 30 s. Best effort, for up to
     /// `CLOSE_WAIT`: a consumer the server no longer has, or a server that does not answer,
-    /// leaves nothing to do.
+    /// leaves nothing to do. One that the client library made again under another name (after
+    /// missed heartbeats) is not known here and idles out as a killed reader's does.
     pub async fn close(self) {
         let delete = self
             .context

@@ -1,7 +1,10 @@
 //! Bad duration flags: each binary refuses them with a message naming the flag and the limit,
 //! and exits with clap's usage code (2), without a panic and before it connects anywhere.
 
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::within;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// A URL nothing listens on: a binary that got past its flags fails here, not with code 2.
@@ -137,38 +140,18 @@ fn a_duration_within_its_limits_passes_the_flags() {
 
 /// `--replay-timeout` bounds a starting driver's leadership mark and replay: one too short for
 /// a round trip to the server stops the driver with an error that names the flag.
-/// `command`'s output, once it exits; it is killed, and the test fails, if it runs past `limit`.
-fn output_within(mut command: Command, limit: Duration) -> Output {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "still running after {limit:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
-#[test]
-fn a_driver_that_cannot_replay_in_time_names_the_replay_timeout() {
+#[tokio::test]
+async fn a_driver_that_cannot_replay_in_time_names_the_replay_timeout() {
     let server = ember::server::NatsServer::start_with_jetstream(&[]).expect("start nats-server");
-    let mut driver = Command::new(DRIVER);
-    driver
+    // Bounded: a driver that took the lead after all would serve until stopped (and is killed
+    // when the timed-out wait drops it).
+    let driver = tokio::process::Command::new(DRIVER)
         .args(["--nats-url", &server.url(), "--cluster", "replay-timeout"])
         .args(["--journal", "on", "--replay-timeout", "1ns"])
-        .env("RUST_LOG", "warn");
-    // Bounded: a driver that took the lead after all would serve until stopped.
-    let out = output_within(driver, Duration::from_secs(60));
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let out = within(Duration::from_secs(60), driver).await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

@@ -16,6 +16,8 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
         machine: machine(),
         ..Report::default()
     };
+    // Every journaled server of the run syncs as asked.
+    super::procs::set_sync_always(args.sync_always);
     eprintln!("bench: broker alone");
     let cluster = Cluster::start("limit", false)?;
     report.limit = Some(
@@ -42,7 +44,6 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
     drop(cluster);
     if args.journal == super::Journal::On {
         eprintln!("bench: the bare round trip with a journal");
-        super::procs::set_sync_always(args.sync_always);
         let server = super::procs::server(true)?;
         let journaled = super::bare::journaled_chain(&server.url(), args.latency_jobs).await?;
         if let Some(bare) = report.bare.as_mut() {
@@ -56,7 +57,6 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
     let mut memory = Memory::default_zero();
     report.journal = args.journal == super::Journal::On;
     report.sync_always = args.sync_always;
-    super::procs::set_sync_always(args.sync_always);
     let (throughput, latency) = loop_and_latency(args, report.journal, &mut memory).await?;
     (report.throughput, report.latency) = (throughput, latency);
     if report.journal {

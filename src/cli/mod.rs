@@ -64,29 +64,20 @@ async fn first_signal(hangup: bool) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        // Only asked for: a handler left on SIGHUP would keep it from ending the others.
-        let hangups = async {
-            match hangup.then(|| signal(SignalKind::hangup())) {
-                Some(Ok(mut hangups)) => {
-                    hangups.recv().await;
+        // A signal that is not asked for, or whose handler cannot be set, never comes: a
+        // handler left on SIGHUP would keep it from ending the driver and the executors.
+        let received = |kind: SignalKind, asked: bool| async move {
+            match asked.then(|| signal(kind)) {
+                Some(Ok(mut signals)) => {
+                    signals.recv().await;
                 }
                 _ => std::future::pending().await,
             }
         };
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                    _ = hangups => {}
-                }
-            }
-            Err(_) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = hangups => {}
-                }
-            }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = received(SignalKind::terminate(), true) => {}
+            _ = received(SignalKind::hangup(), hangup) => {}
         }
     }
     #[cfg(not(unix))]

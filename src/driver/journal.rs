@@ -326,13 +326,8 @@ impl Journal {
                 }
             }
         };
-        // Checked after the write too: the timer's resolution (1 ms) lets a write that is
-        // answered within it through a shorter timeout.
-        let started = tokio::time::Instant::now();
-        let sequence = tokio::time::timeout(timeout, marked)
+        let sequence = by(tokio::time::Instant::now() + timeout, marked)
             .await
-            .ok()
-            .filter(|_| started.elapsed() <= timeout)
             .ok_or_else(|| JournalError::Lead(timeout, "no answer in time".into()))?;
         self.turns = Some(Arc::new(Turns {
             next: AtomicU64::new(sequence),
@@ -374,13 +369,9 @@ impl Journal {
             let mut tail = Tail::new(keep_after);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let replayed = self.replay_all(&mut core, limit, &mut tail);
-            match tokio::time::timeout(left, replayed).await {
-                // The second: a replay done within the timer's resolution but past the deadline.
-                Err(_) => return Err(JournalError::ReplayTimeout(timeout)),
-                Ok(Ok(_)) if tokio::time::Instant::now() > deadline => {
-                    return Err(JournalError::ReplayTimeout(timeout))
-                }
-                Ok(Ok(bytes)) => {
+            match by(deadline, replayed).await {
+                None => return Err(JournalError::ReplayTimeout(timeout)),
+                Some(Ok(bytes)) => {
                     let restored = core.resume(crate::now_ms());
                     return Ok(Replayed {
                         core,
@@ -389,14 +380,14 @@ impl Journal {
                         tail,
                     });
                 }
-                Ok(Err(error @ JournalError::Read { .. })) if delay < left => {
+                Some(Err(error @ JournalError::Read { .. })) if delay < left => {
                     attempts += 1;
                     warn!(%error, attempts, retry_in = ?delay,
                           "the journal could not be read; replaying it again from the start");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(MAX_RETRY_DELAY);
                 }
-                Ok(Err(error)) => return Err(error),
+                Some(Err(error)) => return Err(error),
             }
         }
     }
@@ -535,6 +526,16 @@ impl Journal {
     pub fn context(&self) -> &jetstream::Context {
         &self.context
     }
+}
+
+/// What `future` gives if it is done by `deadline`. Checked again once it is done: the timer's
+/// resolution (1 ms) lets a future that ends within it through a deadline nearer than that.
+async fn by<T>(
+    deadline: tokio::time::Instant,
+    future: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let done = tokio::time::timeout_at(deadline, future).await.ok()?;
+    (tokio::time::Instant::now() <= deadline).then_some(done)
 }
 
 /// Publishes `payload` on `subject` into JetStream, trying again until the server
