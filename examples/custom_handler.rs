@@ -76,6 +76,7 @@ mod tests {
             task_id: 7,
             index: 3,
             attempt: 0,
+            term: 0,
             resources: Default::default(),
         }
     }

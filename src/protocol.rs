@@ -41,6 +41,12 @@ pub struct RegisterExecutor {
     /// Custom resources beside cores, each with its addresses (`{"gpu": ["0", "1"]}`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: crate::resources::Addresses,
+    /// The attempts it holds of the driver it was registered with before (running, or ended
+    /// with a status that driver did not acknowledge), each with that driver's term: a new
+    /// leader adopts what it can of them rather than run their tasks again. Empty at a first
+    /// registration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<RunningAttempt>,
 }
 
 /// The driver's answer to a registration.
@@ -52,6 +58,15 @@ pub enum RegisterReply {
         /// Made once per driver process: an executor that sees it change knows a new driver
         /// took over.
         driver_instance: InstanceId,
+        /// The term of this driver's leadership, part of the identity of every attempt it
+        /// launches: the journal's sequence of its leadership mark, 0 without a journal.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        term: u64,
+        /// What this driver adopted of the attempts the registration said it held: each runs
+        /// on under the attempt number it has in this driver's term. The executor stops and
+        /// forgets the other held attempts, and their statuses.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        adopted: Vec<Adopted>,
     },
     RegisterExecutorFailed {
         message: String,
@@ -316,8 +331,8 @@ fn default_page() -> u32 {
     1000
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 fn is_false(b: &bool) -> bool {
@@ -743,11 +758,24 @@ pub enum HeartbeatRequest {
     },
 }
 
-/// One attempt an executor holds.
+/// One attempt an executor holds. `(task_id, attempt, term)` names one run and no other: the
+/// term is that of the driver that launched it (or adopted it), 0 without a journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RunningAttempt {
     pub task_id: TaskId,
     pub attempt: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term: u64,
+}
+
+/// An attempt of an earlier term that a new leader adopted, in `RegisteredExecutor`: the run
+/// `(task_id, attempt, term)` goes on as attempt `new_attempt` of the new leader's term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adopted {
+    pub task_id: TaskId,
+    pub attempt: u32,
+    pub term: u64,
+    pub new_attempt: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -36,6 +36,7 @@ fn fast_liveness() -> Liveness {
         executor_timeout_ms: 1_500,
         no_executors_timeout_ms: 3_000,
         reconcile_grace_ms: 1_000,
+        adopt_wait_ms: 1_000,
     }
 }
 

@@ -664,6 +664,8 @@ async fn an_executor_takes_only_the_answer_to_the_batch_in_flight() {
     let registered = RegisterReply::RegisteredExecutor {
         executor_id: ExecutorId::parse("x0").unwrap(),
         driver_instance: instance,
+        term: 0,
+        adopted: Vec::new(),
     };
     driver
         .publish(registration.reply.unwrap(), encode(&registered))

@@ -112,6 +112,7 @@ fn register_request() -> RegisterRequest {
         log_urls: map(&[("stderr", "http://worker-3/logs/stderr")]),
         attributes: map(&[("rack", "r1"), ("zone", "eu-1")]),
         resources: Default::default(),
+        held: Vec::new(),
     })
 }
 
@@ -141,6 +142,7 @@ fn register_executor_without_maps() {
         log_urls: BTreeMap::new(),
         attributes: BTreeMap::new(),
         resources: Default::default(),
+        held: Vec::new(),
     });
     golden(
         &value,
@@ -173,11 +175,77 @@ fn registered_executor() {
         &RegisterReply::RegisteredExecutor {
             executor_id: exec("exec-1"),
             driver_instance: driver_instance(),
+            term: 0,
+            adopted: Vec::new(),
         },
         json!({
             "type": "RegisteredExecutor",
             "executor_id": "exec-1",
             "driver_instance": DRIVER
+        }),
+    );
+}
+
+/// An executor registering again with a new leader says what it holds of the driver before,
+/// each attempt with that driver's term; the leader answers with its own term and what it
+/// adopted, each under its new number.
+#[test]
+fn registration_with_held_attempts_and_their_adoption() {
+    let request = RegisterRequest::RegisterExecutor(RegisterExecutor {
+        executor_id: exec("e_2"),
+        instance_id: instance(),
+        host_port: "[::1]:0".into(),
+        cores: 1,
+        log_urls: BTreeMap::new(),
+        attributes: BTreeMap::new(),
+        resources: Default::default(),
+        held: vec![
+            RunningAttempt {
+                task_id: 41,
+                attempt: 0,
+                term: 5,
+            },
+            RunningAttempt {
+                task_id: 42,
+                attempt: 2,
+                term: 0,
+            },
+        ],
+    });
+    golden(
+        &request,
+        json!({
+            "type": "RegisterExecutor",
+            "executor_id": "e_2",
+            "instance_id": INSTANCE,
+            "host_port": "[::1]:0",
+            "cores": 1,
+            "log_urls": {},
+            "attributes": {},
+            "held": [
+                {"task_id": 41, "attempt": 0, "term": 5},
+                {"task_id": 42, "attempt": 2}
+            ]
+        }),
+    );
+    golden(
+        &RegisterReply::RegisteredExecutor {
+            executor_id: exec("e_2"),
+            driver_instance: driver_instance(),
+            term: 9,
+            adopted: vec![Adopted {
+                task_id: 41,
+                attempt: 0,
+                term: 5,
+                new_attempt: 1,
+            }],
+        },
+        json!({
+            "type": "RegisteredExecutor",
+            "executor_id": "e_2",
+            "driver_instance": DRIVER,
+            "term": 9,
+            "adopted": [{"task_id": 41, "attempt": 0, "term": 5, "new_attempt": 1}]
         }),
     );
 }
@@ -2598,9 +2666,21 @@ fn journal_records() {
             job_id: 3,
             first_task: 101,
             time_ms: 1_700_000_000_000,
-            job: Box::new(job),
+            job: Box::new(job.clone()),
+            term: None,
         },
         json!({"type":"JobSubmitted","job_id":3,"first_task":101,"time_ms":1700000000000u64,"job":{"name":"nightly","tasks":[{"kind":"handler","name":"noop","arg":null}],"repeat":50,"max_failures":4,"cpus_per_task":1}}),
+    );
+    // With the term of the leader that accepted it.
+    golden(
+        &JournalRecord::JobSubmitted {
+            job_id: 3,
+            first_task: 101,
+            time_ms: 1_700_000_000_000,
+            job: Box::new(job),
+            term: Some(12),
+        },
+        json!({"type":"JobSubmitted","job_id":3,"first_task":101,"time_ms":1700000000000u64,"job":{"name":"nightly","tasks":[{"kind":"handler","name":"noop","arg":null}],"repeat":50,"max_failures":4,"cpus_per_task":1},"term":12}),
     );
     golden(
         &JournalRecord::TasksEnded {

@@ -25,6 +25,7 @@ fn request(id: &str, instance: uuid::Uuid) -> RegisterExecutor {
         log_urls: BTreeMap::new(),
         attributes: BTreeMap::from([("zone".to_string(), "a".to_string())]),
         resources: Default::default(),
+        held: Vec::new(),
     }
 }
 

@@ -360,6 +360,7 @@ fn register_as(claimed: &str) -> bytes::Bytes {
         log_urls: Default::default(),
         attributes: Default::default(),
         resources: Default::default(),
+        held: Vec::new(),
     }))
 }
 

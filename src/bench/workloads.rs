@@ -259,6 +259,7 @@ async fn register(n: usize) -> anyhow::Result<Register> {
 
 fn registration(executor_id: ExecutorId) -> RegisterExecutor {
     RegisterExecutor {
+        held: Vec::new(),
         executor_id,
         instance_id: uuid::Uuid::new_v4(),
         host_port: "bench:0".into(),

@@ -2,7 +2,8 @@
 
 use clap::Parser;
 use ember::cli::{
-    init_tracing, parse_age, parse_bytes, parse_duration, parse_lease, runtime, shutdown_signal,
+    init_tracing, parse_age, parse_bytes, parse_duration, parse_lease, parse_wait, runtime,
+    shutdown_signal,
 };
 use ember::connect::NatsArgs;
 use ember::driver::core::{
@@ -94,6 +95,12 @@ struct Args {
     /// Remove an executor that has sent no heartbeat (or status) for this long.
     #[arg(long, env = "EMBER_EXECUTOR_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     executor_timeout: Duration,
+    /// After taking over running jobs from the journal, hold offers this long, so that
+    /// executors still running their tasks register and have those runs adopted rather than
+    /// started a second time elsewhere (0: do not wait). Longer than the executors'
+    /// --heartbeat-interval.
+    #[arg(long, env = "EMBER_ADOPT_WAIT", default_value = "3s", value_parser = parse_wait)]
+    adopt_wait: Duration,
     /// Fail waiting jobs when no executor has been registered for this long.
     #[arg(long, env = "EMBER_NO_EXECUTORS_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     no_executors_timeout: Duration,
@@ -231,6 +238,7 @@ fn main() -> ExitCode {
                 liveness: Liveness {
                     executor_timeout_ms: args.executor_timeout.as_millis() as u64,
                     no_executors_timeout_ms: args.no_executors_timeout.as_millis() as u64,
+                    adopt_wait_ms: args.adopt_wait.as_millis() as u64,
                     ..Liveness::default()
                 },
                 journal: args.journal,

@@ -435,10 +435,12 @@ async fn start(
         };
     }
     let epoch = tenure.as_ref().map_or(0, Tenure::epoch);
+    let term = journal.as_ref().and_then(Journal::mark).unwrap_or(0);
     let new_core = || {
         let mut core = Core::new(CoreConfig {
             driver_instance,
             epoch,
+            term,
             expect_executors: config.expect_executors,
             max_reply_bytes: limit - PAYLOAD_HEADROOM,
             journal: journal.is_some(),

@@ -226,6 +226,7 @@ mod tests {
                 resources: Default::default(),
                 placement: Default::default(),
             }),
+            term: None,
         };
         let ended = (0..tasks).map(|i| JournaledTask {
             task_id: 10 + i,

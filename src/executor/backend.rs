@@ -3,7 +3,7 @@
 //! (`machine.rs`, which decides everything) asks for: at most one status batch and one heartbeat
 //! in flight, a registration again when the driver has forgotten it, the drain's notices.
 
-use super::machine::{Backoff, Machine, MachineConfig, Registered, Request};
+use super::machine::{Backoff, Machine, MachineConfig, Registered, Registration, Request, Run};
 use super::python::{PythonConfig, PythonPool};
 use super::runner::Runner;
 use super::tasks::Handlers;
@@ -13,7 +13,7 @@ use crate::ids::{ExecutorId, InstanceId};
 use crate::metrics::ExecutorMetrics;
 use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
-    RegisterReply, RegisterRequest, StatusReply, StatusUpdate, TaskDescription,
+    RegisterReply, RegisterRequest, RunningAttempt, StatusReply, StatusUpdate, TaskDescription,
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
@@ -126,13 +126,13 @@ pub async fn run(
 }
 
 /// Subscribes to the executor's inbox and to the answers to its status batches, then registers;
-/// returns both subscriptions, the answers' inbox and the driver's instance.
+/// returns both subscriptions, the answers' inbox and the driver's answer.
 async fn start(
     client: &Client,
     config: &ExecutorConfig,
     instance: InstanceId,
     epochs: &Arc<Newest>,
-) -> Result<(Subscriber, Subscriber, String, InstanceId), ExecutorError> {
+) -> Result<(Subscriber, Subscriber, String, Registration), ExecutorError> {
     let inbox = subscribe(client, config.subjects.executor_inbox(&config.executor_id)).await?;
     // Status answers come to `<inbox>.<batch>`: an inbox of this connection's own, under the
     // executor's prefix, so no other process (another cluster's executor of the same id, say)
@@ -146,6 +146,7 @@ async fn start(
         client.clone(),
         config.clone(),
         instance,
+        Vec::new(),
         deadline,
         epochs.clone(),
     )
@@ -160,15 +161,17 @@ async fn subscribe(client: &Client, subject: String) -> Result<Subscriber, Execu
         .map_err(|source| ExecutorError::Subscribe { subject, source })
 }
 
-/// Sends `RegisterExecutor` until the driver answers, or `deadline` passes; returns the
-/// driver's instance. An answer from an older epoch than the newest seen is no answer.
+/// Sends `RegisterExecutor`, saying what attempts it holds, until the driver answers, or
+/// `deadline` passes; returns the driver's answer. An answer from an older epoch than the
+/// newest seen is no answer.
 async fn register(
     client: Client,
     config: ExecutorConfig,
     instance: InstanceId,
+    held: Vec<RunningAttempt>,
     deadline: Option<Instant>,
     epochs: Arc<Newest>,
-) -> Result<InstanceId, ExecutorError> {
+) -> Result<Registration, ExecutorError> {
     let request = RegisterRequest::RegisterExecutor(RegisterExecutor {
         executor_id: config.executor_id.clone(),
         instance_id: instance,
@@ -177,6 +180,7 @@ async fn register(
         log_urls: config.log_urls.clone(),
         attributes: config.attributes.clone(),
         resources: config.resources.clone(),
+        held,
     });
     let payload = encode(&request);
     let subject = config.subjects.register(&config.executor_id);
@@ -189,8 +193,17 @@ async fn register(
             Ok(Ok(reply)) if !epochs.hears(&reply) => {}
             Ok(Ok(reply)) => match decode::<RegisterReply>(&reply.payload, usize::MAX) {
                 Ok(RegisterReply::RegisteredExecutor {
-                    driver_instance, ..
-                }) => return Ok(driver_instance),
+                    driver_instance,
+                    term,
+                    adopted,
+                    ..
+                }) => {
+                    return Ok(Registration {
+                        driver: driver_instance,
+                        term,
+                        adopted,
+                    })
+                }
                 Ok(RegisterReply::RegisterExecutorFailed { message }) => {
                     return Err(ExecutorError::Refused(message))
                 }
@@ -274,8 +287,8 @@ struct Backend {
     runner: Runner,
     ends: tokio::sync::mpsc::UnboundedReceiver<super::runner::Done>,
     /// Ends whose results were too large for a batch, once stored in chunks (or failed).
-    chunked: tokio::sync::mpsc::UnboundedReceiver<StatusUpdate>,
-    stored_in_chunks: tokio::sync::mpsc::UnboundedSender<StatusUpdate>,
+    chunked: tokio::sync::mpsc::UnboundedReceiver<(Run, StatusUpdate)>,
+    stored_in_chunks: tokio::sync::mpsc::UnboundedSender<(Run, StatusUpdate)>,
     status_limit: usize,
     /// The machine's clock: milliseconds since this instant.
     epoch: Instant,
@@ -286,7 +299,7 @@ struct Backend {
     /// `<the status answers' inbox>.`: batch `n`'s answer comes to this followed by `n`.
     status_replies: String,
     heartbeat: Option<BoxFuture<'static, Result<HeartbeatReply, String>>>,
-    reregister: Option<BoxFuture<'static, Result<InstanceId, ExecutorError>>>,
+    reregister: Option<BoxFuture<'static, Result<Registration, ExecutorError>>>,
     /// `ExecutorExiting`, once the machine has decided to leave.
     leaving: Option<HeartbeatRequest>,
     /// Where status batches go.
@@ -302,7 +315,7 @@ impl Backend {
         client: Client,
         config: ExecutorConfig,
         instance: InstanceId,
-        driver: InstanceId,
+        driver: Registration,
         handlers: Handlers,
         status_replies: String,
         epochs: Arc<Newest>,
@@ -402,8 +415,11 @@ impl Backend {
                         .beat(self.config.exit_on_driver_loss, now)
                         .map_err(|silent| ExecutorError::DriverLost(Duration::from_millis(silent)))?;
                 }
-                Some(done) = self.ends.recv() => self.on_end(done.into_status()),
-                Some(end) = self.chunked.recv() => self.machine.finish(end),
+                Some(done) = self.ends.recv() => {
+                    let (run, end) = done.into_end();
+                    self.on_end(run, end);
+                }
+                Some((run, end)) = self.chunked.recv() => self.machine.finish(run, end),
                 message = inbox.next() => match message {
                     Some(message) => self.on_inbox(message),
                     None => return Err(ExecutorError::Connection("the inbox subscription closed".into())),
@@ -509,7 +525,9 @@ impl Backend {
     /// Starts tasks the driver sent, in a `LaunchTasks` or with a status acknowledgement.
     fn launch(&mut self, tasks: &[TaskDescription]) {
         for task in tasks {
-            self.machine.launch(task, |task| self.runner.start(task));
+            let term = self.machine.term();
+            self.machine
+                .launch(task, |task, run| self.runner.start(task, run, term));
         }
     }
 
@@ -561,9 +579,9 @@ impl Backend {
 
     /// An attempt's end: to the machine, or first into the results bucket in chunks if its
     /// result is too large for a status batch (the attempt holds its cores meanwhile).
-    fn on_end(&mut self, end: StatusUpdate) {
+    fn on_end(&mut self, run: Run, end: StatusUpdate) {
         if !super::chunks::too_large(&end, self.status_limit) {
-            return self.machine.finish(end);
+            return self.machine.finish(run, end);
         }
         let jetstream = async_nats::jetstream::new(self.client.clone());
         let (subjects, executor) = (
@@ -573,7 +591,7 @@ impl Backend {
         let (stored, limit) = (self.stored_in_chunks.clone(), self.status_limit);
         tokio::spawn(async move {
             let end = super::chunks::store(jetstream, subjects, executor, end, limit).await;
-            let _ = stored.send(end);
+            let _ = stored.send((run, end));
         });
     }
 
@@ -588,6 +606,7 @@ impl Backend {
                         client,
                         config,
                         self.instance,
+                        self.machine.held(),
                         None,
                         epochs,
                     )));
@@ -619,16 +638,21 @@ impl Backend {
         }
     }
 
-    /// Registered again: with a new driver, the old one's attempts and statuses were dropped,
-    /// and so is the batch in flight to the old driver.
-    fn registered_again(&mut self, driver: InstanceId) {
+    /// Registered again: with a new driver, what it adopted runs on and the old driver's
+    /// other attempts and statuses were dropped; the batch in flight to the old driver is
+    /// given up (what of it was adopted goes again, renamed).
+    fn registered_again(&mut self, answer: Registration) {
         self.config.metrics.registered(true);
         let now = self.now();
-        match self.machine.on_registered(driver, now) {
+        match self.machine.on_registered(answer, now) {
             Registered::Same => info!(executor = %self.config.executor_id, "registered again"),
-            Registered::NewDriver { dropped, unsent } => {
+            Registered::NewDriver {
+                adopted,
+                dropped,
+                unsent,
+            } => {
                 self.status = None;
-                info!(executor = %self.config.executor_id, dropped, unsent, "registered with a new driver; dropped the old driver's tasks");
+                info!(executor = %self.config.executor_id, adopted, dropped, unsent, "registered with a new driver: it adopted attempts of the old one, and the rest were dropped");
             }
         }
     }

@@ -89,6 +89,7 @@ fn spawn(
         .env("EMBER_TASK_ID", context.task_id.to_string())
         .env("EMBER_JOB_ID", context.job_id.to_string())
         .env("EMBER_TASK_ATTEMPT", context.attempt.to_string())
+        .env("EMBER_TASK_TERM", context.term.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -11,8 +11,8 @@
 use super::status::{Settled, StatusQueue};
 use crate::ids::{ExecutorId, InstanceId, TaskId};
 use crate::protocol::{
-    HeartbeatReply, HeartbeatRequest, RunningAttempt, StatusReply, StatusUpdate, TaskDescription,
-    TaskState,
+    Adopted, HeartbeatReply, HeartbeatRequest, RunningAttempt, StatusReply, StatusUpdate,
+    TaskDescription, TaskState,
 };
 use crate::FixedHasher as Fixed;
 use std::collections::{HashMap, HashSet};
@@ -33,6 +33,11 @@ impl Cancel for Option<tokio::task::AbortHandle> {
         self.take().map(|handle| handle.abort()).is_some()
     }
 }
+
+/// This executor's own number for one run of an attempt, never reused while it lives: an end
+/// counts only for the run in the slot, so the end of a run given up or replaced (whose task
+/// and attempt a new driver may name again) is never taken for another's.
+pub type Run = u64;
 
 /// How a launched attempt started.
 pub enum Started<H> {
@@ -77,13 +82,31 @@ pub struct MachineConfig {
 pub enum Registered {
     /// The first registration, or again with the same driver: attempts and statuses are kept.
     Same,
-    /// A new driver: the old one's attempts and statuses were dropped (how many of each).
-    NewDriver { dropped: usize, unsent: usize },
+    /// A new driver: it adopted `adopted` of the attempts held, which run on under its term;
+    /// the others, and their statuses, were dropped (how many of each).
+    NewDriver {
+        adopted: usize,
+        dropped: usize,
+        unsent: usize,
+    },
+}
+
+/// A driver's answer to a registration, as the machine needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    pub driver: InstanceId,
+    /// Its term: the attempts it launches are of it.
+    pub term: u64,
+    /// What it adopted of the attempts the registration said were held.
+    pub adopted: Vec<Adopted>,
 }
 
 /// One attempt in a slot.
 struct Slot<H> {
     attempt: u32,
+    /// The term of the driver that launched (or adopted) it.
+    term: u64,
+    run: Run,
     cpus: u32,
     work: H,
     /// A kill arrived while uncancellable work ran: its end will report KILLED.
@@ -95,10 +118,14 @@ pub struct Machine<H> {
     config: MachineConfig,
     running: HashMap<TaskId, Slot<H>, Fixed>,
     busy: u32,
+    /// The number the next run gets.
+    next_run: Run,
     statuses: StatusQueue,
     requests: std::collections::VecDeque<Request>,
     /// The driver this executor is registered with; none before the first registration.
     driver: Option<InstanceId>,
+    /// That driver's term.
+    term: u64,
     registering: bool,
     heartbeat_in_flight: bool,
     /// When the driver last answered anything.
@@ -118,8 +145,10 @@ impl<H: Cancel> Machine<H> {
             config,
             running: HashMap::default(),
             busy: 0,
+            next_run: 0,
             requests: Default::default(),
             driver: None,
+            term: 0,
             registering: true,
             heartbeat_in_flight: false,
             last_answer: now,
@@ -151,6 +180,12 @@ impl<H: Cancel> Machine<H> {
         self.draining.is_some()
     }
 
+    /// The term of the driver this executor is registered with: the attempts it launches
+    /// are of it.
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
     /// How many attempts run now.
     pub fn running(&self) -> usize {
         self.running.len()
@@ -161,19 +196,55 @@ impl<H: Cancel> Machine<H> {
         self.busy
     }
 
-    /// A driver accepted a registration: with a new driver, the old one's attempts mean
-    /// nothing (its task ids will be reused), so they are dropped unreported.
-    pub fn on_registered(&mut self, driver: InstanceId, now: u64) -> Registered {
+    /// A driver accepted a registration. A new driver adopted some of the attempts held (the
+    /// registration listed them, [`Machine::held`]): they run on under its term, renamed
+    /// as it says, and their statuses with them. The others, and their statuses, are
+    /// dropped unreported: the new driver runs their tasks again if they are to run.
+    pub fn on_registered(&mut self, answer: Registration, now: u64) -> Registered {
         self.registering = false;
         self.last_answer = now;
-        self.statuses.driver = Some(driver);
-        let previous = self.driver.replace(driver);
-        if !previous.is_some_and(|p| p != driver) {
+        self.statuses.driver = Some(answer.driver);
+        let previous = self.driver.replace(answer.driver);
+        let old_term = std::mem::replace(&mut self.term, answer.term);
+        self.statuses.term = answer.term;
+        if !previous.is_some_and(|p| p != answer.driver) {
             return Registered::Same;
         }
-        let dropped = self.abandon_all().len();
-        let unsent = self.statuses.clear();
-        Registered::NewDriver { dropped, unsent }
+        let renamed = |task_id: TaskId, attempt: u32| {
+            answer
+                .adopted
+                .iter()
+                .find(|a| a.task_id == task_id && a.attempt == attempt && a.term == old_term)
+                .map(|a| a.new_attempt)
+        };
+        let mut adopted = 0;
+        let mut given_up = Vec::new();
+        for (task_id, slot) in self.running.iter_mut() {
+            match renamed(*task_id, slot.attempt).filter(|_| slot.term == old_term) {
+                Some(new_attempt) => {
+                    slot.attempt = new_attempt;
+                    slot.term = answer.term;
+                    adopted += 1;
+                }
+                None => given_up.push(*task_id),
+            }
+        }
+        for task_id in &given_up {
+            let mut slot = self.free(*task_id);
+            slot.work.cancel();
+        }
+        let unsent = self.statuses.adopt(renamed);
+        Registered::NewDriver {
+            adopted,
+            dropped: given_up.len(),
+            unsent,
+        }
+    }
+
+    /// What this executor holds, for a registration: attempts running, and ends not yet
+    /// acknowledged, each with the term of the driver that launched it.
+    pub fn held(&self) -> Vec<RunningAttempt> {
+        self.held_attempts()
     }
 
     /// Whether a `LaunchTasks` or `KillTask` from `driver_instance` is from this executor's
@@ -183,14 +254,15 @@ impl<H: Cancel> Machine<H> {
         driver_instance.is_none() || driver_instance == self.driver
     }
 
-    /// Starts one launched attempt with `start`. A draining executor still runs a launch that
+    /// Starts one launched attempt with `start`, which gets the run's number to report its end
+    /// with ([`Machine::finish`]). A draining executor still runs a launch that
     /// comes before its drain's time is up (the driver sent it before it heard of the drain,
     /// and the drain waits for it); only once what runs has been handed back does it hand a
     /// launch straight back.
     pub fn launch(
         &mut self,
         task: &TaskDescription,
-        start: impl FnOnce(&TaskDescription) -> Started<H>,
+        start: impl FnOnce(&TaskDescription, Run) -> Started<H>,
     ) {
         if self.handed_back {
             self.statuses.push(handed_back(task.task_id, task.attempt));
@@ -210,12 +282,16 @@ impl<H: Cancel> Machine<H> {
                 "launch beyond this executor's cores"
             );
         }
-        let work = match start(task) {
+        let run = self.next_run;
+        self.next_run += 1;
+        let work = match start(task, run) {
             Started::Ended(update) => return self.statuses.push(update),
             Started::Running(work) => work,
         };
         let slot = Slot {
             attempt: task.attempt,
+            term: self.term,
+            run,
             cpus: task.cpus,
             work,
             killed: false,
@@ -234,19 +310,18 @@ impl<H: Cancel> Machine<H> {
         });
     }
 
-    /// An attempt that ran in the background has ended with `end`; ignored unless it is the
-    /// attempt in the slot (one given up or replaced ends unreported).
-    pub fn finish(&mut self, end: StatusUpdate) {
-        if !self
-            .running
-            .get(&end.task_id)
-            .is_some_and(|s| s.attempt == end.attempt)
-        {
+    /// Run `run`, which ran in the background, has ended with `end`; ignored unless that run
+    /// holds the slot (one given up or replaced ends unreported, even when a later run of the
+    /// same task and attempt number holds it now). The status names the attempt the slot
+    /// holds now: an adopted run was renamed after it started.
+    pub fn finish(&mut self, run: Run, mut end: StatusUpdate) {
+        if !self.running.get(&end.task_id).is_some_and(|s| s.run == run) {
             return;
         }
         let slot = self.free(end.task_id);
+        end.attempt = slot.attempt;
         let update = match slot.killed {
-            true => killed_status(end.task_id, end.attempt),
+            true => killed_status(end.task_id, slot.attempt),
             false => end,
         };
         self.statuses.push(update);
@@ -329,6 +404,7 @@ impl<H: Cancel> Machine<H> {
             .map(|(task_id, slot)| RunningAttempt {
                 task_id: *task_id,
                 attempt: slot.attempt,
+                term: slot.term,
             })
             .collect();
         held.extend(self.statuses.unacknowledged());

@@ -23,8 +23,17 @@ fn machine() -> Machine<Work> {
         status_limit: 1 << 20,
     };
     let mut machine = Machine::new(config, 0);
-    machine.on_registered(InstanceId::from_u64_pair(9, 9), 0);
+    machine.on_registered(driver(9, 4), 0);
     machine
+}
+
+/// The answer of driver instance `n`, of term `term`, which adopts nothing.
+fn driver(n: u64, term: u64) -> Registration {
+    Registration {
+        driver: InstanceId::from_u64_pair(n, n),
+        term,
+        adopted: Vec::new(),
+    }
 }
 
 fn task(task_id: TaskId) -> TaskDescription {
@@ -65,13 +74,16 @@ fn ack() -> Result<StatusReply, String> {
 #[test]
 fn one_batch_in_flight_and_the_rest_waits_for_its_answer() {
     let mut m = machine();
-    m.launch(&task(1), |_| Started::Running(Work(true)));
+    m.launch(&task(1), |_, _| Started::Running(Work(true)));
     m.poll(1);
     assert_eq!(requests(&mut m), [Request::Status]);
-    m.finish(StatusUpdate {
-        state: TaskState::Finished,
-        ..killed_status(1, 0)
-    });
+    m.finish(
+        0,
+        StatusUpdate {
+            state: TaskState::Finished,
+            ..killed_status(1, 0)
+        },
+    );
     m.poll(2);
     assert!(
         requests(&mut m).is_empty(),
@@ -86,13 +98,16 @@ fn one_batch_in_flight_and_the_rest_waits_for_its_answer() {
 #[test]
 fn a_kill_of_work_that_cannot_stop_reports_killed_when_it_returns() {
     let mut m = machine();
-    m.launch(&task(1), |_| Started::Running(Work(false)));
+    m.launch(&task(1), |_, _| Started::Running(Work(false)));
     m.kill(1, 0);
     assert_eq!(m.running(), 1);
-    m.finish(StatusUpdate {
-        state: TaskState::Finished,
-        ..killed_status(1, 0)
-    });
+    m.finish(
+        0,
+        StatusUpdate {
+            state: TaskState::Finished,
+            ..killed_status(1, 0)
+        },
+    );
     assert_eq!(m.running(), 0);
     m.poll(1);
     assert_eq!(
@@ -104,7 +119,7 @@ fn a_kill_of_work_that_cannot_stop_reports_killed_when_it_returns() {
 #[test]
 fn a_new_driver_drops_the_old_drivers_attempts_and_statuses() {
     let mut m = machine();
-    m.launch(&task(1), |_| Started::Running(Work(true)));
+    m.launch(&task(1), |_, _| Started::Running(Work(true)));
     let launch = m.on_status(
         Ok(StatusReply::UnknownExecutor {
             message: "?".into(),
@@ -114,10 +129,11 @@ fn a_new_driver_drops_the_old_drivers_attempts_and_statuses() {
     assert!(launch.is_empty());
     m.poll(1);
     assert!(m.is_registering());
-    let registered = m.on_registered(InstanceId::from_u64_pair(7, 7), 2);
+    let registered = m.on_registered(driver(7, 8), 2);
     assert_eq!(
         registered,
         Registered::NewDriver {
+            adopted: 0,
             dropped: 1,
             unsent: 1
         }
@@ -126,12 +142,142 @@ fn a_new_driver_drops_the_old_drivers_attempts_and_statuses() {
     assert!(m.statuses().is_idle());
 }
 
+/// A run given up when a new driver came may still end (work that cannot be stopped, or an end
+/// already on its way): its end must not be taken for a later run that the new driver, which
+/// numbers tasks and attempts afresh, launched under the same task id and attempt.
+#[test]
+fn the_end_of_a_run_given_up_is_never_taken_for_a_later_run_of_the_same_task_and_attempt() {
+    let mut m = machine();
+    let mut runs = Vec::new();
+    m.launch(&task(1), |_, run| {
+        runs.push(run);
+        Started::Running(Work(false))
+    });
+    m.on_registered(driver(7, 8), 1);
+    assert_eq!(m.running(), 0, "the old driver's run is given up");
+    m.launch(&task(1), |_, run| {
+        runs.push(run);
+        Started::Running(Work(true))
+    });
+    assert_ne!(runs[0], runs[1], "every run has a number of its own");
+    let old_end = StatusUpdate {
+        result: Some(serde_json::json!("the old run's output")),
+        state: TaskState::Finished,
+        ..killed_status(1, 0)
+    };
+    m.finish(runs[0], old_end);
+    assert_eq!(m.running(), 1, "the later run still holds the slot");
+    m.poll(2);
+    assert_eq!(states(&m), [(1, TaskState::Running)]);
+    m.finish(
+        runs[1],
+        StatusUpdate {
+            state: TaskState::Finished,
+            ..killed_status(1, 0)
+        },
+    );
+    assert_eq!(m.running(), 0);
+}
+
+/// A new driver that adopts an attempt: the run goes on under the new term and number, its
+/// status (not yet acknowledged by the old driver) goes to the new one renamed, and what it did
+/// not adopt is stopped and forgotten.
+#[test]
+fn a_new_driver_adopts_what_it_says_and_the_rest_is_dropped() {
+    let mut m = machine();
+    let mut runs = Vec::new();
+    for id in [1, 2, 3] {
+        m.launch(&task(id), |_, run| {
+            runs.push(run);
+            Started::Running(Work(true))
+        });
+    }
+    // Task 3 ends before the old driver acknowledges it.
+    m.finish(
+        runs[2],
+        StatusUpdate {
+            state: TaskState::Finished,
+            ..killed_status(3, 0)
+        },
+    );
+    let held = m.held();
+    assert_eq!(held.len(), 3, "{held:?}");
+    assert!(
+        held.iter().all(|a| a.term == 4 && a.attempt == 0),
+        "{held:?}"
+    );
+    let adopt = |task_id, new_attempt| Adopted {
+        task_id,
+        attempt: 0,
+        term: 4,
+        new_attempt,
+    };
+    let answer = Registration {
+        adopted: vec![adopt(1, 2), adopt(3, 0)],
+        ..driver(7, 12)
+    };
+    assert_eq!(
+        m.on_registered(answer, 5),
+        Registered::NewDriver {
+            adopted: 1,
+            dropped: 1,
+            unsent: 1,
+        }
+    );
+    assert_eq!(m.running(), 1);
+    assert_eq!(m.busy_cores(), 1);
+    let held: Vec<RunningAttempt> = {
+        let mut held = m.held();
+        held.sort_by_key(|a| a.task_id);
+        held
+    };
+    assert_eq!(
+        held,
+        [
+            RunningAttempt {
+                task_id: 1,
+                attempt: 2,
+                term: 12
+            },
+            RunningAttempt {
+                task_id: 3,
+                attempt: 0,
+                term: 12
+            }
+        ]
+    );
+    // The adopted run's end counts, under its new number.
+    m.finish(
+        runs[0],
+        StatusUpdate {
+            state: TaskState::Finished,
+            ..killed_status(1, 0)
+        },
+    );
+    assert_eq!(m.running(), 0, "the end of the adopted run freed its slot");
+    m.poll(6);
+    let sent: Vec<(TaskId, u32, TaskState)> = m
+        .statuses()
+        .sending()
+        .map(|u| (u.task_id, u.attempt, u.state))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            (1, 2, TaskState::Running),
+            (3, 0, TaskState::Running),
+            (3, 0, TaskState::Finished),
+            (1, 2, TaskState::Finished)
+        ]
+    );
+}
+
 #[test]
 fn a_silent_driver_means_registering_again_and_no_statuses_meanwhile() {
     let mut m = machine();
     assert_eq!(m.beat(false, 20_000), Ok(()));
     assert_eq!(requests(&mut m), [Request::Register]);
-    m.launch(&task(1), |_| Started::Running(Work(true)));
+    m.launch(&task(1), |_, _| Started::Running(Work(true)));
     m.poll(20_001);
     assert!(
         requests(&mut m).is_empty(),
@@ -143,14 +289,14 @@ fn a_silent_driver_means_registering_again_and_no_statuses_meanwhile() {
 #[test]
 fn a_drain_keeps_a_late_launch_hands_back_what_still_runs_and_leaves_once_acknowledged() {
     let mut m = machine();
-    m.launch(&task(1), |_| Started::Running(Work(true)));
+    m.launch(&task(1), |_, _| Started::Running(Work(true)));
     m.stop("test", 100);
     // Sent before the driver heard of the drain: run, not handed back.
-    m.launch(&task(2), |_| Started::Running(Work(true)));
+    m.launch(&task(2), |_, _| Started::Running(Work(true)));
     assert_eq!(m.running(), 2);
     assert_eq!(m.hand_back_at(), Some(30_100));
     m.hand_back();
-    m.launch(&task(3), |_| {
+    m.launch(&task(3), |_, _| {
         unreachable!("once its tasks are handed back, an executor starts nothing")
     });
     assert!(!m.poll(30_100));
@@ -188,7 +334,7 @@ fn registration_backs_off_to_two_seconds_until_its_deadline() {
 #[test]
 fn tasks_in_an_acknowledgement_come_back_to_be_launched() {
     let mut m = machine();
-    m.launch(&task(1), |t| {
+    m.launch(&task(1), |t, _| {
         Started::Ended(StatusUpdate {
             state: TaskState::Finished,
             ..killed_status(t.task_id, 0)
@@ -217,7 +363,13 @@ fn launches_and_kills_count_only_from_the_driver_registered_with() {
     assert!(!machine.sent_by_my_driver(Some(second)));
     // A sender that names no instance is taken to be the current driver.
     assert!(machine.sent_by_my_driver(None));
-    machine.on_registered(second, 1);
+    machine.on_registered(
+        Registration {
+            driver: second,
+            ..driver(8, 8)
+        },
+        1,
+    );
     assert!(machine.sent_by_my_driver(Some(second)));
     assert!(!machine.sent_by_my_driver(Some(first)));
 }
@@ -229,8 +381,8 @@ fn a_launch_whose_cpus_overflow_the_busy_count_fails_and_takes_no_slot() {
         cpus: u32::MAX,
         ..task(1)
     };
-    m.launch(&huge, |_| Started::Running(Work(true)));
-    m.launch(&task(2), |_| Started::Running(Work(true)));
+    m.launch(&huge, |_, _| Started::Running(Work(true)));
+    m.launch(&task(2), |_, _| Started::Running(Work(true)));
     m.poll(1);
     assert_eq!(requests(&mut m), [Request::Status]);
     assert_eq!(

@@ -129,6 +129,7 @@ impl PythonPool {
             "task_id": context.task_id,
             "index": context.index,
             "attempt": context.attempt,
+            "term": context.term,
             // Set in the worker's environment for this call only, as a command task gets them.
             "resources": context.resources,
         });

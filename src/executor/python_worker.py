@@ -7,7 +7,7 @@ then that many bytes of JSON.
 
 - The worker's first frame: {"ready": <pid>, "cloudpickle": <bool>}.
 - A request: {"function": <b64>, "args": <b64>, "map": <bool>, "job_id", "task_id", "index",
-  "attempt", "resources"}. `function` is a pickled callable, `args` a pickled (args, kwargs)
+  "attempt", "term", "resources"}. `function` is a pickled callable, `args` a pickled (args, kwargs)
   pair, or with `map` a pickled list of items; `resources` the addresses of the custom resources
   the attempt holds, by name ({"gpu": ["1"]}), set in the environment for the call only.
 - The answer: {"ok": <b64 pickled result>}, or {"error": <text>, "type": <name>,
@@ -43,6 +43,7 @@ ENVIRONMENT = (
     ("task_id", "EMBER_TASK_ID"),
     ("index", "EMBER_TASK_INDEX"),
     ("attempt", "EMBER_TASK_ATTEMPT"),
+    ("term", "EMBER_TASK_TERM"),
 )
 
 # The variables of a task's custom resources, as a command task gets them.

@@ -2,7 +2,7 @@
 //! result or an error) into its terminal [`StatusUpdate`].
 
 use super::command::run_command;
-use super::machine::Started;
+use super::machine::{Run, Started};
 use super::python::PythonPool;
 use super::tasks::{sleep_duration, Handler, Handlers, TaskContext, TaskResult};
 use crate::ids::TaskId;
@@ -16,6 +16,8 @@ use tokio::task::AbortHandle;
 
 /// An attempt's end, sent by the task that ran it.
 pub(crate) struct Done {
+    /// The run it ended, as the machine numbered it.
+    run: Run,
     task_id: TaskId,
     attempt: u32,
     outcome: Outcome,
@@ -38,17 +40,19 @@ pub(crate) struct Runner {
 }
 
 impl Done {
-    /// The attempt's terminal status.
-    pub fn into_status(self) -> StatusUpdate {
-        match self.outcome {
+    /// The run that ended, and the attempt's terminal status.
+    pub fn into_end(self) -> (Run, StatusUpdate) {
+        let end = match self.outcome {
             Outcome::Ran(outcome) => status(self.task_id, self.attempt, outcome, self.detail),
             Outcome::Status(status) => status,
-        }
+        };
+        (self.run, end)
     }
 
     /// The end of work done at once, sent the way of work done in the background.
-    fn from_status(status: StatusUpdate) -> Self {
+    fn from_status(run: Run, status: StatusUpdate) -> Self {
         Self {
+            run,
             task_id: status.task_id,
             attempt: status.attempt,
             outcome: Outcome::Status(status),
@@ -81,14 +85,21 @@ impl Runner {
         (runner, ends)
     }
 
-    /// Starts one attempt: its end, for work done at once, or the handle of work that goes on
-    /// in the background (none for work that cannot be stopped).
-    pub fn start(&self, task: &TaskDescription) -> Started<Option<AbortHandle>> {
+    /// Starts one attempt as run `run`: its end, for work done at once, or the handle of work
+    /// that goes on in the background (none for work that cannot be stopped), whose end
+    /// names the run.
+    pub fn start(
+        &self,
+        task: &TaskDescription,
+        run: Run,
+        term: u64,
+    ) -> Started<Option<AbortHandle>> {
         let context = TaskContext {
             job_id: task.job_id,
             task_id: task.task_id,
             index: task.index,
             attempt: task.attempt,
+            term,
             resources: task.resources.clone(),
         };
         let (task_id, attempt) = (task.task_id, task.attempt);
@@ -101,6 +112,7 @@ impl Runner {
             move |outcome, detail| {
                 metrics.ran(started.elapsed());
                 let _ = done.send(Done {
+                    run,
                     task_id,
                     attempt,
                     outcome: Outcome::Ran(outcome),
@@ -123,7 +135,7 @@ impl Runner {
                         return self.ended(started, end);
                     }
                     self.metrics.ran(started.elapsed());
-                    let _ = self.done.send(Done::from_status(end));
+                    let _ = self.done.send(Done::from_status(run, end));
                     None
                 }
                 Some(Handler::Sleep) => match sleep_duration(arg) {

@@ -8,7 +8,7 @@
 //! what fits in a batch). The tests hold the result to the protocol's own encoding.
 
 use crate::driver::core::MAX_UPDATES_PER_BATCH;
-use crate::ids::{ExecutorId, InstanceId};
+use crate::ids::{ExecutorId, InstanceId, TaskId};
 use crate::protocol::{
     encode, RunningAttempt, StatusReply, StatusUpdate, TaskDescription, TaskState,
 };
@@ -29,6 +29,8 @@ pub struct StatusQueue {
     executor_id: ExecutorId,
     /// The driver instance the statuses are for: the one the executor is registered with.
     pub driver: Option<InstanceId>,
+    /// That driver's term, which names the attempts of the statuses with their numbers.
+    pub term: u64,
     /// The largest batch, in bytes.
     pub limit: usize,
     /// Statuses waiting.
@@ -42,6 +44,7 @@ impl StatusQueue {
         Self {
             executor_id,
             driver: None,
+            term: 0,
             limit,
             pending: Vec::new(),
             sending: Vec::new(),
@@ -89,6 +92,27 @@ impl StatusQueue {
         n
     }
 
+    /// Keeps, of the statuses not yet acknowledged, those of the attempts a new driver
+    /// adopted, each renamed to the number `adopted` gives it, and forgets the rest (they
+    /// were for the driver before); the batch in flight waits again. Returns how many were
+    /// forgotten.
+    pub fn adopt(&mut self, adopted: impl Fn(TaskId, u32) -> Option<u32>) -> usize {
+        self.in_flight = false;
+        let before = self.pending.len() + self.sending.len();
+        let mut kept = Vec::with_capacity(before);
+        for queued in self.sending.drain(..).chain(self.pending.drain(..)) {
+            let Some(attempt) = adopted(queued.update.task_id, queued.update.attempt) else {
+                continue;
+            };
+            let mut update = queued.update;
+            update.attempt = attempt;
+            let json = queued.json.map(|_| encode(&update));
+            kept.push(Queued { update, json });
+        }
+        self.pending = kept;
+        before - self.pending.len()
+    }
+
     /// Whether every status has been acknowledged.
     pub fn is_idle(&self) -> bool {
         !self.in_flight && self.pending.is_empty()
@@ -102,6 +126,7 @@ impl StatusQueue {
             .map(|q| RunningAttempt {
                 task_id: q.update.task_id,
                 attempt: q.update.attempt,
+                term: self.term,
             })
     }
 

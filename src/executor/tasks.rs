@@ -17,6 +17,9 @@ pub struct TaskContext {
     pub task_id: TaskId,
     pub index: u32,
     pub attempt: u32,
+    /// The term of the driver that launched the attempt: with the task id and the attempt
+    /// number, it names this run and no other (0 without a journal).
+    pub term: u64,
     /// The addresses of the custom resources the driver gave this attempt (Spark's
     /// `TaskContext.resources()`); empty unless its job asked for some.
     pub resources: crate::resources::Addresses,

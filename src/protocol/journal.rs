@@ -19,6 +19,11 @@ pub enum JournalRecord {
         first_task: TaskId,
         time_ms: u64,
         job: Box<SubmitJob>,
+        /// The term of the leader that accepted it: only a leader of this term or a later one
+        /// knew the job, so only their attempts of its tasks may be adopted. Absent in records
+        /// from before terms: none of their attempts is adopted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        term: Option<u64>,
     },
     /// Tasks ended for good: FINISHED, or FAILED for the last time. One record per status batch.
     /// A run of plain finishes of consecutive task ids, one attempt and one executor is written

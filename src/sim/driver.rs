@@ -145,10 +145,11 @@ impl DriverNode {
     }
 }
 
-fn new_core(driver_instance: InstanceId, epoch: u64, journal: bool) -> Core {
+fn new_core(driver_instance: InstanceId, epoch: u64, term: u64, journal: bool) -> Core {
     Core::new(CoreConfig {
         driver_instance,
         epoch,
+        term,
         expect_executors: 0,
         max_reply_bytes: crate::DEFAULT_MAX_PAYLOAD,
         journal,
@@ -324,15 +325,21 @@ impl World {
         let now = self.queue.now();
         let instance = self.rng.uuid();
         let journal = self.config.journal;
-        let mut core = new_core(instance, epoch, journal);
+        let term = match journal {
+            true => {
+                let mark = JournalRecord::Leader {
+                    epoch,
+                    driver_instance: instance,
+                    time_ms: now,
+                };
+                self.broker.mark(epoch, mark)?
+            }
+            false => 0,
+        };
+        let mut core = new_core(instance, epoch, term, journal);
         let mut outbox = Outbox::default();
         if journal {
-            let mark = JournalRecord::Leader {
-                epoch,
-                driver_instance: instance,
-                time_ms: now,
-            };
-            outbox.last = self.broker.mark(epoch, mark)?;
+            outbox.last = term;
             for stored in &self.broker.journal {
                 for record in stored {
                     core.replay(record.clone())

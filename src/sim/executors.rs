@@ -7,7 +7,7 @@ use super::network::{Message, Pid, Reply, Request, Sender};
 use super::{Event, SimMachine, World};
 use crate::epoch::Fence;
 use crate::executor::machine::{
-    Backoff, Cancel, MachineConfig, Registered, Request as Ask, Started,
+    Backoff, Cancel, MachineConfig, Registered, Registration, Request as Ask, Run, Started,
 };
 use crate::ids::{ExecutorId, TaskId};
 use crate::protocol::{
@@ -75,6 +75,7 @@ impl World {
             log_urls: BTreeMap::new(),
             attributes: BTreeMap::new(),
             resources: Default::default(),
+            held: Vec::new(),
         });
         let deadline = now + crate::DEFAULT_REGISTER_TIMEOUT.as_millis() as u64;
         self.procs.push(Process {
@@ -101,7 +102,9 @@ impl World {
         if !process.alive {
             return Ok(());
         }
-        let body = Request::Register(process.registration.clone());
+        let mut registration = process.registration.clone();
+        registration.held = process.machine.held();
+        let body = Request::Register(registration);
         let id = self.request(pid, body, REQUEST_TIMEOUT);
         self.procs[pid as usize].register = Some(id);
         Ok(())
@@ -150,9 +153,23 @@ impl World {
                 process.register = None;
                 match answer {
                     RegisterReply::RegisteredExecutor {
-                        driver_instance, ..
+                        driver_instance,
+                        term,
+                        adopted,
+                        ..
                     } => {
-                        let registered = process.machine.on_registered(driver_instance, now);
+                        // An adopted attempt is the new leader's from now on, as if it had
+                        // launched it here.
+                        for a in &adopted {
+                            self.ledger
+                                .launched(sender.leadership, a.task_id, a.new_attempt, pid);
+                        }
+                        let answer = Registration {
+                            driver: driver_instance,
+                            term,
+                            adopted,
+                        };
+                        let registered = process.machine.on_registered(answer, now);
                         if registered != Registered::Same {
                             // The batch in flight was the old driver's; its answer means nothing.
                             process.status = None;
@@ -308,7 +325,7 @@ impl World {
         let instant = self.rng.chance(INSTANT_TASKS);
         let run_for = self.rng.between(1, self.config.task_ms);
         let (queue, process) = (&mut self.queue, &mut self.procs[pid as usize]);
-        process.machine.launch(task, |task| {
+        process.machine.launch(task, |task, run| {
             if instant {
                 return Started::Ended(end_of(task.task_id, task.attempt, ok));
             }
@@ -317,6 +334,7 @@ impl World {
                 run_for,
                 Event::TaskDone {
                     pid,
+                    run,
                     task_id,
                     attempt,
                     ok,
@@ -329,6 +347,7 @@ impl World {
     pub(super) fn task_done(
         &mut self,
         pid: Pid,
+        run: Run,
         task_id: TaskId,
         attempt: u32,
         ok: bool,
@@ -337,7 +356,7 @@ impl World {
         if !process.alive {
             return Ok(());
         }
-        process.machine.finish(end_of(task_id, attempt, ok));
+        process.machine.finish(run, end_of(task_id, attempt, ok));
         self.executor_stepped(pid)
     }
 

@@ -53,6 +53,8 @@ enum Event {
     },
     TaskDone {
         pid: Pid,
+        /// The machine's number for the run that ends.
+        run: crate::executor::machine::Run,
         task_id: TaskId,
         attempt: u32,
         ok: bool,
@@ -226,10 +228,11 @@ impl World {
             Event::Beat { pid } => self.beat(pid),
             Event::TaskDone {
                 pid,
+                run,
                 task_id,
                 attempt,
                 ok,
-            } => self.task_done(pid, task_id, attempt, ok),
+            } => self.task_done(pid, run, task_id, attempt, ok),
             Event::HandBack { pid } => self.hand_back(pid),
             Event::StartExecutor => self.start_executor(),
             Event::Driver { node, turn, what } => self.at_driver(node, turn, what),

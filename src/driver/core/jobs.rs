@@ -65,6 +65,8 @@ pub struct Job {
     pub speculation: Option<Box<super::speculation::Speculation>>,
     /// The key its client gave to make the submission safe to send again.
     pub submission_id: Option<String>,
+    /// The term of the leader that accepted it, if known (see [`JournalRecord::JobSubmitted`]).
+    pub term: Option<u64>,
 }
 
 impl Job {
@@ -102,6 +104,7 @@ impl Job {
                 .speculation
                 .map(|config| Box::new(super::speculation::Speculation::new(config))),
             submission_id: submit.submission_id,
+            term: None,
         }
     }
 
@@ -304,13 +307,16 @@ impl Core {
         }
         let id = self.next_job;
         let first_task = self.next_task;
+        let term = self.config.term;
         self.journal(|| JournalRecord::JobSubmitted {
             job_id: id,
             first_task,
             time_ms: now,
             job: Box::new(submit.clone()),
+            term: Some(term),
         });
-        let job = Job::new(id, first_task, submit, now);
+        let mut job = Job::new(id, first_task, submit, now);
+        job.term = Some(self.config.term);
         self.next_job += 1;
         self.next_task += u64::from(job.len());
         self.publish(Event::JobStart {

@@ -20,6 +20,9 @@ pub struct Liveness {
     /// An attempt younger than this is not yet expected in a heartbeat (its launch may be on
     /// the way).
     pub reconcile_grace_ms: u64,
+    /// How long a leader that restored running jobs holds offers, so that executors still
+    /// running their tasks register and have them adopted rather than run twice.
+    pub adopt_wait_ms: u64,
 }
 
 impl Default for Liveness {
@@ -28,6 +31,7 @@ impl Default for Liveness {
             executor_timeout_ms: crate::DEFAULT_EXECUTOR_TIMEOUT.as_millis() as u64,
             no_executors_timeout_ms: crate::DEFAULT_NO_EXECUTORS_TIMEOUT.as_millis() as u64,
             reconcile_grace_ms: 5_000,
+            adopt_wait_ms: super::DEFAULT_ADOPT_WAIT.as_millis() as u64,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! [`Core::take_effects`] and sends. Time comes in as `now` (milliseconds since the epoch), so
 //! tests and simulations drive it with any clock they like.
 
+mod adoption;
 mod allocation;
 mod exclusion;
 mod gate;
@@ -26,6 +27,7 @@ use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+pub use adoption::DEFAULT_ADOPT_WAIT;
 pub use allocation::{
     AllocationConfig, DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MIN_EXECUTORS,
 };
@@ -81,6 +83,10 @@ pub struct CoreConfig {
     pub driver_instance: InstanceId,
     /// The epoch of its leadership: 0 without a lease.
     pub epoch: u64,
+    /// The term of its leadership: the journal's sequence of its leadership mark, which no
+    /// other leader of the cluster shares; 0 without a journal. Every attempt it launches is
+    /// named `(task_id, attempt, term)`.
+    pub term: u64,
     /// Executors the operator expects (Spark's `numPendingExecutors` starts here).
     pub expect_executors: u64,
     /// The largest reply the core should build, in bytes (pages of results stop short of it).
@@ -134,6 +140,8 @@ pub struct Core {
     exclusion: Option<Box<exclusion::Exclusion>>,
     /// Running jobs with speculative execution on.
     speculating: Vec<JobId>,
+    /// Offers are held until then, for adoption (see `Liveness::adopt_wait_ms`).
+    adopting_until: Option<u64>,
     effects: Vec<Effect>,
 }
 
@@ -162,6 +170,7 @@ impl Core {
             gate: None,
             exclusion: None,
             speculating: Vec::new(),
+            adopting_until: None,
             effects: Vec::new(),
         }
     }

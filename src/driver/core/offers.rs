@@ -18,6 +18,9 @@ impl Core {
         if self.gate.is_some() && !self.gate_open(now) {
             return;
         }
+        if self.adopting_until.is_some() && self.adopting(now) {
+            return;
+        }
         self.queue.retain(|id| {
             self.jobs
                 .get(id)
@@ -144,6 +147,20 @@ impl Core {
         if let Some(placement) = &mut job.placement {
             placement.launched(executor, now);
         }
+        let attempt = self.start_attempt(job_id, index, executor, now);
+        self.hand_out(job_id, index, attempt, executor)
+    }
+
+    /// Records the start of task `index`'s next attempt on `executor`, taken out of the
+    /// waiting lines already, and returns its number.
+    pub(super) fn start_attempt(
+        &mut self,
+        job_id: JobId,
+        index: u32,
+        executor: &ExecutorId,
+        now: u64,
+    ) -> u32 {
+        let job = self.jobs.get_mut(&job_id).expect("a job the caller found");
         let record = &mut job.tasks[index];
         if let (Some(previous), true) = (record.executor.take(), record.attempts > 0) {
             // Kept if known: a speculative copy may have used the number.
@@ -159,7 +176,7 @@ impl Core {
         record.started_ms = now;
         record.duration_ms = super::jobs::NO_DURATION;
         job.running += 1;
-        self.hand_out(job_id, index, attempt, executor)
+        attempt
     }
 
     /// Takes attempt `attempt` of task `index` of job `job_id` out of `executor`'s free cores

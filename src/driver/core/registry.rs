@@ -30,6 +30,9 @@ pub struct ExecutorData {
     pub idle_since_ms: u64,
     /// Its custom resources, and which attempts hold which.
     pub resources: super::ExecutorResources,
+    /// What this driver adopted of what it held when it registered, to answer a repeat of
+    /// the registration as the first.
+    pub adopted: Vec<crate::protocol::Adopted>,
 }
 
 impl ExecutorData {
@@ -68,6 +71,7 @@ impl Core {
 
     fn add_executor(&mut self, req: RegisterExecutor, now: u64) -> RegisterReply {
         let id = req.executor_id;
+        let held = req.held;
         let host = host_of(&req.host_port).to_string();
         let info = ExecutorInfo {
             host,
@@ -92,6 +96,7 @@ impl Core {
                 decommissioning: false,
                 idle_since_ms: now,
                 resources: super::ExecutorResources::new(&info.resources),
+                adopted: Vec::new(),
             },
         );
         self.publish(Event::ExecutorAdded {
@@ -100,15 +105,26 @@ impl Core {
             info,
         });
         self.placement_executor_added(&id);
+        let adopted = self.adopt_held(&id, &held, now);
+        if let Some(data) = self.executors.get_mut(&id) {
+            data.adopted = adopted;
+        }
         let reply = self.registered(id);
         self.make_offers(None, now);
         reply
     }
 
     fn registered(&self, executor_id: ExecutorId) -> RegisterReply {
+        let adopted = self
+            .executors
+            .get(&executor_id)
+            .map(|data| data.adopted.clone())
+            .unwrap_or_default();
         RegisterReply::RegisteredExecutor {
             executor_id,
             driver_instance: self.config.driver_instance,
+            term: self.config.term,
+            adopted,
         }
     }
 
@@ -195,6 +211,13 @@ fn validate_registration(subject_id: &str, req: &RegisterExecutor) -> Result<(),
         ));
     }
     validate_host_port(&req.host_port)?;
+    if req.held.len() > super::MAX_UPDATES_PER_BATCH {
+        return Err(format!(
+            "held lists {} attempts; the limit is {}",
+            req.held.len(),
+            super::MAX_UPDATES_PER_BATCH
+        ));
+    }
     validate_map("log_urls", &req.log_urls)?;
     validate_map("attributes", &req.attributes)?;
     crate::resources::validate_addresses(&req.resources)

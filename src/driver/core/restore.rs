@@ -101,7 +101,8 @@ impl Core {
                 first_task,
                 time_ms,
                 job,
-            } => self.replay_submitted(job_id, first_task, time_ms, *job),
+                term,
+            } => self.replay_submitted(job_id, first_task, time_ms, *job, term),
             JournalRecord::TasksEnded { tasks, .. } => self.replay_tasks(tasks),
             JournalRecord::ResultsDropped { job_id } => self.replay_results_dropped(job_id),
             JournalRecord::TaskKilledByRequest { job_id, index, .. } => {
@@ -162,6 +163,7 @@ impl Core {
             self.end_job_if_done(job_id, now);
         }
         self.placement_resumed(now);
+        self.start_adopting(restored.running_jobs, now);
         let ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for job_id in ids {
             self.track_speculation(job_id);
@@ -175,6 +177,7 @@ impl Core {
         first_task: TaskId,
         time_ms: u64,
         submit: SubmitJob,
+        term: Option<u64>,
     ) -> Result<(), ReplayError> {
         // A repeat, or a job forgotten already (a retried write stored after a snapshot).
         if self.jobs.contains_key(&job_id) || job_id < self.next_job {
@@ -186,7 +189,8 @@ impl Core {
         if first_task < self.next_task {
             return Err(ReplayError::IdsOverlap { job_id, first_task });
         }
-        let job = Job::new(job_id, first_task, submit, time_ms);
+        let mut job = Job::new(job_id, first_task, submit, time_ms);
+        job.term = term;
         self.next_job = job_id + 1;
         self.next_task = first_task + u64::from(job.len());
         self.add_job(job);

@@ -62,6 +62,7 @@ impl Core {
                 first_task: job.first_task,
                 time_ms: job.submitted_at_ms,
                 job: Box::new(job.submission()),
+                term: job.term,
             });
             let launched = job.tasks.launched();
             let settled = (0..launched.len() as u32).filter_map(|index| {

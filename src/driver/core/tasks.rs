@@ -161,6 +161,23 @@ impl Tasks {
         true
     }
 
+    /// Takes waiting task `index` out of the waiting lines to run now, whichever line it is
+    /// in (an attempt adopted rather than offered); false if it does not wait.
+    pub fn take_waiting(&mut self, index: u32) -> bool {
+        if index >= self.count || self[index].status != TaskStatus::Pending {
+            return false;
+        }
+        if index as usize >= self.launched.len() {
+            // Its record comes into being with those before it, which wait on.
+            let _ = &mut self[index];
+            return true;
+        }
+        match self.again.iter().position(|i| *i == index) {
+            Some(position) => self.again.remove(position).is_some(),
+            None => false,
+        }
+    }
+
     /// The first of the next `lookahead` waiting tasks that `usable` accepts. A never-run task
     /// is always accepted, so only tasks that must run again are asked about.
     pub fn find_waiting(

@@ -3,6 +3,7 @@
 //! invariants. This module holds what they share: builders of requests, senders that check the
 //! reply, readers of effects, and the invariant checks.
 
+mod adoption;
 mod allocation;
 mod exclusion;
 mod gate;
@@ -43,6 +44,7 @@ fn core_with(expect_executors: u64, max_reply_bytes: usize) -> Core {
     Core::new(CoreConfig {
         driver_instance: InstanceId::from_u128(DRIVER),
         epoch: 0,
+        term: 0,
         expect_executors,
         max_reply_bytes,
         journal: false,
@@ -90,6 +92,7 @@ fn registration(id: &str, cores: u32) -> RegisterExecutor {
         log_urls: BTreeMap::new(),
         attributes: BTreeMap::new(),
         resources: Default::default(),
+        held: Vec::new(),
     }
 }
 
@@ -98,6 +101,8 @@ fn registered(id: &str) -> RegisterReply {
     RegisterReply::RegisteredExecutor {
         executor_id: eid(id),
         driver_instance: InstanceId::from_u128(DRIVER),
+        term: 0,
+        adopted: Vec::new(),
     }
 }
 

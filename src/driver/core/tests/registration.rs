@@ -20,6 +20,7 @@ fn a_new_executor_is_registered_and_announced() {
         log_urls: log_urls.clone(),
         attributes: attributes.clone(),
         resources: Default::default(),
+        held: Vec::new(),
     };
     assert_eq!(
         core.register("exec-1", request, 1_000),

@@ -150,6 +150,7 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
                 first_task: 3,
                 time_ms: 0,
                 job: Box::new(job(1, 1, 4)),
+                term: None,
             },
             ReplayError::IdsOverlap {
                 job_id: 2,
@@ -166,6 +167,7 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
         first_task: 5,
         time_ms: 0,
         job: Box::new(job(0, 1, 4)),
+        term: None,
     };
     assert!(matches!(
         core.replay(empty),
