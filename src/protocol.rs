@@ -331,7 +331,7 @@ fn default_page() -> u32 {
     1000
 }
 
-fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+pub(crate) fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
     *n == T::default()
 }
 

@@ -421,6 +421,7 @@ fn event_task_start() {
                 }],
             ),
         ],
+        term: 0,
     };
     assert_eq!(event.kind(), "task.start");
     golden(
@@ -449,6 +450,59 @@ fn event_task_start() {
     assert_eq!(started, [("exec-1", 42), ("exec-1", 44), ("exec-2", 43)]);
     assert_eq!(event.task_count(), 3);
     assert_eq!(event.ended().count(), 0);
+}
+
+/// A journaled leader's task events say its term, which with a task id and attempt names one
+/// run; a `TaskEnd` and a `TasksEnded` record the same.
+#[test]
+fn task_events_and_records_of_a_term() {
+    golden(
+        &Event::TaskStart {
+            time_ms: 2000,
+            job_id: 7,
+            executors: vec![on("exec-1", vec![task_started()])],
+            term: 12,
+        },
+        json!({
+            "type": "TaskStart",
+            "time_ms": 2000,
+            "job_id": 7,
+            "executors": [{"executor_id": "exec-1", "tasks": [[42, 3, 0]]}],
+            "term": 12
+        }),
+    );
+    golden(
+        &Event::TaskEnd {
+            time_ms: 3000,
+            job_id: 7,
+            executors: vec![on("exec-1", vec![task_ended_ok()])],
+            term: 12,
+        },
+        json!({
+            "type": "TaskEnd",
+            "time_ms": 3000,
+            "job_id": 7,
+            "executors": [{"executor_id": "exec-1", "tasks": [[42, 3, 0, 15]]}],
+            "term": 12
+        }),
+    );
+    golden(
+        &JournalRecord::TasksEnded {
+            time_ms: 1,
+            tasks: vec![JournaledTask {
+                task_id: 42,
+                attempt: 0,
+                executor_id: exec("exec-1"),
+                state: TaskState::Finished,
+                result: None,
+                error: None,
+                in_bucket: false,
+                result_chunks: None,
+            }],
+            term: 12,
+        },
+        json!({"type": "TasksEnded", "time_ms": 1, "tasks": [[42, 0, "exec-1"]], "term": 12}),
+    );
 }
 
 fn task_ended_ok() -> TaskEnded {
@@ -563,6 +617,7 @@ fn event_task_end() {
             on("exec-1", vec![task_ended_ok()]),
             on("exec-2", vec![task_ended_failed()]),
         ],
+        term: 0,
     };
     assert_eq!(event.kind(), "task.end");
     golden(
@@ -652,6 +707,7 @@ fn event_task_start_writes_runs_of_consecutive_attempts() {
         time_ms: 2000,
         job_id: 7,
         executors: vec![on("exec-1", tasks)],
+        term: 0,
     };
     golden(
         &event,
@@ -674,6 +730,7 @@ fn event_task_end_writes_runs_of_plain_finishes() {
         time_ms: 3000,
         job_id: 7,
         executors: vec![on("exec-1", tasks.clone())],
+        term: 0,
     };
     golden(
         &event,
@@ -748,6 +805,7 @@ fn task_end_of(sizes: &[usize]) -> Event {
         time_ms: 3000,
         job_id: 7,
         executors,
+        term: 0,
     }
 }
 
@@ -842,6 +900,7 @@ fn an_oversize_task_event_splits_into_parts_that_keep_every_attempt_once_in_orde
                 time_ms,
                 job_id,
                 executors,
+                ..
             } = part
             else {
                 panic!("{sizes:?}: a part that is not a TaskEnd");
@@ -862,6 +921,7 @@ fn an_oversize_task_event_splits_into_parts_that_keep_every_attempt_once_in_orde
             on("exec-1", vec![task_started(); 3]),
             on("exec-2", vec![task_started(); 2]),
         ],
+        term: 0,
     };
     let (first, second) = start.clone().split().unwrap();
     assert_eq!((first.task_count(), second.task_count()), (2, 3));
@@ -2695,6 +2755,7 @@ fn journal_records() {
                 in_bucket: false,
                 result_chunks: None,
             }],
+            term: 0,
         },
         json!({"type":"TasksEnded","time_ms":1700000000120u64,"tasks":[{"task_id":101,"attempt":0,"executor_id":"exec-1","state":"FINISHED","result":"ok"}]}),
     );
@@ -2718,6 +2779,7 @@ fn journal_records() {
         &JournalRecord::TasksEnded {
             time_ms: 1_700_000_000_130,
             tasks: vec![plain.clone(), in_bucket],
+            term: 0,
         },
         json!({"type":"TasksEnded","time_ms":1700000000130u64,"tasks":[[102,1,"exec-2"],{"task_id":103,"attempt":1,"executor_id":"exec-2","state":"FINISHED","in_bucket":true}]}),
     );
@@ -2733,6 +2795,7 @@ fn journal_records() {
         &JournalRecord::TasksEnded {
             time_ms: 1_700_000_000_140,
             tasks: [run.clone(), vec![plain.clone()]].concat(),
+            term: 0,
         },
         json!({"type":"TasksEnded","time_ms":1700000000140u64,"tasks":[[110,0,"exec-2",3],[102,1,"exec-2"]]}),
     );
@@ -2755,6 +2818,7 @@ fn journal_records() {
         JournalRecord::TasksEnded {
             time_ms: 1,
             tasks: vec![plain],
+            term: 0,
         }
     );
     json_error::<JournalRecord>(

@@ -79,17 +79,21 @@ impl TaskEvents {
         {
             return at;
         }
-        self.waiting.push(match event {
-            Event::TaskStart { .. } => Event::TaskStart {
+        // One driver's events, of its one term.
+        self.waiting.push(match *event {
+            Event::TaskStart { term, .. } => Event::TaskStart {
                 time_ms,
                 job_id,
                 executors: Vec::new(),
+                term,
             },
-            _ => Event::TaskEnd {
+            Event::TaskEnd { term, .. } => Event::TaskEnd {
                 time_ms,
                 job_id,
                 executors: Vec::new(),
+                term,
             },
+            _ => unreachable!("only task events wait"),
         });
         self.waiting.len() - 1
     }
@@ -184,6 +188,7 @@ mod tests {
                 executor_id: id(executor),
                 tasks: ids.iter().copied().map(ended).collect(),
             }],
+            term: 0,
         }
     }
 
@@ -207,6 +212,7 @@ mod tests {
                 executor_id: id(executor),
                 tasks,
             }],
+            term: 0,
         }
     }
 

@@ -626,6 +626,7 @@ mod tests {
                     })
                     .collect(),
             }],
+            term: 0,
         }
     }
 

@@ -243,6 +243,7 @@ mod tests {
             JournalRecord::TasksEnded {
                 time_ms: 6,
                 tasks: ended.collect(),
+                term: 0,
             },
         ]
     }

@@ -39,17 +39,23 @@ pub enum Event {
         name: String,
         tasks: u32,
     },
-    /// One offer round's launches for one job, by executor.
+    /// One offer round's launches for one job, by executor, all of the `term` of the
+    /// leader that publishes it (an attempt is named by task id, attempt and term).
     TaskStart {
         time_ms: u64,
         job_id: JobId,
         executors: Vec<ExecutorTasks<TaskStarted>>,
+        #[serde(default, skip_serializing_if = "super::is_zero")]
+        term: u64,
     },
-    /// One status batch's task endings for one job, by executor.
+    /// One status batch's task endings for one job, by executor, all of the `term` of the
+    /// leader that ended them.
     TaskEnd {
         time_ms: u64,
         job_id: JobId,
         executors: Vec<ExecutorTasks<TaskEnded>>,
+        #[serde(default, skip_serializing_if = "super::is_zero")]
+        term: u64,
     },
     JobEnd {
         time_ms: u64,
@@ -131,11 +137,12 @@ impl std::fmt::Display for ExclusionScope {
 }
 
 impl Event {
-    /// A `TaskEnd` of job `job_id` for attempts that all ran on one executor.
+    /// A `TaskEnd` of job `job_id`, of attempts of `term`, that all ran on one executor.
     pub fn task_end_on(
         executor_id: &ExecutorId,
         time_ms: u64,
         job_id: JobId,
+        term: u64,
         tasks: Vec<TaskEnded>,
     ) -> Self {
         Event::TaskEnd {
@@ -145,6 +152,7 @@ impl Event {
                 executor_id: executor_id.clone(),
                 tasks,
             }],
+            term,
         }
     }
 
@@ -155,6 +163,7 @@ impl Event {
             time_ms,
             job_id,
             mut executors,
+            term,
         } = self
         else {
             return None;
@@ -167,6 +176,7 @@ impl Event {
             time_ms,
             job_id,
             executors,
+            term,
         })
     }
 
@@ -283,19 +293,23 @@ impl Batch for Event {
                 time_ms,
                 job_id,
                 executors,
+                term,
             } => split_groups(executors, |executors| Event::TaskStart {
                 time_ms,
                 job_id,
                 executors,
+                term,
             }),
             Event::TaskEnd {
                 time_ms,
                 job_id,
                 executors,
+                term,
             } => split_groups(executors, |executors| Event::TaskEnd {
                 time_ms,
                 job_id,
                 executors,
+                term,
             }),
             other => Err(other),
         }

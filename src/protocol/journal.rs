@@ -32,6 +32,10 @@ pub enum JournalRecord {
         time_ms: u64,
         #[serde(with = "super::compact::runs")]
         tasks: Vec<JournaledTask>,
+        /// The term of the leader whose attempts these were (0 in a snapshot, which tells
+        /// nothing again, and without a journal's mark).
+        #[serde(default, skip_serializing_if = "super::is_zero")]
+        term: u64,
     },
     /// A job ended.
     JobEnded {
@@ -94,12 +98,20 @@ pub struct JournaledTask {
 impl Batch for JournalRecord {
     fn split(self) -> Result<(Self, Self), Self> {
         match self {
-            JournalRecord::TasksEnded { time_ms, tasks } => super::halve(tasks)
-                .map(|(a, b)| {
-                    let part = |tasks| JournalRecord::TasksEnded { time_ms, tasks };
-                    (part(a), part(b))
-                })
-                .map_err(|tasks| JournalRecord::TasksEnded { time_ms, tasks }),
+            JournalRecord::TasksEnded {
+                time_ms,
+                tasks,
+                term,
+            } => {
+                let part = |tasks| JournalRecord::TasksEnded {
+                    time_ms,
+                    tasks,
+                    term,
+                };
+                super::halve(tasks)
+                    .map(|(a, b)| (part(a), part(b)))
+                    .map_err(part)
+            }
             other => Err(other),
         }
     }

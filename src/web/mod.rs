@@ -299,6 +299,7 @@ mod tests {
                     ended(4, TaskState::Lost),
                 ],
             }],
+            term: 0,
         };
         let notice = Notice::of(&event);
         assert!(!notice.is_timeline());

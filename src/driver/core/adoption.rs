@@ -96,6 +96,7 @@ impl Core {
                     executor_id: executor.clone(),
                     tasks,
                 }],
+                term: self.config.term,
             });
         }
         adopted

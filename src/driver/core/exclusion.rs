@@ -606,9 +606,11 @@ impl Core {
                 in_bucket: job.in_bucket(index),
                 result_chunks: job.chunked.get(&index).copied(),
             };
+            let term = self.config.term;
             self.journal(|| JournalRecord::TasksEnded {
                 time_ms: now,
                 tasks: vec![entry],
+                term,
             });
         }
         self.end_job(job_id, JobState::Failed, Some(error), now);

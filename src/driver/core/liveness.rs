@@ -232,7 +232,7 @@ impl Core {
     /// One `TaskEnd` per job for the attempts `lose_attempts` ended on executor `id`.
     fn publish_lost(&mut self, id: &ExecutorId, ends: BTreeMap<JobId, Vec<TaskEnded>>, now: u64) {
         for (job_id, tasks) in ends {
-            self.publish(Event::task_end_on(id, now, job_id, tasks));
+            self.publish(Event::task_end_on(id, now, job_id, self.config.term, tasks));
             // A lost attempt runs again, unless a kill without retry was asked of it: that
             // may have been the job's last task.
             self.end_job_if_done(job_id, now);

@@ -69,6 +69,7 @@ impl Core {
                 time_ms: now,
                 job_id,
                 executors,
+                term: self.config.term,
             });
         }
     }

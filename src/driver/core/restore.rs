@@ -307,9 +307,11 @@ impl Core {
                         });
                     }
                 }
-                JournalRecord::TasksEnded { time_ms, tasks } => {
-                    self.retell_task_ends(*time_ms, tasks, &mut events)
-                }
+                JournalRecord::TasksEnded {
+                    time_ms,
+                    tasks,
+                    term,
+                } => self.retell_task_ends(*time_ms, *term, tasks, &mut events),
                 JournalRecord::JobEnded {
                     job_id,
                     state,
@@ -340,7 +342,13 @@ impl Core {
 
     /// One `TaskEnd` per job of `tasks`, in the order each job first appears, its entries
     /// grouped by executor.
-    fn retell_task_ends(&self, time_ms: u64, tasks: &[JournaledTask], events: &mut Vec<Event>) {
+    fn retell_task_ends(
+        &self,
+        time_ms: u64,
+        term: u64,
+        tasks: &[JournaledTask],
+        events: &mut Vec<Event>,
+    ) {
         let mut jobs: Vec<(JobId, Vec<ExecutorTasks<TaskEnded>>)> = Vec::new();
         for task in tasks {
             let Some((job_id, index)) = self.locate(task.task_id) else {
@@ -377,6 +385,7 @@ impl Core {
             time_ms,
             job_id,
             executors,
+            term,
         }));
     }
 }

@@ -87,7 +87,11 @@ impl Core {
             while settled.peek().is_some() {
                 let tasks: Vec<_> = settled.by_ref().take(SNAPSHOT_TASKS_PER_RECORD).collect();
                 let time_ms = job.ended_at_ms.unwrap_or(job.submitted_at_ms);
-                emit(JournalRecord::TasksEnded { time_ms, tasks });
+                emit(JournalRecord::TasksEnded {
+                    time_ms,
+                    tasks,
+                    term: 0,
+                });
             }
             // A running job's KILLED tasks were killed by request, as are those whose attempt
             // is being stopped without retry (an ended job's are all killed again when it is

@@ -197,6 +197,7 @@ impl Core {
                     time_ms: now,
                     job_id,
                     executors: started,
+                    term: self.config.term,
                 });
             }
         }

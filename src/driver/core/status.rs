@@ -115,9 +115,11 @@ impl Core {
             }
         }
         if !settled.is_empty() {
+            let term = self.config.term;
             self.journal(|| JournalRecord::TasksEnded {
                 time_ms: now,
                 tasks: settled,
+                term,
             });
         }
         let freed = !ended.is_empty();
@@ -127,7 +129,13 @@ impl Core {
             .flatten()
             .any(|end| end.state != TaskState::Finished);
         for (job_id, tasks) in ended {
-            self.publish(Event::task_end_on(executor_id, now, job_id, tasks));
+            self.publish(Event::task_end_on(
+                executor_id,
+                now,
+                job_id,
+                self.config.term,
+                tasks,
+            ));
             // After the TaskEnd, so listeners see the failure that ended the job first.
             match aborts.remove(&job_id) {
                 Some(reason) => self.end_job(job_id, JobState::Failed, Some(reason), now),

@@ -46,6 +46,7 @@ fn a_job_submitted_with_no_executors_launches_when_one_registers() {
                         executor_id: eid("exec-1"),
                         tasks: vec![started(1, 0), started(2, 1)],
                     }],
+                    term: 0,
                 })
             );
         }

@@ -93,6 +93,7 @@ fn a_mixed_tasks_ended_record_applies_the_entries_that_fit_and_names_the_rest() 
             outcome_of(3, TaskState::Running),
             outcome_of(4, TaskState::Failed),
         ],
+        term: 0,
     };
     let error = core.replay(record).unwrap_err();
     assert_eq!(
@@ -119,6 +120,7 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
             JournalRecord::TasksEnded {
                 time_ms: 0,
                 tasks: vec![outcome_of(99, TaskState::Finished)],
+                term: 0,
             },
             ReplayError::EntriesSkipped {
                 unknown: vec![99],
@@ -129,6 +131,7 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
             JournalRecord::TasksEnded {
                 time_ms: 0,
                 tasks: vec![outcome_of(3, TaskState::Lost)],
+                term: 0,
             },
             ReplayError::EntriesSkipped {
                 unknown: vec![],

@@ -38,6 +38,7 @@ fn finished_frees_cores_records_the_result_and_offers_that_executor() {
                     error: None,
                 }],
             }],
+            term: 0,
         })
     );
     // The freed core is offered at once, to the executor that freed it.
