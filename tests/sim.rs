@@ -82,7 +82,7 @@ fn three_hundred_small_seeds_keep_every_invariant() {
 
 #[test]
 fn a_thousand_seeds_with_leader_kills_and_pauses_keep_every_invariant() {
-    let (mut failovers, mut kills, mut pauses) = (0, 0, 0);
+    let (mut failovers, mut kills, mut pauses, mut adopted) = (0, 0, 0, 0);
     for seed in 1..=1_000 {
         let report = passes(failover(seed));
         assert_eq!(report.jobs_ended, 4, "seed {seed}");
@@ -90,7 +90,10 @@ fn a_thousand_seeds_with_leader_kills_and_pauses_keep_every_invariant() {
         failovers += report.leaderships - 1;
         kills += report.faults.driver_restarts;
         pauses += report.faults.driver_pauses;
+        adopted += report.adopted;
     }
+    // New leaders adopted what still ran, and the run invariants held for those runs too.
+    assert!(adopted > 1_000, "only {adopted} runs adopted");
     assert!(failovers > 2_000, "only {failovers} failovers");
     assert!(kills > 1_000, "only {kills} leader kills");
     assert!(pauses > 500, "only {pauses} leader pauses");
@@ -182,6 +185,32 @@ fn a_restarted_driver_refuses_the_old_drivers_statuses() {
     config.journal = false;
     config.faults.driver_restart = 2.0;
     passes(config);
+}
+
+/// Found by the run invariants: a `LaunchTasks` delivered twice started a second run under the
+/// attempt's name on the same executor (the first one's work ran on unwatched). The machine
+/// now remembers its recent launches and ignores a repeat.
+#[test]
+fn a_repeated_launch_starts_no_second_run() {
+    passes(small(1));
+}
+
+/// Leader kills on an otherwise faultless cluster: every executor stays connected, so every
+/// run still alive at a failover must be adopted, not started again (the run invariants judge
+/// each; `sim::runs`'s unit tests show they report wrong inputs).
+#[test]
+fn failovers_adopt_runs_without_faults_on_the_executors() {
+    let config = SimConfig {
+        faults: Faults {
+            driver_restart: 3.0,
+            driver_pause: 0.0,
+            ..Faults::none()
+        },
+        ..failover(5)
+    };
+    let report = passes(config);
+    assert!(report.leaderships > 1, "no failover");
+    assert!(report.adopted > 0, "nothing adopted");
 }
 
 /// Found by the simulation with standby drivers: a late copy of an executor's registration

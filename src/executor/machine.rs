@@ -34,6 +34,10 @@ impl Cancel for Option<tokio::task::AbortHandle> {
     }
 }
 
+/// How many launches a machine remembers, to know a repeated one (a message delivered twice, or
+/// held up until after its run ended) from a new attempt.
+const REMEMBERED_LAUNCHES: usize = 1024;
+
 /// This executor's own number for one run of an attempt, never reused while it lives: an end
 /// counts only for the run in the slot, so the end of a run given up or replaced (whose task
 /// and attempt a new driver may name again) is never taken for another's.
@@ -120,6 +124,9 @@ pub struct Machine<H> {
     busy: u32,
     /// The number the next run gets.
     next_run: Run,
+    /// The attempts launched lately by this driver, oldest first: a launch of one of them
+    /// again is a repeat, and starts no second run under its name.
+    launched: Launched,
     statuses: StatusQueue,
     requests: std::collections::VecDeque<Request>,
     /// The driver this executor is registered with; none before the first registration.
@@ -146,6 +153,7 @@ impl<H: Cancel> Machine<H> {
             running: HashMap::default(),
             busy: 0,
             next_run: 0,
+            launched: Launched::default(),
             requests: Default::default(),
             driver: None,
             term: 0,
@@ -191,6 +199,13 @@ impl<H: Cancel> Machine<H> {
         self.running.len()
     }
 
+    /// The run in task `task_id`'s slot, if one holds it: its attempt, term and number.
+    pub fn run_of(&self, task_id: TaskId) -> Option<(u32, u64, Run)> {
+        self.running
+            .get(&task_id)
+            .map(|slot| (slot.attempt, slot.term, slot.run))
+    }
+
     /// How many cores the running attempts hold.
     pub fn busy_cores(&self) -> u32 {
         self.busy
@@ -210,6 +225,8 @@ impl<H: Cancel> Machine<H> {
         if !previous.is_some_and(|p| p != answer.driver) {
             return Registered::Same;
         }
+        // Another driver's attempts are named anew (without the journal, by the same numbers).
+        self.launched = Launched::default();
         let renamed = |task_id: TaskId, attempt: u32| {
             answer
                 .adopted
@@ -264,6 +281,14 @@ impl<H: Cancel> Machine<H> {
         task: &TaskDescription,
         start: impl FnOnce(&TaskDescription, Run) -> Started<H>,
     ) {
+        if !self.launched.first_time(task.task_id, task.attempt) {
+            warn!(
+                task = task.task_id,
+                attempt = task.attempt,
+                "ignored a repeated launch"
+            );
+            return;
+        }
         if self.handed_back {
             self.statuses.push(handed_back(task.task_id, task.attempt));
             return;
@@ -510,6 +535,29 @@ impl<H: Cancel> Machine<H> {
                 executor_id: self.config.executor_id.clone(),
                 instance_id: self.config.instance,
             }));
+        true
+    }
+}
+
+/// The last [`REMEMBERED_LAUNCHES`] attempts launched, by task and attempt number.
+#[derive(Default)]
+struct Launched {
+    order: std::collections::VecDeque<(TaskId, u32)>,
+    set: HashSet<(TaskId, u32), Fixed>,
+}
+
+impl Launched {
+    /// Remembers a launch of `attempt` of `task_id`; whether it is the first.
+    fn first_time(&mut self, task_id: TaskId, attempt: u32) -> bool {
+        if !self.set.insert((task_id, attempt)) {
+            return false;
+        }
+        self.order.push_back((task_id, attempt));
+        if self.order.len() > REMEMBERED_LAUNCHES {
+            if let Some(oldest) = self.order.pop_front() {
+                self.set.remove(&oldest);
+            }
+        }
         true
     }
 }

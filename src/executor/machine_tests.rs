@@ -179,6 +179,43 @@ fn the_end_of_a_run_given_up_is_never_taken_for_a_later_run_of_the_same_task_and
     assert_eq!(m.running(), 0);
 }
 
+/// A launch delivered twice, at once or after its run ended, starts no second run under the
+/// attempt's name; the next attempt, and the same numbers from a new driver, start.
+#[test]
+fn a_repeated_launch_starts_no_second_run() {
+    let mut m = machine();
+    let mut runs = Vec::new();
+    let mut start = |m: &mut Machine<Work>, task: &TaskDescription| {
+        m.launch(task, |_, run| {
+            runs.push(run);
+            Started::Running(Work(true))
+        })
+    };
+    start(&mut m, &task(1));
+    start(&mut m, &task(1));
+    assert_eq!(m.running(), 1);
+    m.kill(1, 0);
+    start(&mut m, &task(1));
+    assert_eq!(
+        m.running(),
+        0,
+        "a late repeat after the run ended starts nothing"
+    );
+    let next = TaskDescription {
+        attempt: 1,
+        ..task(1)
+    };
+    start(&mut m, &next);
+    m.on_registered(driver(7, 8), 1);
+    start(&mut m, &task(1));
+    assert_eq!(m.running(), 1);
+    assert_eq!(
+        runs,
+        [0, 1, 2],
+        "one run each for attempt 0, 1, and the new driver's 0"
+    );
+}
+
 /// A new driver that adopts an attempt: the run goes on under the new term and number, its
 /// status (not yet acknowledged by the old driver) goes to the new one renamed, and what it did
 /// not adopt is stopped and forgotten.

@@ -23,7 +23,7 @@ use crate::driver::lease;
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
     ApiReply, ApiRequest, Event as DriverEvent, JobState, JournalRecord, StatusRequest, SubmitJob,
-    TaskSpec, TaskState,
+    TaskOutcome, TaskSpec, TaskState,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -167,9 +167,9 @@ fn new_core(driver_instance: InstanceId, epoch: u64, term: u64, journal: bool) -
     })
 }
 
-/// The tasks of job `job_id` that `core` has finished, read a page at a time as a client does.
-fn finished_tasks(core: &mut Core, job_id: JobId, now: u64) -> BTreeSet<TaskId> {
-    let mut finished = BTreeSet::new();
+/// The outcomes of job `job_id`'s tasks in `core`, read a page at a time as a client does.
+fn outcomes(core: &mut Core, job_id: JobId, now: u64) -> Vec<TaskOutcome> {
+    let mut outcomes = Vec::new();
     let mut offset = 0;
     loop {
         let page = core.api(
@@ -181,18 +181,23 @@ fn finished_tasks(core: &mut Core, job_id: JobId, now: u64) -> BTreeSet<TaskId> 
             now,
         );
         let ApiReply::Results(page) = page else {
-            return finished;
+            return outcomes;
         };
-        let ended = page
-            .results
-            .iter()
-            .filter(|t| t.state == TaskState::Finished);
-        finished.extend(ended.map(|t| t.task_id));
+        outcomes.extend(page.results);
         match page.next_offset {
             Some(next) => offset = next,
-            None => return finished,
+            None => return outcomes,
         }
     }
+}
+
+/// The tasks of `outcomes` that finished.
+fn finished_of(outcomes: &[TaskOutcome]) -> BTreeSet<TaskId> {
+    outcomes
+        .iter()
+        .filter(|t| t.state == TaskState::Finished)
+        .map(|t| t.task_id)
+        .collect()
 }
 
 impl World {
@@ -407,7 +412,12 @@ impl World {
                     summary.state
                 ));
             }
-            let finished = finished_tasks(core, job_id, now);
+            let outcomes = outcomes(core, job_id, now);
+            let pids = &self.pids;
+            let leadership = leader.leadership;
+            self.ledger
+                .check_results(leadership, &outcomes, |id| pids.get(id).copied())?;
+            let finished = finished_of(&outcomes);
             if let Some(lost) = acknowledged.finished.iter().find(|t| !finished.contains(t)) {
                 return Err(format!(
                     "task {lost} of job {job_id} was seen to finish, but the new leader has it \
@@ -583,6 +593,9 @@ impl World {
         for effect in effects {
             match effect {
                 Effect::Publish(event) => {
+                    if let DriverEvent::JobEnd { job_id, .. } = event {
+                        self.check_results(node, job_id)?;
+                    }
                     self.trace.fold(&super::trace::event_words(&event));
                     self.output(node, Held::Publish(event));
                 }
@@ -612,6 +625,18 @@ impl World {
                 .keys()
                 .try_for_each(|id| super::ledger::Ledger::check_cores(core, id)),
         }
+    }
+
+    /// The outcomes leader `node` gives for job `job_id`, as a client reads them when it ends.
+    fn check_results(&mut self, node: u32, job_id: JobId) -> Result<(), String> {
+        let now = self.queue.now();
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        let outcomes = outcomes(&mut leader.core, job_id, now);
+        let pids = &self.pids;
+        self.ledger
+            .check_results(leader.leadership, &outcomes, |id| pids.get(id).copied())
     }
 
     /// An output of leader `node`: it waits behind the journal writes before it, or goes now.
@@ -817,6 +842,9 @@ impl World {
         let now = self.queue.now();
         let driver = &mut self.drivers[node as usize];
         driver.paused_until = driver.paused_until.max(now + for_ms);
+        if let Some(leader) = driver.leader() {
+            self.ledger.runs.pause(leader.leadership);
+        }
         self.trace
             .line(now, format_args!("d{node} is stopped for {for_ms} ms"));
         true

@@ -35,6 +35,8 @@ const HEARTBEAT_MS: u64 = crate::DEFAULT_HEARTBEAT_INTERVAL.as_millis() as u64;
 const DEPOSED: &str = "answered by a driver that no longer leads";
 /// The chance that a task is done at once (as the inline built-ins are) rather than later.
 const INSTANT_TASKS: f64 = 0.1;
+/// The longest a request waits for its answer.
+const WAITED: u64 = REQUEST_TIMEOUT + STATUS_RETRY_PAUSE;
 
 /// One executor process.
 pub struct Process {
@@ -143,6 +145,11 @@ impl World {
         }
         // An answer from a driver that no longer leads is no answer.
         let heard = self.hears(pid, sender)?;
+        if !heard {
+            self.ledger
+                .runs
+                .disturb(pid, now.saturating_sub(WAITED), now);
+        }
         let process = &mut self.procs[pid as usize];
         match reply {
             Reply::Register(_) if !heard => {
@@ -159,10 +166,11 @@ impl World {
                         ..
                     } => {
                         // An adopted attempt is the new leader's from now on, as if it had
-                        // launched it here.
+                        // launched it here, and its run has a second name.
                         for a in &adopted {
                             self.ledger
                                 .launched(sender.leadership, a.task_id, a.new_attempt, pid);
+                            self.ledger.run_adopted(sender.leadership, pid, a, term)?;
                         }
                         let answer = Registration {
                             driver: driver_instance,
@@ -173,6 +181,9 @@ impl World {
                         if registered != Registered::Same {
                             // The batch in flight was the old driver's; its answer means nothing.
                             process.status = None;
+                            let machine = &process.machine;
+                            let run_of = |task| machine.run_of(task).map(|(_, _, run)| run);
+                            self.ledger.runs.sync(pid, now, true, run_of);
                         }
                     }
                     RegisterReply::RegisterExecutorFailed { message } => {
@@ -197,7 +208,7 @@ impl World {
                     Err(DEPOSED.into())
                 };
                 let launch = process.machine.on_status(answer, now);
-                self.launch_all(pid, sender, &launch);
+                self.launch_all(pid, sender, &launch)?;
             }
         }
         self.executor_stepped(pid)
@@ -242,6 +253,14 @@ impl World {
         if !process.alive {
             return Ok(());
         }
+        let waited = [process.register, process.heartbeat, process.status];
+        if waited.contains(&Some(id)) {
+            // No driver answered while it waited: the link was down, or no driver led.
+            self.ledger
+                .runs
+                .disturb(pid, now.saturating_sub(WAITED), now);
+        }
+        let process = &mut self.procs[pid as usize];
         if process.register == Some(id) {
             process.register = None;
             return self.register_again(pid);
@@ -290,7 +309,7 @@ impl World {
                     .machine
                     .sent_by_my_driver(driver_instance)
                 {
-                    self.launch_all(pid, sender, &tasks);
+                    self.launch_all(pid, sender, &tasks)?;
                 }
             }
             ExecutorMessage::KillTask {
@@ -310,24 +329,35 @@ impl World {
     }
 
     /// Starts tasks that `sender` launched on `pid`.
-    fn launch_all(&mut self, pid: Pid, sender: Sender, tasks: &[TaskDescription]) {
+    fn launch_all(
+        &mut self,
+        pid: Pid,
+        sender: Sender,
+        tasks: &[TaskDescription],
+    ) -> Result<(), String> {
         for task in tasks {
             let leadership = sender.leadership;
             self.ledger
                 .launched(leadership, task.task_id, task.attempt, pid);
-            self.launch(pid, task);
+            self.launch(pid, leadership, task)?;
         }
+        Ok(())
     }
 
-    /// Starts one attempt on `pid`: done at once, or a timer that ends it later.
-    fn launch(&mut self, pid: Pid, task: &TaskDescription) {
+    /// Starts one attempt on `pid`: done at once, or a timer that ends it later. The ledger
+    /// hears of the run, if one started, under the term of the driver that launched it.
+    fn launch(&mut self, pid: Pid, leadership: u32, task: &TaskDescription) -> Result<(), String> {
+        let now = self.queue.now();
         let ok = !self.rng.chance(self.config.task_failure);
         let instant = self.rng.chance(INSTANT_TASKS);
         let run_for = self.rng.between(1, self.config.task_ms);
         let (queue, process) = (&mut self.queue, &mut self.procs[pid as usize]);
+        let term = process.machine.term();
+        let mut started = None;
         process.machine.launch(task, |task, run| {
+            started = Some(run);
             if instant {
-                return Started::Ended(end_of(task.task_id, task.attempt, ok));
+                return Started::Ended(end_of(pid, run, task.task_id, task.attempt, ok));
             }
             let (task_id, attempt) = (task.task_id, task.attempt);
             queue.after(
@@ -342,6 +372,11 @@ impl World {
             );
             Started::Running(Work)
         });
+        let Some(run) = started else {
+            return Ok(());
+        };
+        self.ledger
+            .run_started(leadership, pid, run, task, term, now, instant)
     }
 
     pub(super) fn task_done(
@@ -356,12 +391,16 @@ impl World {
         if !process.alive {
             return Ok(());
         }
-        process.machine.finish(run, end_of(task_id, attempt, ok));
+        process
+            .machine
+            .finish(run, end_of(pid, run, task_id, attempt, ok));
         self.executor_stepped(pid)
     }
 
     /// Decommissions `pid`: the machine drains, and hands back what runs at its deadline.
     pub(super) fn stop(&mut self, pid: Pid, why: &str, now: u64) {
+        // It hands back what runs and leaves: its runs are not the new leader's to keep.
+        self.ledger.runs.disturb(pid, now, u64::MAX);
         let machine = &mut self.procs[pid as usize].machine;
         machine.stop(why, now);
         if let Some(at) = machine.hand_back_at() {
@@ -381,6 +420,9 @@ impl World {
     /// Ends an executor's step as the shell does: the machine polls, and its requests go out.
     pub(super) fn executor_stepped(&mut self, pid: Pid) -> Result<(), String> {
         let now = self.queue.now();
+        let machine = &self.procs[pid as usize].machine;
+        let run_of = |task| machine.run_of(task).map(|(_, _, run)| run);
+        self.ledger.runs.sync(pid, now, false, run_of);
         let leave = self.procs[pid as usize].machine.poll(now);
         while let Some(ask) = self.procs[pid as usize].machine.next_request() {
             self.ask(pid, ask);
@@ -426,13 +468,14 @@ impl World {
     pub(super) fn leave(&mut self, pid: Pid) {
         self.procs[pid as usize].alive = false;
         self.last_loss = self.queue.now();
+        self.ledger.runs.process_gone(pid, self.last_loss);
         let restart = self.config.faults.restart_ms;
         self.queue.after(restart, Event::StartExecutor);
     }
 }
 
-/// The terminal status of a simulated attempt.
-fn end_of(task_id: TaskId, attempt: u32, ok: bool) -> StatusUpdate {
+/// The terminal status of simulated run `run` of `pid`, its result naming the run.
+fn end_of(pid: Pid, run: Run, task_id: TaskId, attempt: u32, ok: bool) -> StatusUpdate {
     StatusUpdate {
         task_id,
         attempt,
@@ -441,7 +484,7 @@ fn end_of(task_id: TaskId, attempt: u32, ok: bool) -> StatusUpdate {
         } else {
             TaskState::Failed
         },
-        result: None,
+        result: Some(super::runs::result_of(pid, run)),
         error: (!ok).then(|| "simulated failure".to_string()),
         result_chunks: None,
     }

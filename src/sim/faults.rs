@@ -122,6 +122,7 @@ impl World {
                 self.counts.partitions += 1;
                 let until = now + self.rng.between(1, self.config.faults.partition_ms);
                 self.network.partition(pid, until);
+                self.ledger.runs.disturb(pid, now, until);
                 Ok(())
             }
             Kind::DriverRestart | Kind::DriverPause => unreachable!("handled above"),

@@ -17,8 +17,17 @@
 //! - at most one epoch's messages are acted on at a time: a driver sends only while it holds
 //!   the lease, the journal stores writes only of the newest mark's epoch, and no executor
 //!   acts on a message of an older epoch than one it has acted on.
+//!
+//! On the runs of attempts (kept and checked in [`super::runs`]):
+//!
+//! - a FINISHED task's result was made by a run of that task, under the attempt it is
+//!   recorded under, on the executor it is recorded under;
+//! - no two runs share an attempt's identity `(task_id, attempt, term)`;
+//! - with the journal, a failover alone never starts a second run of a task whose run is still
+//!   alive on a connected executor (judged at the end of a run).
 
 use super::network::{Pid, Sender};
+use super::runs::Runs;
 use crate::driver::core::Core;
 use crate::epoch::Fence;
 use crate::ids::{ExecutorId, JobId, TaskId};
@@ -31,6 +40,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 struct JobEntry {
     /// The workload's job this is (submitted again under a new id after a driver restart).
     origin: usize,
+    /// Which submission made it: a job id a lost leader gave out may name another job later.
+    submission: u64,
     tasks: u32,
     /// Tasks whose FINISHED end was published, by whichever leader.
     published: HashSet<TaskId, FixedHasher>,
@@ -79,6 +90,9 @@ pub struct Ledger {
     pub tasks_finished: u64,
     /// `SpeculativeTaskStart`s heard.
     pub copies: u64,
+    /// Every run of an attempt on an executor.
+    pub runs: Runs,
+    submissions: u64,
 }
 
 impl Ledger {
@@ -94,6 +108,8 @@ impl Ledger {
             origins_ended: vec![false; jobs],
             tasks_finished: 0,
             copies: 0,
+            runs: Runs::new(journal),
+            submissions: 0,
         }
     }
 
@@ -112,8 +128,10 @@ impl Ledger {
     }
 
     pub fn submitted(&mut self, job_id: JobId, origin: usize, tasks: u32) {
+        self.submissions += 1;
         let entry = JobEntry {
             origin,
+            submission: self.submissions,
             tasks,
             ..JobEntry::default()
         };
@@ -336,3 +354,6 @@ impl Ledger {
         Ok(())
     }
 }
+
+#[path = "ledger_runs.rs"]
+mod runs_of;

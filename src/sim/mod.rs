@@ -8,7 +8,7 @@
 //! Split by concern: [`rng`] (the seed's numbers), [`queue`] (the clock and its events),
 //! [`network`], [`broker`] (the lease key and the journal stream), [`executors`] (the executor
 //! processes), [`driver`] (the driver processes and the client), [`faults`] (injecting them),
-//! [`ledger`] (the invariants), [`trace`].
+//! [`ledger`] (the invariants), [`runs`] (the runs of attempts and their invariants), [`trace`].
 
 mod broker;
 pub mod config;
@@ -19,6 +19,7 @@ pub mod ledger;
 mod network;
 mod queue;
 pub mod rng;
+mod runs;
 mod trace;
 
 pub use config::{Faults, SimConfig};
@@ -109,6 +110,8 @@ pub struct Report {
     pub faults: faults::Counts,
     /// How many leaderships the run saw (1 without a failover).
     pub leaderships: u32,
+    /// Runs a new leader adopted rather than start their tasks again.
+    pub adopted: u64,
     pub violation: Option<Violation>,
 }
 
@@ -147,6 +150,7 @@ pub fn run(config: SimConfig, print_trace: bool) -> Report {
         jobs_ended: world.ledger.origins_ended.iter().filter(|e| **e).count(),
         faults: world.counts_with_network(),
         leaderships: world.leaderships,
+        adopted: world.ledger.runs.adopted,
         violation,
     }
 }
@@ -190,6 +194,7 @@ impl World {
                 return self
                     .ledger
                     .check_gone(gone)
+                    .and_then(|()| self.ledger.check_runs())
                     .map_err(|what| self.violation(what));
             }
             if self.queue.now() > self.config.faults.for_ms + HANG_MS {
@@ -257,11 +262,17 @@ impl World {
         Ok(())
     }
 
-    /// Sends a message over the network: zero, one or two copies arrive.
+    /// Sends a message over the network: zero, one or two copies arrive. A copy lost, repeated
+    /// or held up disturbs the executor's link until the last copy arrives.
     fn send(&mut self, message: Message) {
         let now = self.queue.now();
         let pid = message.executor();
+        let faults = self.network.dropped + self.network.duplicated + self.network.delayed;
         let [first, second] = self.network.arrivals(&mut self.rng, pid, now);
+        if self.network.dropped + self.network.duplicated + self.network.delayed != faults {
+            let until = first.max(second).unwrap_or(now);
+            self.ledger.runs.disturb(pid, now, until);
+        }
         if let Some(at) = second {
             self.queue.at(at, Event::Arrive(message.clone()));
         }
