@@ -81,21 +81,23 @@ pub fn describe(event: &Event) -> String {
         } => {
             format!("job started       {job_id} {name:?} with {tasks} tasks")
         }
-        Event::TaskStart { job_id, .. } => {
+        Event::TaskStart { job_id, term, .. } => {
             format!(
-                "tasks started     job {job_id}: {} launched",
-                event.task_count()
+                "tasks started     job {job_id}: {} launched{}",
+                event.task_count(),
+                of_term(*term)
             )
         }
-        Event::TaskEnd { job_id, .. } => {
+        Event::TaskEnd { job_id, term, .. } => {
             let ok = event
                 .ended()
                 .filter(|(_, t)| t.state == TaskState::Finished)
                 .count();
             let first_error = event.ended().find_map(|(_, t)| t.error.as_deref());
             let mut line = format!(
-                "tasks ended       job {job_id}: {ok} finished, {} not",
-                event.task_count() - ok
+                "tasks ended       job {job_id}: {ok} finished, {} not{}",
+                event.task_count() - ok,
+                of_term(*term)
             );
             if let Some(error) = first_error {
                 line.push_str(&format!(" (e.g. {error})"));
@@ -150,6 +152,15 @@ pub fn exclusion_target(
         ),
         ExclusionScope::Job => format!("job {job}"),
         ExclusionScope::Cluster => "every job".into(),
+    }
+}
+
+/// Which leadership's attempts a task event names, when a journal gives it one: two leaders'
+/// attempts of a task may have the same number, never the same term.
+fn of_term(term: u64) -> String {
+    match term {
+        0 => String::new(),
+        term => format!(" (term {term})"),
     }
 }
 
