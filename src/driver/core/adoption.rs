@@ -48,16 +48,15 @@ impl Core {
 
     /// Adopts what a newly registered executor holds of earlier terms, as far as it may, and
     /// returns what it adopted. The attempts adopted start under this term (a `TaskStart`
-    /// each) as if launched here, holding their cores; the rest the executor drops.
+    /// per job) as if launched here, holding their cores; the rest the executor drops.
     pub(super) fn adopt_held(
         &mut self,
         executor: &ExecutorId,
         held: &[RunningAttempt],
         now: u64,
     ) -> Vec<Adopted> {
-        let mut adopted = Vec::new();
-        if self.config.term == 0 {
-            return adopted;
+        if self.config.term == 0 || held.is_empty() {
+            return Vec::new();
         }
         // Of several attempts of one task (an ended one not yet acknowledged, and the one that
         // ran after it), the newest.
@@ -68,33 +67,49 @@ impl Core {
                 *entry = attempt;
             }
         }
-        let mut started: BTreeMap<JobId, Vec<TaskStarted>> = BTreeMap::new();
+        // What may be adopted, by job and index, while the executor's cores last; then taken
+        // out of each job's waiting lines at once.
+        let mut free = self.executors.get(executor).map_or(0, |e| e.free_cores);
+        let mut wanted: BTreeMap<JobId, BTreeMap<u32, &RunningAttempt>> = BTreeMap::new();
         for held in newest.into_values() {
-            let Some((job_id, index)) = self.adoptable(executor, held) else {
+            if let Some((job_id, index, cpus)) = self.adoptable(held, free) {
+                free -= cpus;
+                wanted.entry(job_id).or_default().insert(index, held);
+            }
+        }
+        let mut adopted = Vec::new();
+        for (job_id, attempts) in wanted {
+            let Some(job) = self.jobs.get_mut(&job_id) else {
                 continue;
             };
-            let new_attempt = self.start_attempt(job_id, index, executor, now);
-            self.hand_out(job_id, index, new_attempt, executor);
-            started.entry(job_id).or_default().push(TaskStarted {
-                task_id: held.task_id,
-                index,
-                attempt: new_attempt,
-            });
-            adopted.push(Adopted {
-                task_id: held.task_id,
-                attempt: held.attempt,
-                term: held.term,
-                new_attempt,
-            });
-        }
-        for (job_id, tasks) in started {
-            tracing::info!(executor = %executor, job = job_id, tasks = tasks.len(), "adopted attempts of an earlier leader");
+            let taken = job.tasks.take_waiting(attempts.keys().copied().collect());
+            let mut started = Vec::with_capacity(taken.len());
+            for index in taken {
+                let held = attempts[&index];
+                let new_attempt = self.start_attempt(job_id, index, executor, now);
+                self.hand_out(job_id, index, new_attempt, executor);
+                started.push(TaskStarted {
+                    task_id: held.task_id,
+                    index,
+                    attempt: new_attempt,
+                });
+                adopted.push(Adopted {
+                    task_id: held.task_id,
+                    attempt: held.attempt,
+                    term: held.term,
+                    new_attempt,
+                });
+            }
+            if started.is_empty() {
+                continue;
+            }
+            tracing::info!(executor = %executor, job = job_id, tasks = started.len(), "adopted attempts of an earlier leader");
             self.publish(Event::TaskStart {
                 time_ms: now,
                 job_id,
                 executors: vec![ExecutorTasks {
                     executor_id: executor.clone(),
-                    tasks,
+                    tasks: started,
                 }],
                 term: self.config.term,
             });
@@ -102,23 +117,18 @@ impl Core {
         adopted
     }
 
-    /// The job and index of the task `held` ran, if this driver may adopt it on `executor`,
-    /// and takes the task out of the waiting lines. It may when the job runs and was known to
-    /// the leader that launched the attempt (its term is at least the job's: an earlier
-    /// leader may have given the same task ids to a job it never stored), the task waits to
-    /// run (it has not finished, and no attempt of this driver runs it), its job asks for no
-    /// custom resources (which addresses the attempt holds is not reported), and the
-    /// executor has its cores free.
-    fn adoptable(&mut self, executor: &ExecutorId, held: &RunningAttempt) -> Option<(JobId, u32)> {
+    /// The job, index and cores of the task `held` ran, if this driver may adopt it with
+    /// `free` cores left on the executor. It may when the job runs and was known to the
+    /// leader that launched the attempt (its term is at least the job's: an earlier leader
+    /// may have given the same task ids to a job it never stored), the task waits to run (it
+    /// has not finished, and no attempt of this driver runs it), its job asks for no custom
+    /// resources (which addresses the attempt holds is not reported), and its cores fit.
+    fn adoptable(&self, held: &RunningAttempt, free: u32) -> Option<(JobId, u32, u32)> {
         let (job_id, index) = self.locate(held.task_id)?;
-        let free = self.executors.get(executor)?.free_cores;
-        let job = self.jobs.get_mut(&job_id)?;
+        let job = self.jobs.get(&job_id)?;
         let known = job.term.is_some_and(|term| held.term >= term);
         let fits = job.cpus_per_task <= free && job.resources.is_empty();
         let waits = job.tasks[index].status == TaskStatus::Pending;
-        if !(job.is_active() && known && fits && waits) {
-            return None;
-        }
-        job.tasks.take_waiting(index).then_some((job_id, index))
+        (job.is_active() && known && fits && waits).then_some((job_id, index, job.cpus_per_task))
     }
 }

@@ -35,6 +35,9 @@ pub struct TaskRecord {
     pub duration_ms: u32,
 }
 
+/// How far past the frontier an adopted task may be (see [`Tasks::take_waiting`]).
+pub const ADOPT_AHEAD: u32 = 1 << 16;
+
 /// The `duration_ms` of a task whose attempt has not ended (or was not launched here).
 pub const NO_DURATION: u32 = u32::MAX;
 
@@ -161,21 +164,37 @@ impl Tasks {
         true
     }
 
-    /// Takes waiting task `index` out of the waiting lines to run now, whichever line it is
-    /// in (an attempt adopted rather than offered); false if it does not wait.
-    pub fn take_waiting(&mut self, index: u32) -> bool {
-        if index >= self.count || self[index].status != TaskStatus::Pending {
-            return false;
+    /// Takes the waiting tasks of `wanted` out of the waiting lines to run now, whichever line
+    /// each is in (attempts adopted rather than offered), in one pass over the line of tasks
+    /// to run again; returns those taken, in index order. A task that does not wait is not
+    /// taken, nor one more than [`ADOPT_AHEAD`] past the frontier: the records up to it would
+    /// come into being, and no earlier leader ran that far ahead of what it stored.
+    pub fn take_waiting(&mut self, wanted: BTreeSet<u32>) -> Vec<u32> {
+        let frontier = self.launched.len() as u32;
+        let waits = |tasks: &Self, index: u32| {
+            index < tasks.count
+                && index < frontier.saturating_add(ADOPT_AHEAD)
+                && tasks[index].status == TaskStatus::Pending
+        };
+        let wanted: BTreeSet<u32> = wanted.into_iter().filter(|i| waits(self, *i)).collect();
+        let mut taken = Vec::with_capacity(wanted.len());
+        let before = self.again.len();
+        self.again.retain(|index| match wanted.contains(index) {
+            true => {
+                taken.push(*index);
+                false
+            }
+            false => true,
+        });
+        debug_assert_eq!(before - self.again.len(), taken.len());
+        // In index order, so each one past the frontier comes into being as itself, not as
+        // one that waits on before a later one.
+        for index in wanted.range(frontier..) {
+            let _ = &mut self[*index];
+            taken.push(*index);
         }
-        if index as usize >= self.launched.len() {
-            // Its record comes into being with those before it, which wait on.
-            let _ = &mut self[index];
-            return true;
-        }
-        match self.again.iter().position(|i| *i == index) {
-            Some(position) => self.again.remove(position).is_some(),
-            None => false,
-        }
+        taken.sort_unstable();
+        taken
     }
 
     /// The first of the next `lookahead` waiting tasks that `usable` accepts. A never-run task
@@ -380,6 +399,40 @@ mod tests {
         assert!(small.kill_waiting(2));
         assert!(!small.has_waiting());
         assert!(!small.kill_waiting(0), "a task that runs does not wait");
+    }
+
+    #[test]
+    fn adopted_tasks_leave_either_line_and_nothing_far_past_the_frontier_comes_into_being() {
+        let mut tasks = Tasks::new(10_000_000);
+        let taken = take_all_of(&mut tasks, 3);
+        assert_eq!(taken, [0, 1, 2]);
+        tasks[1].status = TaskStatus::Pending;
+        tasks.wait_again(1);
+        let wanted = BTreeSet::from([1, 2, 5, 7, 9_999_999]);
+        // 2 runs already; 9,999,999 is far past the frontier.
+        assert_eq!(tasks.take_waiting(wanted), [1, 5, 7]);
+        assert!(
+            tasks.launched().len() <= 8,
+            "records up to the last one taken only"
+        );
+        // 3, 4 and 6 came into being on the way, and wait on, first in line.
+        assert_eq!(
+            tasks.waiting_order(4).collect::<Vec<_>>(),
+            [3, 4, 6, 8],
+            "the rest wait in order"
+        );
+        assert_eq!(tasks.waiting(), 10_000_000 - 5, "0, 1, 2, 5 and 7 run");
+    }
+
+    fn take_all_of(tasks: &mut Tasks, n: usize) -> Vec<u32> {
+        (0..n)
+            .filter_map(|_| {
+                let pick = tasks.find_waiting(8, |_, _| true)?;
+                let index = tasks.take(pick)?;
+                tasks[index].status = TaskStatus::Running;
+                Some(index)
+            })
+            .collect()
     }
 
     #[test]
