@@ -33,8 +33,8 @@ const EXECUTORS: usize = 4;
 const FAULT_KINDS: usize = 5;
 /// At most this many rounds, however long the jobs run.
 const MAX_ROUNDS: usize = 60;
-/// The drivers: a journal, a 1 s lease, a quick verdict on silent executors and a short
-/// adoption wait (the executors heartbeat every 200 ms).
+/// The drivers: a journal, a 1 s lease, a quick verdict on silent executors and an adoption
+/// wait of ten of the executors' heartbeat intervals (200 ms).
 const DRIVER: [&str; 8] = [
     "--journal",
     "on",
@@ -43,7 +43,7 @@ const DRIVER: [&str; 8] = [
     "--executor-timeout",
     "2s",
     "--adopt-wait",
-    "1s",
+    "2s",
 ];
 const EXECUTOR: [&str; 6] = [
     "--cores",
