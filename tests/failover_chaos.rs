@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{eventually, sh, within, TestCluster};
+use common::{eventually, sh, within, TestCluster, FAST_EXECUTOR};
 use ember::client::EmberClient;
 use ember::protocol::{JobState, SubmitJob, TaskState};
 use ember::server::NatsServer;
@@ -45,14 +45,6 @@ const DRIVER: [&str; 8] = [
     "2s",
     "--adopt-wait",
     "2s",
-];
-const EXECUTOR: [&str; 6] = [
-    "--cores",
-    "2",
-    "--heartbeat-interval",
-    "200ms",
-    "--driver-timeout",
-    "3s",
 ];
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -124,7 +116,7 @@ impl Cluster {
         self.started += 1;
         let child = self
             .cluster
-            .executor_process(&id, &EXECUTOR)
+            .executor_process(&id, &FAST_EXECUTOR)
             .spawn()
             .unwrap();
         self.executors.push((id, child));

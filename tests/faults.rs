@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{eventually, sh, sleepers, within, TestCluster};
+use common::{eventually, sh, sleepers, within, TestCluster, FAST_EXECUTOR as FAST};
 use ember::driver::core::Liveness;
 use ember::protocol::{decode, Event, JobState, SubmitJob, TaskState};
 use ember::server::NatsServer;
@@ -19,17 +19,6 @@ use tokio::process::Child;
 use tokio::sync::oneshot;
 
 const LIMIT: Duration = Duration::from_secs(60);
-/// The executor flags of these tests: quick heartbeats, a quick verdict on the driver.
-const FAST: [&str; 8] = [
-    "--cores",
-    "2",
-    "--heartbeat-interval",
-    "200ms",
-    "--driver-timeout",
-    "3s",
-    "--decommission-timeout",
-    "5s",
-];
 
 fn fast_liveness() -> Liveness {
     Liveness {

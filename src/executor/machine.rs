@@ -8,6 +8,7 @@
 //! shell (`backend.rs`) and the simulator (`crate::sim`) both drive it, so the simulated
 //! executors follow the real executor's logic step for step.
 
+use super::launched::Launched;
 use super::status::{Settled, StatusQueue};
 use crate::ids::{ExecutorId, InstanceId, TaskId};
 use crate::protocol::{
@@ -33,10 +34,6 @@ impl Cancel for Option<tokio::task::AbortHandle> {
         self.take().map(|handle| handle.abort()).is_some()
     }
 }
-
-/// How many launches a machine remembers, to know a repeated one (a message delivered twice, or
-/// held up until after its run ended) from a new attempt.
-const REMEMBERED_LAUNCHES: usize = 1024;
 
 /// This executor's own number for one run of an attempt, never reused while it lives: an end
 /// counts only for the run in the slot, so the end of a run given up or replaced (whose task
@@ -258,12 +255,6 @@ impl<H: Cancel> Machine<H> {
         }
     }
 
-    /// What this executor holds, for a registration: attempts running, and ends not yet
-    /// acknowledged, each with the term of the driver that launched it.
-    pub fn held(&self) -> Vec<RunningAttempt> {
-        self.held_attempts()
-    }
-
     /// Whether a `LaunchTasks` or `KillTask` from `driver_instance` is from this executor's
     /// driver: one from another instance is about that driver's tasks, not this one's, and is
     /// ignored.
@@ -409,7 +400,7 @@ impl<H: Cancel> Machine<H> {
         }
         if !self.heartbeat_in_flight && !self.registering {
             self.heartbeat_in_flight = true;
-            let running = self.held_attempts();
+            let running = self.held();
             self.requests
                 .push_back(Request::Heartbeat(HeartbeatRequest::Heartbeat {
                     executor_id: self.config.executor_id.clone(),
@@ -421,8 +412,9 @@ impl<H: Cancel> Machine<H> {
         Ok(())
     }
 
-    /// What this executor holds: attempts running, and ends not yet acknowledged.
-    fn held_attempts(&self) -> Vec<RunningAttempt> {
+    /// What this executor holds, for a heartbeat or a registration: attempts running, and
+    /// ends not yet acknowledged, each with the term of the driver that launched it.
+    pub fn held(&self) -> Vec<RunningAttempt> {
         let mut held: HashSet<RunningAttempt, Fixed> = self
             .running
             .iter()
@@ -535,29 +527,6 @@ impl<H: Cancel> Machine<H> {
                 executor_id: self.config.executor_id.clone(),
                 instance_id: self.config.instance,
             }));
-        true
-    }
-}
-
-/// The last [`REMEMBERED_LAUNCHES`] attempts launched, by task and attempt number.
-#[derive(Default)]
-struct Launched {
-    order: std::collections::VecDeque<(TaskId, u32)>,
-    set: HashSet<(TaskId, u32), Fixed>,
-}
-
-impl Launched {
-    /// Remembers a launch of `attempt` of `task_id`; whether it is the first.
-    fn first_time(&mut self, task_id: TaskId, attempt: u32) -> bool {
-        if !self.set.insert((task_id, attempt)) {
-            return false;
-        }
-        self.order.push_back((task_id, attempt));
-        if self.order.len() > REMEMBERED_LAUNCHES {
-            if let Some(oldest) = self.order.pop_front() {
-                self.set.remove(&oldest);
-            }
-        }
         true
     }
 }

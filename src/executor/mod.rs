@@ -5,6 +5,7 @@
 mod backend;
 mod chunks;
 mod command;
+mod launched;
 pub mod machine;
 mod python;
 mod runner;

@@ -15,6 +15,19 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// A nats-server and the subjects of a cluster name unique to this test.
+/// The executor flags of the fault tests: 2 cores, quick heartbeats, a quick verdict on the
+/// driver, a short drain.
+pub const FAST_EXECUTOR: [&str; 8] = [
+    "--cores",
+    "2",
+    "--heartbeat-interval",
+    "200ms",
+    "--driver-timeout",
+    "3s",
+    "--decommission-timeout",
+    "5s",
+];
+
 pub struct TestCluster {
     pub server: NatsServer,
     pub subjects: Subjects,

@@ -41,11 +41,6 @@ impl Core {
         }
     }
 
-    /// When offers held for adoption are made, if they are held.
-    pub fn adopting_until(&self) -> Option<u64> {
-        self.adopting_until
-    }
-
     /// Adopts what a newly registered executor holds of earlier terms, as far as it may, and
     /// returns what it adopted. The attempts adopted start under this term (a `TaskStart`
     /// per job) as if launched here, holding their cores; the rest the executor drops.
