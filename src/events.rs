@@ -47,7 +47,7 @@ pub fn describe(event: &Event) -> String {
         } => format!(
             "executor excluded {executor_id} from {} until {}: {reason}",
             exclusion_target(*scope, *job_id, *index),
-            crate::cli::format_time(*until_ms)
+            crate::text::format_time(*until_ms)
         ),
         Event::ExecutorUnexcluded {
             executor_id,

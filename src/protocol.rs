@@ -15,9 +15,16 @@ pub use event::{Event, ExclusionScope, ExecutorInfo, ExecutorTasks, TaskEnded, T
 pub use journal::{JournalRecord, JournaledTask};
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
+use bytes::Bytes;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
+
+/// The most cores one executor may declare.
+pub const MAX_CORES: u32 = 1 << 16;
+/// The most updates one status batch may carry (and the most attempts a registration may say
+/// it holds).
+pub const MAX_UPDATES_PER_BATCH: usize = 100_000;
 
 /// What an executor sends on `<p>.driver.register.<id>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -796,6 +803,28 @@ pub enum HeartbeatReply {
 pub trait Batch: Sized {
     /// The two halves, or the message itself when it holds fewer than two items.
     fn split(self) -> Result<(Self, Self), Self>;
+}
+
+/// `message` encoded, cut in halves until each part is at most `max_bytes`, in order; a part
+/// that cannot be cut and does not fit is dropped with a warning naming `subject`.
+pub fn fit<T: Batch + Serialize>(message: T, max_bytes: usize, subject: &str) -> Vec<Bytes> {
+    let mut parts = vec![message];
+    let mut fitted = Vec::new();
+    while let Some(part) = parts.pop() {
+        let payload = encode(&part);
+        if payload.len() <= max_bytes {
+            fitted.push(payload);
+            continue;
+        }
+        match part.split() {
+            // Second half pushed first: parts go out in order.
+            Ok((first, second)) => parts.extend([second, first]),
+            Err(_) => {
+                tracing::warn!(%subject, size = payload.len(), "message over max_payload dropped")
+            }
+        }
+    }
+    fitted
 }
 
 fn halve<T>(mut items: Vec<T>) -> Result<(Vec<T>, Vec<T>), Vec<T>> {

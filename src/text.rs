@@ -1,11 +1,17 @@
 //! Text a person reads: counts in words (`1 task`, `2 tasks`, `failed once`, `failed 4 times`),
-//! and long text cut to a size that fits where it goes, saying it was cut.
+//! times, and long text cut to a size that fits where it goes, saying it was cut.
 
 use std::borrow::Cow;
 
 /// The most bytes of a task's error text that a status, a journal record or an event carries.
 /// A task's whole output stays in its result; the error says why it failed, in a line or two.
 pub const MAX_ERROR_BYTES: usize = 4096;
+
+/// Epoch milliseconds as an RFC 3339 time (UTC, to the second).
+pub fn format_time(ms: u64) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(time).to_string()
+}
 
 /// `n` and the noun, singular for one: `count(1, "task", "tasks")` is `1 task`.
 pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {

@@ -407,7 +407,7 @@ async fn nats_service_discovery_finds_every_driver_and_counts_the_api() {
         .prefix()
         .trim_start_matches("ember.")
         .to_string();
-    let short_lease = |config: &mut ember::driver::actor::DriverConfig| {
+    let short_lease = |config: &mut ember::driver::DriverConfig| {
         config.lease = Duration::from_secs(1);
     };
     let first = cluster.driver_configured(short_lease).await;

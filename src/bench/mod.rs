@@ -21,7 +21,7 @@ mod soak;
 mod wide;
 mod workloads;
 
-use crate::driver::core::MAX_CORES;
+use crate::protocol::MAX_CORES;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

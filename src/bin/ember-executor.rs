@@ -5,13 +5,13 @@ use ember::cli::{
     init_tracing, parse_duration, parse_key_value, parse_wait, runtime, shutdown_signal, to_map,
 };
 use ember::connect::NatsArgs;
-use ember::driver::core::MAX_CORES;
 use ember::executor::{
     run, ExecutorConfig, ExecutorError, Handlers, PythonConfig, DEFAULT_INTERPRETER,
     EXIT_REGISTRATION_REFUSED,
 };
 use ember::ids::{validate_host_port, ExecutorId};
 use ember::metrics::ExecutorMetrics;
+use ember::protocol::MAX_CORES;
 use ember::subjects::Subjects;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -151,12 +151,6 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// Formats epoch milliseconds as an RFC 3339 time (UTC, to the second).
-pub fn format_time(ms: u64) -> String {
-    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(time).to_string()
-}
-
 /// The checks every binary's tests make of its command line: clap's own (no flag clashes with
 /// another, global ones included), and that `--help` explains every flag and subcommand.
 pub fn check_command_line(command: clap::Command) {

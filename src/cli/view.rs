@@ -1,9 +1,9 @@
 //! `ember events`, `ember executors` and `ember jobs`: what the cluster is doing, for people
 //! (tables, one line per event) and for programs (`--json`).
 
-use super::format_time;
 use crate::client::EmberClient;
 use crate::subjects::Subjects;
+use crate::text::format_time;
 use async_nats::Client;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use std::future::Future;

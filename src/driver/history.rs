@@ -518,7 +518,7 @@ impl Chain {
         let mut stored = 0;
         for event in told.untold(&fill.events) {
             let subject: Subject = fill.subjects.history(event.kind()).into();
-            for payload in super::actor::fit(event, fill.max_bytes, &subject) {
+            for payload in crate::protocol::fit(event, fill.max_bytes, &subject) {
                 // Each after the one before: should another writer come between, the next
                 // try reads what it wrote.
                 let publish = PublishMessage::build()

@@ -7,8 +7,8 @@
 //! the first part removes only records the snapshot holds. A record of an earlier step whose
 //! write is retried may land after the parts; replaying it again changes nothing.
 
-use super::actor::fit;
 use super::core::SnapshotIds;
+use crate::protocol::fit;
 use crate::protocol::JournalRecord;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::time::Duration;

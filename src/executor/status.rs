@@ -7,8 +7,8 @@
 //! any other status from the JSON it was encoded to once, when it was queued (its size decides
 //! what fits in a batch). The tests hold the result to the protocol's own encoding.
 
-use crate::driver::core::MAX_UPDATES_PER_BATCH;
 use crate::ids::{ExecutorId, InstanceId, TaskId};
+use crate::protocol::MAX_UPDATES_PER_BATCH;
 use crate::protocol::{
     encode, RunningAttempt, StatusReply, StatusUpdate, TaskDescription, TaskState,
 };

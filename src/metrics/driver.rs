@@ -4,6 +4,7 @@
 //! (tasks launched and ended, offer rounds, requests) are of one moment.
 
 use super::{label, seconds_histogram, sizes_histogram, HistogramFamily, Labels, Scrape};
+pub use crate::driver::core::Gauges as CoreGauges;
 use crate::protocol::TaskState;
 use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
@@ -93,21 +94,6 @@ impl JournalWrites {
     pub fn retried(&self) {
         self.retries.inc();
     }
-}
-
-/// The gauges a core reports once a tick.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CoreGauges {
-    pub executors: u64,
-    pub total_cores: u64,
-    pub free_cores: u64,
-    pub tasks_waiting: u64,
-    pub tasks_running: u64,
-    pub jobs_running: u64,
-    pub jobs_succeeded: u64,
-    pub jobs_failed: u64,
-    pub jobs_killed: u64,
-    pub executors_target: u64,
 }
 
 /// A kind of request the driver handles.

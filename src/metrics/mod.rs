@@ -7,7 +7,7 @@
 mod driver;
 mod executor;
 
-pub use driver::{CoreGauges, DriverMetrics, JournalWrites, RequestKind};
+pub use driver::{CoreGauges, DriverMetrics, JournalWrites, RequestKind, ScrapeRequest};
 pub use executor::ExecutorMetrics;
 
 use futures::future::BoxFuture;

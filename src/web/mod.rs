@@ -5,8 +5,8 @@
 //! [`Link`]; the web server holds the other end, a [`Handle`]:
 //!
 //! - queries travel to the actor over an mpsc, each with a oneshot for its answer, and the
-//!   actor answers them with the core's own api handling ([`answer`]), between its other
-//!   messages, only while it leads;
+//!   actor answers them with the core's own api handling, between its other messages, only
+//!   while it leads (a page of results stored in the results bucket is read there first);
 //! - what the driver publishes on the listener bus goes to a `broadcast` of [`Notice`]s: the
 //!   actor never waits on it, and a browser that falls behind loses notices (its stream says
 //!   so, and the page fetches what it shows again);
@@ -19,8 +19,6 @@ mod server;
 
 pub use server::serve;
 
-use crate::driver::core::Core;
-use crate::driver::results::ResultsBucket;
 use crate::ids::{InstanceId, JobId};
 use crate::protocol::{ApiReply, ApiRequest, Event, TaskState};
 use serde::Serialize;
@@ -56,22 +54,11 @@ pub struct Query {
 }
 
 /// The actor's answer to a query.
+#[derive(Debug)]
 pub struct Answer {
     pub reply: ApiReply,
     /// When the core answered (the driver's clock), for ages and durations.
     pub now_ms: u64,
-    /// The tasks of a `Results` page whose results are in the results bucket, to be read
-    /// there before the page is shown.
-    pub bucket: Option<(ResultsBucket, Vec<u32>)>,
-}
-
-impl std::fmt::Debug for Answer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Answer")
-            .field("reply", &self.reply)
-            .field("now_ms", &self.now_ms)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Whether this driver leads, as the page shows it.
@@ -232,39 +219,6 @@ pub async fn next_query(queries: &mut Option<Queries>) -> Query {
         }
     }
     std::future::pending().await
-}
-
-/// Answers `query` from `core`, as the api answers the same request. Only read-only requests
-/// are taken: the page changes nothing.
-pub fn answer(core: &mut Core, results: Option<&ResultsBucket>, query: Query, now_ms: u64) {
-    if query.answer.is_closed() {
-        // Whoever asked has given up (a timeout, a closed page): nothing to compute.
-        return;
-    }
-    let reply = match query.ask {
-        Ask::Api(
-            request @ (ApiRequest::ListExecutors { .. }
-            | ApiRequest::ListJobs { .. }
-            | ApiRequest::GetJob { .. }
-            | ApiRequest::GetResults { .. }),
-        ) => core.api(request, now_ms),
-        Ask::Api(_) => ApiReply::Error {
-            message: "the web page only reads".into(),
-        },
-        Ask::RecentJobs { before, limit } => core.recent_jobs(before, limit),
-    };
-    let bucket = match (&reply, results) {
-        (ApiReply::Results(page), Some(results)) => {
-            let indices = core.results_in_bucket(page);
-            (!indices.is_empty()).then(|| (results.clone(), indices))
-        }
-        _ => None,
-    };
-    let _ = query.answer.send(Answer {
-        reply,
-        now_ms,
-        bucket,
-    });
 }
 
 #[cfg(test)]

@@ -249,12 +249,7 @@ async fn tasks(
         offset: paging.offset,
         limit,
     });
-    let mut answer = web.ask(ask).await?;
-    if let (ApiReply::Results(page), Some((bucket, indices))) =
-        (&answer.reply, answer.bucket.take())
-    {
-        answer.reply = bucket.fill(page.clone(), indices, usize::MAX).await;
-    }
+    let answer = web.ask(ask).await?;
     let ApiReply::Results(page) = answer.reply else {
         return Err(Failure::Refused("no results page".into()));
     };

@@ -239,8 +239,8 @@ impl Core {
 
     /// What the metrics' gauges show of the core now: one pass over the executors and the jobs
     /// held.
-    pub fn gauges(&self) -> crate::metrics::CoreGauges {
-        let mut g = crate::metrics::CoreGauges {
+    pub fn gauges(&self) -> Gauges {
+        let mut g = Gauges {
             executors: self.executors.len() as u64,
             total_cores: self.total_cores,
             executors_target: self.allocation().map_or(0, |a| a.target_executors),
@@ -311,6 +311,21 @@ fn page<T: serde::Serialize>(
     }
     let next = more.then(|| offset + taken.len() as u32);
     (taken, next)
+}
+
+/// What the core counts of itself: the metrics' gauges (`ember_*` in `--metrics-addr`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gauges {
+    pub executors: u64,
+    pub total_cores: u64,
+    pub free_cores: u64,
+    pub tasks_waiting: u64,
+    pub tasks_running: u64,
+    pub jobs_running: u64,
+    pub jobs_succeeded: u64,
+    pub jobs_failed: u64,
+    pub jobs_killed: u64,
+    pub executors_target: u64,
 }
 
 #[cfg(test)]

@@ -8,8 +8,7 @@ use crate::protocol::{
 };
 use std::collections::{BTreeMap, HashMap};
 
-/// The most cores one executor may declare.
-pub const MAX_CORES: u32 = 1 << 16;
+pub use crate::protocol::MAX_CORES;
 /// The most entries in `log_urls` or `attributes`, and the longest key or value.
 pub const MAX_MAP_ENTRIES: usize = 64;
 pub const MAX_MAP_TEXT: usize = 1024;

@@ -11,8 +11,7 @@ use crate::protocol::{
 };
 use std::collections::BTreeMap;
 
-/// The most updates one batch may carry.
-pub const MAX_UPDATES_PER_BATCH: usize = 100_000;
+pub use crate::protocol::MAX_UPDATES_PER_BATCH;
 
 /// What one update did.
 enum Applied {

@@ -1,0 +1,85 @@
+//! How a driver runs: every setting of [`run`](super::run), with the defaults `ember-driver`
+//! has.
+
+use super::core::{AllocationConfig, ExclusionConfig, Liveness, Retention, Scheduling, StartGate};
+use super::journal::{JournalMode, Replicas};
+use crate::metrics::DriverMetrics;
+use crate::subjects::Subjects;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How the driver runs.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub subjects: Subjects,
+    /// Executors expected to register (Spark's `numPendingExecutors` starts here).
+    pub expect_executors: u64,
+    /// How often free cores are offered even when nothing else prompts it (and silent
+    /// executors are looked for).
+    pub revive_interval: Duration,
+    /// How jobs share the cores: FIFO, or FAIR between pools (`--scheduling`, `--pool`).
+    pub scheduling: Scheduling,
+    /// How executors are judged alive.
+    pub liveness: Liveness,
+    /// Whether jobs are kept in a JetStream journal, to survive a driver restart.
+    pub journal: JournalMode,
+    /// How long journal records are kept (the stream's max age).
+    pub journal_max_age: Duration,
+    /// How many finished jobs are kept.
+    pub retention: Retention,
+    /// Snapshot the journal each time it has grown by this many bytes, or twice the last
+    /// snapshot's size if that is more.
+    pub snapshot_after: u64,
+    /// How long, and up to how many bytes, the results bucket keeps results (with a journal).
+    pub results_max_age: Duration,
+    pub results_max_bytes: u64,
+    /// How long, and up to how many bytes, the events stream keeps events (with a journal).
+    pub events_max_age: Duration,
+    pub events_max_bytes: u64,
+    /// How long a leadership lasts unrenewed (with a journal, drivers elect one leader).
+    pub lease: Duration,
+    /// How long a starting driver may take to mark the journal with its leadership and to
+    /// replay it, before it gives up starting.
+    pub replay_timeout: Duration,
+    /// How many copies a clustered server keeps of the journal, results and lease.
+    pub replicas: Replicas,
+    /// What the driver counts, for `--metrics-addr`.
+    pub metrics: Arc<DriverMetrics>,
+    /// The dynamic allocation signal's settings, if it is on.
+    pub allocation: Option<AllocationConfig>,
+    /// The live web page's link into the driver, for `--http`.
+    pub web: Option<crate::web::Link>,
+    /// Hold offers until enough executors have registered, if set (`--min-registered`).
+    pub start_gate: Option<StartGate>,
+    /// Exclude executors on which tasks fail, if set (`--exclude-on-failure`).
+    pub exclusion: Option<ExclusionConfig>,
+}
+
+impl DriverConfig {
+    /// The defaults `ember-driver` has, for `subjects`.
+    pub fn new(subjects: Subjects) -> Self {
+        Self {
+            subjects,
+            expect_executors: 0,
+            revive_interval: Duration::from_secs(1),
+            scheduling: Default::default(),
+            liveness: Liveness::default(),
+            journal: JournalMode::default(),
+            journal_max_age: crate::DEFAULT_JOURNAL_MAX_AGE,
+            retention: Retention::default(),
+            snapshot_after: crate::DEFAULT_SNAPSHOT_AFTER,
+            results_max_age: super::results::DEFAULT_RESULTS_MAX_AGE,
+            results_max_bytes: super::results::DEFAULT_RESULTS_MAX_BYTES,
+            events_max_age: super::history::DEFAULT_EVENTS_MAX_AGE,
+            events_max_bytes: super::history::DEFAULT_EVENTS_MAX_BYTES,
+            lease: super::lease::DEFAULT_LEASE,
+            replay_timeout: super::journal::DEFAULT_REPLAY_TIMEOUT,
+            replicas: Replicas::Auto,
+            metrics: Arc::new(DriverMetrics::new()),
+            allocation: None,
+            web: None,
+            start_gate: None,
+            exclusion: None,
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The driver's requests, one handler each: who may be answered (see admission), the payload
+//! decoded, the core asked, and the answer encoded for the shell to send.
+
+use super::admission::Refusal;
+use super::core::Core;
+use super::outbox::{Output, ReplyTo};
+use super::shell::Shell;
+use crate::protocol::{
+    decode, encode, ApiReply, ApiRequest, HeartbeatReply, HeartbeatRequest, RegisterReply,
+    RegisterRequest, StatusReply, StatusRequest,
+};
+use crate::subjects::Subjects;
+use crate::web::{Answer, Ask, Query};
+use crate::{now_ms, PAYLOAD_HEADROOM};
+use async_nats::Message;
+use tracing::{debug, warn};
+
+impl Shell {
+    pub(super) fn on_register(&self, core: &mut Core, message: Message) -> Option<Output> {
+        let claimed = Subjects::executor_id_of(&message.subject).to_string();
+        let reply = self.admission.executor_reply(&message, &claimed)?;
+        let answer = match decode::<RegisterRequest>(&message.payload, self.limit) {
+            Ok(RegisterRequest::RegisterExecutor(request)) => {
+                core.register(&claimed, request, now_ms())
+            }
+            Err(error) => {
+                self.admission.refuse(Refusal::Undecodable);
+                RegisterReply::RegisterExecutorFailed {
+                    message: format!("could not decode RegisterExecutor: {error}"),
+                }
+            }
+        };
+        match &answer {
+            RegisterReply::RegisteredExecutor { .. } => debug!(executor = %claimed, "registered"),
+            RegisterReply::RegisterExecutorFailed { message } => {
+                warn!(executor = %claimed, %message, "registration refused")
+            }
+        }
+        Some(Output::ExecutorReply(reply, encode(&answer)))
+    }
+
+    pub(super) fn on_status(&self, core: &mut Core, message: Message) -> Option<Output> {
+        let claimed = Subjects::executor_id_of(&message.subject).to_string();
+        let reply = self.admission.executor_reply(&message, &claimed)?;
+        let (executor_id, mut answer) = match decode::<StatusRequest>(&message.payload, self.limit)
+        {
+            Ok(request) => {
+                let StatusRequest::StatusUpdates {
+                    executor_id,
+                    updates,
+                    ..
+                } = &request;
+                self.metrics.status_batch(updates.len());
+                let executor_id = executor_id.clone();
+                let answer = core.status_request(&claimed, request, now_ms());
+                (Some(executor_id), answer)
+            }
+            Err(error) => {
+                self.admission.refuse(Refusal::Undecodable);
+                let message = format!("could not decode StatusUpdates: {error}");
+                (None, StatusReply::Error { message })
+            }
+        };
+        if let StatusReply::StatusAck { refused, .. } = &answer {
+            for r in refused {
+                warn!(executor = %claimed, task = r.task_id, attempt = r.attempt, reason = %r.reason, "status refused");
+            }
+        }
+        let mut payload = encode(&answer);
+        if payload.len() > self.limit - PAYLOAD_HEADROOM {
+            if let (StatusReply::StatusAck { launch, .. }, Some(executor_id)) =
+                (&mut answer, executor_id)
+            {
+                // Too many tasks to ride on the acknowledgement: they go to the inbox instead.
+                core.launch_separately(executor_id, std::mem::take(launch));
+                payload = encode(&answer);
+            }
+        }
+        Some(Output::ExecutorReply(reply, payload))
+    }
+
+    pub(super) fn on_heartbeat(&self, core: &mut Core, message: Message) -> Option<Output> {
+        let claimed = Subjects::executor_id_of(&message.subject).to_string();
+        let reply = self.admission.executor_reply(&message, &claimed)?;
+        let answer = match decode::<HeartbeatRequest>(&message.payload, self.limit) {
+            Ok(request) => core.heartbeat(&claimed, request, now_ms()),
+            Err(error) => {
+                self.admission.refuse(Refusal::Undecodable);
+                HeartbeatReply::Error {
+                    message: format!("could not decode the heartbeat: {error}"),
+                }
+            }
+        };
+        Some(Output::ExecutorReply(reply, encode(&answer)))
+    }
+
+    pub(super) fn on_api(
+        &self,
+        core: &mut Core,
+        request: async_nats::service::Request,
+    ) -> Option<Output> {
+        let message = &request.message;
+        let executors = core.executors();
+        if !self
+            .admission
+            .api_reply(message, |id| executors.contains_key(id))
+        {
+            return None;
+        }
+        let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
+            Ok(request) => core.api(request, now_ms()),
+            Err(error) => {
+                self.admission.refuse(Refusal::Undecodable);
+                ApiReply::Error {
+                    message: format!("could not decode the api request: {error}"),
+                }
+            }
+        };
+        if matches!(answer, ApiReply::Error { .. }) {
+            self.admission.api_error();
+        }
+        let reply: ReplyTo = Box::new(request);
+        if let (
+            ApiReply::ResultChunk {
+                job_id,
+                index,
+                chunk,
+                ..
+            },
+            Some(_),
+        ) = (&answer, &self.results)
+        {
+            if let Some(key) = core.result_chunk_key(*job_id, *index, *chunk) {
+                return Some(Output::Chunk { reply, answer, key });
+            }
+        }
+        if let (ApiReply::Results(page), Some(_)) = (&answer, &self.results) {
+            let indices = core.results_in_bucket(page);
+            if !indices.is_empty() {
+                let ApiReply::Results(page) = answer else {
+                    unreachable!("matched above")
+                };
+                return Some(Output::Results {
+                    reply,
+                    page,
+                    indices,
+                });
+            }
+        }
+        Some(Output::Reply(reply, encode(&answer)))
+    }
+
+    /// Answers a query of the web page from `core`, as the api answers the same request. Only
+    /// read-only requests are taken: the page changes nothing. A page of results stored in the
+    /// results bucket is read there, off the actor's loop, before it is answered.
+    pub(super) fn on_query(&self, core: &mut Core, query: Query) -> Option<Output> {
+        let Query { ask, answer } = query;
+        if answer.is_closed() {
+            // Whoever asked has given up (a timeout, a closed page): nothing to compute.
+            return None;
+        }
+        let now_ms = now_ms();
+        let reply = match ask {
+            Ask::Api(
+                request @ (ApiRequest::ListExecutors { .. }
+                | ApiRequest::ListJobs { .. }
+                | ApiRequest::GetJob { .. }
+                | ApiRequest::GetResults { .. }),
+            ) => core.api(request, now_ms),
+            Ask::Api(_) => ApiReply::Error {
+                message: "the web page only reads".into(),
+            },
+            Ask::RecentJobs { before, limit } => core.recent_jobs(before, limit),
+        };
+        if let (ApiReply::Results(page), Some(results)) = (&reply, &self.results) {
+            let indices = core.results_in_bucket(page);
+            if !indices.is_empty() {
+                let (results, page) = (results.clone(), page.clone());
+                tokio::spawn(async move {
+                    let reply = results.fill(page, indices, usize::MAX).await;
+                    let _ = answer.send(Answer { reply, now_ms });
+                });
+                return None;
+            }
+        }
+        let _ = answer.send(Answer { reply, now_ms });
+        None
+    }
+}
