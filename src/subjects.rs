@@ -141,13 +141,21 @@ impl Subjects {
         format!("_INBOX.{id}")
     }
 
+    /// Who owns the reply subject `reply`: `<owner>` of `_INBOX.<owner>.<rest>`, the token an
+    /// inbox prefix (`_INBOX.<id>`, as executors set it) puts before a connection's own inbox
+    /// names. The one reading of reply subjects the driver and the client share.
+    pub fn inbox_owner(reply: &str) -> Option<&str> {
+        let (owner, _) = reply.strip_prefix("_INBOX.")?.split_once('.')?;
+        Some(owner)
+    }
+
     /// The executor whose inbox prefix `inbox` (a reply subject a connection makes, such as
     /// `_INBOX.exec-1.<nuid>`) lies under, if it has an executor's shape: `_INBOX.<id>.<last>`
     /// with `<id>` an executor id (and not the listener's). A connection's own inboxes are
     /// `_INBOX.<nuid>` with the default prefix, which has no executor.
     pub fn executor_of_inbox(inbox: &str) -> Option<ExecutorId> {
-        let rest = inbox.strip_prefix("_INBOX.")?;
-        let (owner, last) = rest.split_once('.')?;
+        let owner = Self::inbox_owner(inbox)?;
+        let last = &inbox["_INBOX.".len() + owner.len() + 1..];
         if last.contains('.') || format!("_INBOX.{owner}") == Self::LISTENER_INBOX {
             return None;
         }
@@ -157,10 +165,7 @@ impl Subjects {
     /// Whether `reply` lies under executor `id`'s own inbox prefix. NATS does not check where a
     /// requester points its reply, so the driver does before it answers.
     pub fn reply_is_owned_by(reply: &str, id: &str) -> bool {
-        reply
-            .strip_prefix("_INBOX.")
-            .and_then(|rest| rest.strip_prefix(id))
-            .is_some_and(|rest| rest.starts_with('.'))
+        Self::inbox_owner(reply) == Some(id)
     }
 
     /// `<p><middle><last>`, put together without the formatting machinery: the driver builds
@@ -231,6 +236,9 @@ mod tests {
             "ember.default.executor.e1",
             "e1"
         ));
+        assert_eq!(Subjects::inbox_owner("_INBOX.e1.abc.1"), Some("e1"));
+        assert_eq!(Subjects::inbox_owner("_INBOX.abc"), None);
+        assert_eq!(Subjects::inbox_owner("_MINE.e1.abc"), None);
     }
 
     #[test]

@@ -236,6 +236,29 @@ fn the_executor_the_protocol_and_the_listener_bus_do_not_reach_up() {
 }
 
 #[test]
+fn the_architecture_map_names_every_file_under_src() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let map = fs::read_to_string(root.join("docs").join("architecture.md")).unwrap();
+    let mut missing = Vec::new();
+    for file in rust_files(&src()) {
+        let path = file.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+        // The files of a folder of tests are named by the folder.
+        let named = match path.find("/tests/") {
+            Some(at) => path[..at + "/tests/".len()].to_string(),
+            None => path.clone(),
+        };
+        if !map.contains(&format!("`{named}`")) {
+            missing.push(named);
+        }
+    }
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md's map of the source does not name: {missing:?}"
+    );
+}
+
+#[test]
 fn the_reader_finds_what_it_looks_for() {
     let code = "use super::{core::{Core, Effect}, lease};\nuse super::journal::Journal;\n\
                 let x = crate::driver::shell::Shell;";

@@ -166,9 +166,7 @@ fn api_reply_allowed(
     if reply.starts_with("ember.") {
         return Err(ForeignApiReply::Ember);
     }
-    let owner = reply
-        .strip_prefix("_INBOX.")
-        .and_then(|rest| rest.split('.').next())
+    let owner = Subjects::inbox_owner(reply)
         .and_then(|token| ExecutorId::parse(token).ok())
         .filter(|id| registered(id));
     match owner {

@@ -2,16 +2,16 @@
 //! decoded, the core asked, and the answer encoded for the shell to send.
 
 use super::admission::Refusal;
-use super::core::Core;
+use super::core::{Answer, Core};
 use super::outbox::{Output, ReplyTo};
 use super::shell::Shell;
+use crate::now_ms;
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, HeartbeatReply, HeartbeatRequest, RegisterReply,
     RegisterRequest, StatusReply, StatusRequest,
 };
 use crate::subjects::Subjects;
-use crate::web::{Answer, Ask, Query};
-use crate::{now_ms, PAYLOAD_HEADROOM};
+use crate::web::{self, Ask, Query};
 use async_nats::Message;
 use tracing::{debug, warn};
 
@@ -42,8 +42,7 @@ impl Shell {
     pub(super) fn on_status(&self, core: &mut Core, message: Message) -> Option<Output> {
         let claimed = Subjects::executor_id_of(&message.subject).to_string();
         let reply = self.admission.executor_reply(&message, &claimed)?;
-        let (executor_id, mut answer) = match decode::<StatusRequest>(&message.payload, self.limit)
-        {
+        let (executor_id, answer) = match decode::<StatusRequest>(&message.payload, self.limit) {
             Ok(request) => {
                 let StatusRequest::StatusUpdates {
                     executor_id,
@@ -66,16 +65,7 @@ impl Shell {
                 warn!(executor = %claimed, task = r.task_id, attempt = r.attempt, reason = %r.reason, "status refused");
             }
         }
-        let mut payload = encode(&answer);
-        if payload.len() > self.limit - PAYLOAD_HEADROOM {
-            if let (StatusReply::StatusAck { launch, .. }, Some(executor_id)) =
-                (&mut answer, executor_id)
-            {
-                // Too many tasks to ride on the acknowledgement: they go to the inbox instead.
-                core.launch_separately(executor_id, std::mem::take(launch));
-                payload = encode(&answer);
-            }
-        }
+        let payload = core.encode_status_reply(executor_id, answer);
         Some(Output::ExecutorReply(reply, payload))
     }
 
@@ -108,46 +98,27 @@ impl Shell {
             return None;
         }
         let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
-            Ok(request) => core.api(request, now_ms()),
+            Ok(request) => core.answer(request, now_ms()),
             Err(error) => {
                 self.admission.refuse(Refusal::Undecodable);
-                ApiReply::Error {
+                Answer::Reply(ApiReply::Error {
                     message: format!("could not decode the api request: {error}"),
-                }
+                })
             }
         };
-        if matches!(answer, ApiReply::Error { .. }) {
+        if matches!(answer, Answer::Reply(ApiReply::Error { .. })) {
             self.admission.api_error();
         }
         let reply: ReplyTo = Box::new(request);
-        if let (
-            ApiReply::ResultChunk {
-                job_id,
-                index,
-                chunk,
-                ..
+        Some(match answer {
+            Answer::Reply(answer) => Output::Reply(reply, encode(&answer)),
+            Answer::Results { page, indices } => Output::Results {
+                reply,
+                page,
+                indices,
             },
-            Some(_),
-        ) = (&answer, &self.results)
-        {
-            if let Some(key) = core.result_chunk_key(*job_id, *index, *chunk) {
-                return Some(Output::Chunk { reply, answer, key });
-            }
-        }
-        if let (ApiReply::Results(page), Some(_)) = (&answer, &self.results) {
-            let indices = core.results_in_bucket(page);
-            if !indices.is_empty() {
-                let ApiReply::Results(page) = answer else {
-                    unreachable!("matched above")
-                };
-                return Some(Output::Results {
-                    reply,
-                    page,
-                    indices,
-                });
-            }
-        }
-        Some(Output::Reply(reply, encode(&answer)))
+            Answer::Chunk { answer, key } => Output::Chunk { reply, answer, key },
+        })
     }
 
     /// Answers a query of the web page from `core`, as the api answers the same request. Only
@@ -166,24 +137,26 @@ impl Shell {
                 | ApiRequest::ListJobs { .. }
                 | ApiRequest::GetJob { .. }
                 | ApiRequest::GetResults { .. }),
-            ) => core.api(request, now_ms),
-            Ask::Api(_) => ApiReply::Error {
+            ) => core.answer(request, now_ms),
+            Ask::Api(_) => Answer::Reply(ApiReply::Error {
                 message: "the web page only reads".into(),
-            },
-            Ask::RecentJobs { before, limit } => core.recent_jobs(before, limit),
+            }),
+            Ask::RecentJobs { before, limit } => Answer::Reply(core.recent_jobs(before, limit)),
         };
-        if let (ApiReply::Results(page), Some(results)) = (&reply, &self.results) {
-            let indices = core.results_in_bucket(page);
-            if !indices.is_empty() {
-                let (results, page) = (results.clone(), page.clone());
+        let reply = match reply {
+            Answer::Reply(reply) => reply,
+            Answer::Results { page, indices } => {
+                let results = self.results.clone()?;
                 tokio::spawn(async move {
                     let reply = results.fill(page, indices, usize::MAX).await;
-                    let _ = answer.send(Answer { reply, now_ms });
+                    let _ = answer.send(web::Answer { reply, now_ms });
                 });
                 return None;
             }
-        }
-        let _ = answer.send(Answer { reply, now_ms });
+            // The page asks for no chunk.
+            Answer::Chunk { answer: reply, .. } => reply,
+        };
+        let _ = answer.send(web::Answer { reply, now_ms });
         None
     }
 }

@@ -268,7 +268,7 @@ impl Core {
 
     /// The key in the results bucket of chunk `chunk` of task `index`'s result, if it has
     /// one in chunks.
-    pub fn result_chunk_key(&self, job_id: JobId, index: u32, chunk: u32) -> Option<String> {
+    pub(super) fn result_chunk_key(&self, job_id: JobId, index: u32, chunk: u32) -> Option<String> {
         let job = self.jobs.get(&job_id)?;
         job.chunked.get(&index)?;
         let record = (index < job.len()).then(|| &job.tasks[index])?;
@@ -282,7 +282,7 @@ impl Core {
 
     /// The tasks of `page` whose results are in the results bucket, for the shell to read
     /// into the page before it answers.
-    pub fn results_in_bucket(&self, page: &ResultsPage) -> Vec<u32> {
+    pub(super) fn results_in_bucket(&self, page: &ResultsPage) -> Vec<u32> {
         let Some(job) = self.jobs.get(&page.job_id) else {
             return Vec::new();
         };

@@ -24,7 +24,9 @@ mod status;
 mod tasks;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
-use crate::protocol::{ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord};
+use crate::protocol::{
+    ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord, ResultsPage,
+};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 pub use adoption::DEFAULT_ADOPT_WAIT;
@@ -190,7 +192,37 @@ impl Core {
         std::mem::take(&mut self.effects)
     }
 
-    /// Answers one request on the driver api.
+    /// Answers one request on the driver api, and says where the answer's data comes from:
+    /// a page of results or a result's chunk held in the results bucket is read there first.
+    pub fn answer(&mut self, request: ApiRequest, now: u64) -> Answer {
+        let reply = self.api(request, now);
+        if !self.config.results_bucket {
+            return Answer::Reply(reply);
+        }
+        match reply {
+            ApiReply::ResultChunk {
+                job_id,
+                index,
+                chunk,
+                ..
+            } => match self.result_chunk_key(job_id, index, chunk) {
+                Some(key) => Answer::Chunk { answer: reply, key },
+                None => Answer::Reply(reply),
+            },
+            ApiReply::Results(page) => {
+                let indices = self.results_in_bucket(&page);
+                if indices.is_empty() {
+                    Answer::Reply(ApiReply::Results(page))
+                } else {
+                    Answer::Results { page, indices }
+                }
+            }
+            reply => Answer::Reply(reply),
+        }
+    }
+
+    /// Answers one request on the driver api, as it stands in the core (see [`Core::answer`]
+    /// for where its data comes from).
     pub fn api(&mut self, request: ApiRequest, now: u64) -> ApiReply {
         match request {
             ApiRequest::ListExecutors { offset, limit } => {
@@ -311,6 +343,21 @@ fn page<T: serde::Serialize>(
     }
     let next = more.then(|| offset + taken.len() as u32);
     (taken, next)
+}
+
+/// An api answer, and where its data comes from.
+#[derive(Debug)]
+pub enum Answer {
+    /// Sent as it is.
+    Reply(ApiReply),
+    /// A page of results, the results of tasks `indices` to be read from the results bucket
+    /// into it before it is sent.
+    Results {
+        page: ResultsPage,
+        indices: Vec<u32>,
+    },
+    /// A `ResultChunk` answer whose data is read from the results bucket under `key`.
+    Chunk { answer: ApiReply, key: String },
 }
 
 /// What the core counts of itself: the metrics' gauges (`ember_*` in `--metrics-addr`).

@@ -93,7 +93,7 @@ impl Core {
 
     /// Sends `tasks` to `executor` in a `LaunchTasks` after all: for the launches of an
     /// acknowledgement too large to carry them.
-    pub fn launch_separately(&mut self, executor: ExecutorId, tasks: Vec<TaskDescription>) {
+    pub(super) fn launch_separately(&mut self, executor: ExecutorId, tasks: Vec<TaskDescription>) {
         if !tasks.is_empty() {
             self.send_launch(executor, tasks);
         }

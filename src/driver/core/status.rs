@@ -51,6 +51,27 @@ impl Core {
         }
     }
 
+    /// `answer` to a batch of `executor_id`, encoded as it goes out. Launches ride on the
+    /// acknowledgement when it fits in one reply; when it does not, they go to the executor's
+    /// inbox in a `LaunchTasks` of their own, and the acknowledgement goes without them.
+    pub fn encode_status_reply(
+        &mut self,
+        executor_id: Option<ExecutorId>,
+        mut answer: StatusReply,
+    ) -> bytes::Bytes {
+        let payload = crate::protocol::encode(&answer);
+        if payload.len() <= self.config.max_reply_bytes {
+            return payload;
+        }
+        match (&mut answer, executor_id) {
+            (StatusReply::StatusAck { launch, .. }, Some(executor_id)) => {
+                self.launch_separately(executor_id, std::mem::take(launch));
+                crate::protocol::encode(&answer)
+            }
+            _ => payload,
+        }
+    }
+
     /// Handles a batch of status updates that arrived on the subject of `subject_id`.
     pub fn status_updates(
         &mut self,
