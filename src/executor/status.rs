@@ -218,6 +218,25 @@ impl StatusQueue {
     }
 }
 
+/// `updates` as one status batch of the executor `executor_id`, registered with `driver`: the
+/// bytes [`StatusQueue::encode_batch`] sends, put together the way it puts them together (each
+/// status queued, then the batch taken). All of `updates` must fit in one batch.
+pub fn encode_status_batch(
+    executor_id: ExecutorId,
+    driver: Option<InstanceId>,
+    updates: Vec<StatusUpdate>,
+) -> bytes::Bytes {
+    let mut queue = StatusQueue::new(executor_id, crate::DEFAULT_MAX_PAYLOAD);
+    queue.driver = driver;
+    let count = updates.len();
+    for update in updates {
+        queue.push(update);
+    }
+    queue.take_batch();
+    assert_eq!(queue.sending.len(), count, "the updates fit in one batch");
+    queue.encode_batch()
+}
+
 /// A status waiting for a batch: a plain finish alone, any other with its JSON.
 struct Queued {
     update: StatusUpdate,
