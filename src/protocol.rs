@@ -5,14 +5,20 @@
 //! tests in tests/protocol_golden.rs hold the two together.
 
 mod compact;
+mod cursor;
 mod event;
-mod fast;
+#[cfg(test)]
+mod fast_tests;
 mod groups;
 mod journal;
+mod launch_tasks;
+mod status_ack;
+mod status_updates;
 mod wire;
 
 pub use event::{Event, ExclusionScope, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
 pub use journal::{JournalRecord, JournaledTask};
+pub use status_updates::StatusBatch;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -624,10 +630,9 @@ pub enum ExecutorMessage {
     /// One offer round's tasks for this executor, from the driver instance that launched
     /// them: an executor registered with another instance ignores them (task ids start again
     /// in a new driver, so they would be another driver's tasks).
+    #[serde(serialize_with = "launch_tasks::write")]
     LaunchTasks {
-        #[serde(serialize_with = "groups::serialize")]
         tasks: Vec<TaskDescription>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         driver_instance: Option<InstanceId>,
     },
     /// Stops one attempt. Like a launch, it names the driver instance that sent it: an
@@ -659,8 +664,9 @@ pub struct TaskDescription {
     pub resources: crate::resources::Addresses,
 }
 
-/// What an executor sends on `<p>.driver.status.<id>`: every status it has pending.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What an executor sends on `<p>.driver.status.<id>`: every status it has pending. Written by
+/// [`StatusBatch`] (`status_updates.rs`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "type", try_from = "wire::StatusRequestWire")]
 pub enum StatusRequest {
     StatusUpdates {
@@ -669,7 +675,6 @@ pub enum StatusRequest {
         /// The driver instance the executor is registered with: a driver refuses a batch meant
         /// for another instance (a late or repeated one from before it started), whose task
         /// ids would name its own, different tasks.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         driver_instance: Option<InstanceId>,
     },
 }
@@ -703,14 +708,10 @@ pub enum StatusReply {
     /// changed nothing, and why. `launch` carries the tasks the driver offered this executor's
     /// freed cores in answer, as a `LaunchTasks` would: one message per round trip instead of
     /// two.
+    #[serde(serialize_with = "status_ack::write")]
     StatusAck {
         accepted: u32,
         refused: Vec<RefusedStatus>,
-        #[serde(
-            default,
-            skip_serializing_if = "Vec::is_empty",
-            serialize_with = "groups::serialize"
-        )]
         launch: Vec<TaskDescription>,
     },
     /// The driver does not know this executor: register again, then resend the batch.
@@ -839,7 +840,8 @@ pub enum DecodeError {
 
 /// A message [`decode`] reads. Serde reads every message; the few that come once per round
 /// trip at high task rates also have a reader of their own for the exact form [`encode`]
-/// writes (`fast.rs`), tried first.
+/// writes, tried first, beside their writer (`status_updates.rs`, `status_ack.rs`,
+/// `launch_tasks.rs`).
 pub trait Message: DeserializeOwned {
     /// `payload` as this message if it is in the form `encode` writes and a fast reader exists
     /// for it; `None` leaves it to serde, which also gives every refusal its error text.
@@ -883,7 +885,8 @@ serde_only!(
 );
 
 /// Decodes a payload no larger than `limit` bytes. Status batches, their answers and launches
-/// in the form `encode` writes take a fast path (`fast.rs`) that reads what serde would.
+/// in the form `encode` writes take a fast path ([`Message::decode_fast`]) that reads what
+/// serde would.
 pub fn decode<T: Message>(payload: &[u8], limit: usize) -> Result<T, DecodeError> {
     if payload.len() > limit {
         return Err(DecodeError::TooLarge {

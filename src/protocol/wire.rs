@@ -4,8 +4,8 @@
 //! serde decodes an internally tagged enum by buffering the whole object first and then reading
 //! it a second time; for a batch of thousands of updates that dominated the decode. These
 //! structs read the same JSON in one pass, every field optional, and then build the enum,
-//! reporting a missing field as serde would. Encoding is derived, except for the lists of
-//! launched tasks, which `groups` writes and reads as groups.
+//! reporting a missing field as serde would. They only read: the hot messages' writers are
+//! beside their fast readers (`status_updates.rs`, `status_ack.rs`, `launch_tasks.rs`).
 
 use super::groups::TaskList;
 use super::{ExecutorMessage, RefusedStatus, StatusReply, StatusRequest, StatusUpdate, TaskSpec};
