@@ -14,7 +14,6 @@ mod journal;
 mod launch_tasks;
 mod status_ack;
 mod status_updates;
-mod wire;
 
 pub use event::{Event, ExclusionScope, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
 pub use journal::{JournalRecord, JournaledTask};
@@ -137,11 +136,7 @@ impl std::fmt::Display for JobState {
 /// `fail`, and any an embedding program registers); commands are processes; python tasks are
 /// pickled calls that the executor's warm Python workers run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(
-    tag = "kind",
-    rename_all = "snake_case",
-    try_from = "wire::TaskSpecWire"
-)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TaskSpec {
     Handler {
         name: String,
@@ -161,13 +156,40 @@ pub enum TaskSpec {
     /// pair, both in base64 (standard alphabet, padded). With `map`, `args` is instead a
     /// pickled list of items, and the task's result is the list of the function of each.
     Python {
+        #[serde(deserialize_with = "pickled_function")]
         function: String,
+        #[serde(deserialize_with = "pickled_args")]
         args: String,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         map: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },
+}
+
+fn pickled_function<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    base64_field("function", String::deserialize(deserializer)?)
+}
+
+fn pickled_args<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    base64_field("args", String::deserialize(deserializer)?)
+}
+
+/// A python task's pickled field: not empty, and base64 in the standard alphabet with padding
+/// (checked by its shape, not decoded, so a launch costs no copy of it).
+fn base64_field<E: serde::de::Error>(field: &str, value: String) -> Result<String, E> {
+    let bytes = value.as_bytes();
+    let body = bytes
+        .strip_suffix(b"==")
+        .or_else(|| bytes.strip_suffix(b"="))
+        .unwrap_or(bytes);
+    let alphabet = |b: &u8| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/';
+    if bytes.is_empty() || bytes.len() % 4 != 0 || !body.iter().all(alphabet) {
+        return Err(E::custom(format!(
+            "a python task's `{field}` must be a pickle in base64 (standard alphabet, padded)"
+        )));
+    }
+    Ok(value)
 }
 
 /// A job: its tasks are `tasks` repeated `repeat` times, so a million identical tasks cost one
@@ -625,14 +647,16 @@ pub struct TaskOutcome {
 
 /// What the driver sends to `<p>.executor.<id>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", try_from = "wire::ExecutorMessageWire")]
+#[serde(tag = "type")]
 pub enum ExecutorMessage {
     /// One offer round's tasks for this executor, from the driver instance that launched
     /// them: an executor registered with another instance ignores them (task ids start again
     /// in a new driver, so they would be another driver's tasks).
     #[serde(serialize_with = "launch_tasks::write")]
     LaunchTasks {
+        #[serde(deserialize_with = "groups::deserialize")]
         tasks: Vec<TaskDescription>,
+        #[serde(default)]
         driver_instance: Option<InstanceId>,
     },
     /// Stops one attempt. Like a launch, it names the driver instance that sent it: an
@@ -667,7 +691,7 @@ pub struct TaskDescription {
 /// What an executor sends on `<p>.driver.status.<id>`: every status it has pending. Written by
 /// [`StatusBatch`] (`status_updates.rs`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(tag = "type", try_from = "wire::StatusRequestWire")]
+#[serde(tag = "type")]
 pub enum StatusRequest {
     StatusUpdates {
         executor_id: ExecutorId,
@@ -675,6 +699,7 @@ pub enum StatusRequest {
         /// The driver instance the executor is registered with: a driver refuses a batch meant
         /// for another instance (a late or repeated one from before it started), whose task
         /// ids would name its own, different tasks.
+        #[serde(default)]
         driver_instance: Option<InstanceId>,
     },
 }
@@ -702,7 +727,7 @@ pub struct ResultChunks {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", try_from = "wire::StatusReplyWire")]
+#[serde(tag = "type")]
 pub enum StatusReply {
     /// The batch was handled; the executor may forget it. `refused` lists the updates that
     /// changed nothing, and why. `launch` carries the tasks the driver offered this executor's
@@ -712,6 +737,7 @@ pub enum StatusReply {
     StatusAck {
         accepted: u32,
         refused: Vec<RefusedStatus>,
+        #[serde(default, deserialize_with = "groups::deserialize")]
         launch: Vec<TaskDescription>,
     },
     /// The driver does not know this executor: register again, then resend the batch.

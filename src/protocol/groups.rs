@@ -1,7 +1,7 @@
 //! The wire form of a list of launched tasks (`LaunchTasks.tasks`, `StatusAck.launch`): each run
 //! of consecutive tasks with the same job, cores and spec travels as one group that carries the
-//! spec once and each task as `[task_id, index, attempt]`. Its writer, its fast reader and its
-//! serde reader are here, the first two following one list of keys:
+//! spec once and each task as `[task_id, index, attempt]`. Its writer, its fast reader and
+//! serde's reader of it are here, the first two following one list of keys:
 //! `{"job_id":n,"cpus":n,"spec":{..},"resources":{..},"tasks":[[task_id,index,attempt],..]}`,
 //! `resources` only for a task that holds some.
 //!
@@ -123,31 +123,28 @@ impl Serialize for Attempts<'_> {
     }
 }
 
-/// A decoded list of groups: all their tasks, in order.
-#[derive(Debug, Default)]
-pub(super) struct TaskList(pub(super) Vec<TaskDescription>);
-
-impl<'de> Deserialize<'de> for TaskList {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_seq(GroupsVisitor)
-    }
+/// serde's reader of a list of groups: all their tasks, in order.
+pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<TaskDescription>, D::Error> {
+    deserializer.deserialize_seq(GroupsVisitor)
 }
 
 struct GroupsVisitor;
 
 impl<'de> Visitor<'de> for GroupsVisitor {
-    type Value = TaskList;
+    type Value = Vec<TaskDescription>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of task groups")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TaskList, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut tasks = Vec::new();
         while let Some(group) = seq.next_element::<GroupWire>()? {
             group.append_to(&mut tasks).map_err(de::Error::custom)?;
         }
-        Ok(TaskList(tasks))
+        Ok(tasks)
     }
 }
 
