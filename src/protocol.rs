@@ -5,14 +5,19 @@
 //! tests in tests/protocol_golden.rs hold the two together.
 
 mod compact;
+mod cursor;
 mod event;
-mod fast;
+#[cfg(test)]
+mod fast_tests;
 mod groups;
 mod journal;
-mod wire;
+mod launch_tasks;
+mod status_ack;
+mod status_updates;
 
 pub use event::{Event, ExclusionScope, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
 pub use journal::{JournalRecord, JournaledTask};
+pub use status_updates::StatusBatch;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use bytes::Bytes;
@@ -138,11 +143,7 @@ impl std::fmt::Display for JobState {
 /// `fail`, and any an embedding program registers); commands are processes; python tasks are
 /// pickled calls that the executor's warm Python workers run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(
-    tag = "kind",
-    rename_all = "snake_case",
-    try_from = "wire::TaskSpecWire"
-)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TaskSpec {
     Handler {
         name: String,
@@ -162,13 +163,40 @@ pub enum TaskSpec {
     /// pair, both in base64 (standard alphabet, padded). With `map`, `args` is instead a
     /// pickled list of items, and the task's result is the list of the function of each.
     Python {
+        #[serde(deserialize_with = "pickled_function")]
         function: String,
+        #[serde(deserialize_with = "pickled_args")]
         args: String,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         map: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },
+}
+
+fn pickled_function<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    base64_field("function", String::deserialize(deserializer)?)
+}
+
+fn pickled_args<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    base64_field("args", String::deserialize(deserializer)?)
+}
+
+/// A python task's pickled field: not empty, and base64 in the standard alphabet with padding
+/// (checked by its shape, not decoded, so a launch costs no copy of it).
+fn base64_field<E: serde::de::Error>(field: &str, value: String) -> Result<String, E> {
+    let bytes = value.as_bytes();
+    let body = bytes
+        .strip_suffix(b"==")
+        .or_else(|| bytes.strip_suffix(b"="))
+        .unwrap_or(bytes);
+    let alphabet = |b: &u8| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/';
+    if bytes.is_empty() || bytes.len() % 4 != 0 || !body.iter().all(alphabet) {
+        return Err(E::custom(format!(
+            "a python task's `{field}` must be a pickle in base64 (standard alphabet, padded)"
+        )));
+    }
+    Ok(value)
 }
 
 /// A job: its tasks are `tasks` repeated `repeat` times, so a million identical tasks cost one
@@ -626,15 +654,16 @@ pub struct TaskOutcome {
 
 /// What the driver sends to `<p>.executor.<id>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", try_from = "wire::ExecutorMessageWire")]
+#[serde(tag = "type")]
 pub enum ExecutorMessage {
     /// One offer round's tasks for this executor, from the driver instance that launched
     /// them: an executor registered with another instance ignores them (task ids start again
     /// in a new driver, so they would be another driver's tasks).
+    #[serde(serialize_with = "launch_tasks::write")]
     LaunchTasks {
-        #[serde(serialize_with = "groups::serialize")]
+        #[serde(deserialize_with = "groups::deserialize")]
         tasks: Vec<TaskDescription>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default)]
         driver_instance: Option<InstanceId>,
     },
     /// Stops one attempt. Like a launch, it names the driver instance that sent it: an
@@ -666,9 +695,10 @@ pub struct TaskDescription {
     pub resources: crate::resources::Addresses,
 }
 
-/// What an executor sends on `<p>.driver.status.<id>`: every status it has pending.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", try_from = "wire::StatusRequestWire")]
+/// What an executor sends on `<p>.driver.status.<id>`: every status it has pending. Written by
+/// [`StatusBatch`] (`status_updates.rs`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "type")]
 pub enum StatusRequest {
     StatusUpdates {
         executor_id: ExecutorId,
@@ -676,7 +706,7 @@ pub enum StatusRequest {
         /// The driver instance the executor is registered with: a driver refuses a batch meant
         /// for another instance (a late or repeated one from before it started), whose task
         /// ids would name its own, different tasks.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default)]
         driver_instance: Option<InstanceId>,
     },
 }
@@ -704,20 +734,17 @@ pub struct ResultChunks {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", try_from = "wire::StatusReplyWire")]
+#[serde(tag = "type")]
 pub enum StatusReply {
     /// The batch was handled; the executor may forget it. `refused` lists the updates that
     /// changed nothing, and why. `launch` carries the tasks the driver offered this executor's
     /// freed cores in answer, as a `LaunchTasks` would: one message per round trip instead of
     /// two.
+    #[serde(serialize_with = "status_ack::write")]
     StatusAck {
         accepted: u32,
         refused: Vec<RefusedStatus>,
-        #[serde(
-            default,
-            skip_serializing_if = "Vec::is_empty",
-            serialize_with = "groups::serialize"
-        )]
+        #[serde(default, deserialize_with = "groups::deserialize")]
         launch: Vec<TaskDescription>,
     },
     /// The driver does not know this executor: register again, then resend the batch.
@@ -868,7 +895,8 @@ pub enum DecodeError {
 
 /// A message [`decode`] reads. Serde reads every message; the few that come once per round
 /// trip at high task rates also have a reader of their own for the exact form [`encode`]
-/// writes (`fast.rs`), tried first.
+/// writes, tried first, beside their writer (`status_updates.rs`, `status_ack.rs`,
+/// `launch_tasks.rs`).
 pub trait Message: DeserializeOwned {
     /// `payload` as this message if it is in the form `encode` writes and a fast reader exists
     /// for it; `None` leaves it to serde, which also gives every refusal its error text.
@@ -912,7 +940,8 @@ serde_only!(
 );
 
 /// Decodes a payload no larger than `limit` bytes. Status batches, their answers and launches
-/// in the form `encode` writes take a fast path (`fast.rs`) that reads what serde would.
+/// in the form `encode` writes take a fast path ([`Message::decode_fast`]) that reads what
+/// serde would.
 pub fn decode<T: Message>(payload: &[u8], limit: usize) -> Result<T, DecodeError> {
     if payload.len() > limit {
         return Err(DecodeError::TooLarge {

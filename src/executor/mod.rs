@@ -14,6 +14,7 @@ pub mod tasks;
 
 pub use backend::{run, ExecutorConfig, ExecutorError};
 pub use python::{PythonConfig, DEFAULT_INTERPRETER};
+pub use status::encode_status_batch;
 pub use tasks::{Handlers, TaskContext, TaskResult};
 
 /// Exit code of an executor whose registration the driver refused (a duplicate id, say).

@@ -3,15 +3,17 @@
 //! An unacknowledged batch is sent again; the driver treats a repeat as a no-op. No I/O here:
 //! the executor's shell encodes and sends the batch [`StatusQueue::take_batch`] sets aside.
 //!
-//! A batch is written by hand from what is queued: a plain finish as `[task_id, attempt]`, and
-//! any other status from the JSON it was encoded to once, when it was queued (its size decides
-//! what fits in a batch). The tests hold the result to the protocol's own encoding.
+//! A batch is written by the protocol's writer of status batches, [`StatusBatch`], from what is
+//! queued: a plain finish as the two numbers it is on the wire, and any other status as the
+//! JSON it was encoded to once, when it was queued (its size decides what fits in a batch).
 
 use crate::ids::{ExecutorId, InstanceId, TaskId};
 use crate::protocol::MAX_UPDATES_PER_BATCH;
 use crate::protocol::{
-    encode, RunningAttempt, StatusReply, StatusUpdate, TaskDescription, TaskState,
+    RunningAttempt, StatusBatch, StatusReply, StatusUpdate, TaskDescription, TaskState,
 };
+use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
 /// What an acknowledged (or failed) batch means for the executor.
@@ -64,8 +66,8 @@ impl StatusQueue {
             let cap = crate::text::error_cap(self.limit);
             update.error = Some(crate::text::clip_owned(error, cap));
         }
-        let mut json = encode(&update);
-        let size = json.len();
+        let mut json = to_json(&update);
+        let size = json.get().len();
         if size > self.limit {
             update.state = TaskState::Failed;
             update.result = None;
@@ -74,7 +76,7 @@ impl StatusQueue {
                  (the server's max_payload less headroom); raise max_payload in nats.conf",
                 self.limit
             ));
-            json = encode(&update);
+            json = to_json(&update);
         }
         self.pending.push(Queued {
             update,
@@ -106,7 +108,7 @@ impl StatusQueue {
             };
             let mut update = queued.update;
             update.attempt = attempt;
-            let json = queued.json.map(|_| encode(&update));
+            let json = queued.json.map(|_| to_json(&update));
             kept.push(Queued { update, json });
         }
         self.pending = kept;
@@ -140,21 +142,12 @@ impl StatusQueue {
     pub fn encode_batch(&self) -> bytes::Bytes {
         let updates: usize = self.sending.iter().map(|q| q.size() + 1).sum();
         let mut batch = Vec::with_capacity(128 + self.executor_id.as_str().len() + updates);
-        batch.extend_from_slice(br#"{"type":"StatusUpdates","executor_id":"#);
-        write_json(&mut batch, &self.executor_id);
-        batch.extend_from_slice(br#","updates":["#);
-        for (i, queued) in self.sending.iter().enumerate() {
-            if i > 0 {
-                batch.push(b',');
-            }
-            queued.write(&mut batch);
-        }
-        batch.push(b']');
-        if let Some(driver) = &self.driver {
-            batch.extend_from_slice(br#","driver_instance":"#);
-            write_json(&mut batch, driver);
-        }
-        batch.push(b'}');
+        let written = StatusBatch {
+            executor_id: &self.executor_id,
+            updates: &self.sending,
+            driver_instance: self.driver.as_ref(),
+        };
+        serde_json::to_writer(&mut batch, &written).expect("a status batch encodes to JSON");
         batch.into()
     }
 
@@ -218,35 +211,54 @@ impl StatusQueue {
     }
 }
 
+/// `updates` as one status batch of the executor `executor_id`, registered with `driver`: the
+/// bytes [`StatusQueue::encode_batch`] sends, put together the way it puts them together (each
+/// status queued, then the batch taken). All of `updates` must fit in one batch.
+pub fn encode_status_batch(
+    executor_id: ExecutorId,
+    driver: Option<InstanceId>,
+    updates: Vec<StatusUpdate>,
+) -> bytes::Bytes {
+    let mut queue = StatusQueue::new(executor_id, crate::DEFAULT_MAX_PAYLOAD);
+    queue.driver = driver;
+    let count = updates.len();
+    for update in updates {
+        queue.push(update);
+    }
+    queue.take_batch();
+    assert_eq!(queue.sending.len(), count, "the updates fit in one batch");
+    queue.encode_batch()
+}
+
 /// A status waiting for a batch: a plain finish alone, any other with its JSON.
 struct Queued {
     update: StatusUpdate,
-    json: Option<bytes::Bytes>,
+    json: Option<Box<RawValue>>,
 }
 
 impl Queued {
-    /// Its size in a batch, in bytes.
+    /// Its size in a batch, in bytes: a plain finish is `[task_id,attempt]`.
     fn size(&self) -> usize {
         match &self.json {
-            Some(json) => json.len(),
+            Some(json) => json.get().len(),
             None => "[,]".len() + digits(self.update.task_id) + digits(self.update.attempt.into()),
         }
     }
+}
 
-    /// Appends it to a batch: a plain finish as serde_json writes one, `[task_id,attempt]`.
-    fn write(&self, batch: &mut Vec<u8>) {
+/// A queued status writes as its update: a plain finish from its numbers, any other as the
+/// JSON it was encoded to when queued.
+impl Serialize for Queued {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match &self.json {
-            Some(json) => batch.extend_from_slice(json),
-            None => {
-                let mut digits = itoa::Buffer::new();
-                batch.push(b'[');
-                batch.extend_from_slice(digits.format(self.update.task_id).as_bytes());
-                batch.push(b',');
-                batch.extend_from_slice(digits.format(self.update.attempt).as_bytes());
-                batch.push(b']');
-            }
+            Some(json) => json.serialize(serializer),
+            None => self.update.serialize(serializer),
         }
     }
+}
+
+fn to_json(update: &StatusUpdate) -> Box<RawValue> {
+    serde_json::value::to_raw_value(update).expect("a status encodes to JSON")
 }
 
 /// How many digits `n` has in decimal.
@@ -254,14 +266,10 @@ fn digits(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |log| log as usize + 1)
 }
 
-fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
-    serde_json::to_writer(out, value).expect("ids encode to JSON");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{decode, StatusRequest};
+    use crate::protocol::{decode, encode, StatusRequest};
     use serde_json::json;
 
     fn update(task_id: u64, state: TaskState, result: Option<serde_json::Value>) -> StatusUpdate {
@@ -325,8 +333,7 @@ mod tests {
         }
         queue.push(update(1, TaskState::Failed, Some(json!({"exit_code": 3}))));
         for queued in &queue.pending {
-            let mut written = Vec::new();
-            queued.write(&mut written);
+            let written = serde_json::to_vec(queued).unwrap();
             assert_eq!(queued.size(), written.len(), "{written:?}");
         }
     }

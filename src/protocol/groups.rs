@@ -1,14 +1,18 @@
 //! The wire form of a list of launched tasks (`LaunchTasks.tasks`, `StatusAck.launch`): each run
 //! of consecutive tasks with the same job, cores and spec travels as one group that carries the
-//! spec once and each task as `[task_id, index, attempt]`.
+//! spec once and each task as `[task_id, index, attempt]`. Its writer, its fast reader and
+//! serde's reader of it are here, the first two following one list of keys:
+//! `{"job_id":n,"cpus":n,"spec":{..},"resources":{..},"tasks":[[task_id,index,attempt],..]}`,
+//! `resources` only for a task that holds some.
 //!
 //! Written out in full, a no-op task cost about 110 bytes, most of them field names and a spec
 //! that every task of a job repeats, and escaping those field names led the driver's profile. In
 //! memory the list stays a `Vec<TaskDescription>`: encoding reads it where it lies, and the tasks
 //! decoded from one group share one `Arc<TaskSpec>`, decoded once. A task that holds custom
-//! resources has a group of its own, with a `resources` field between `spec` and `tasks`.
+//! resources has a group of its own.
 
 use super::compact::attempt_array;
+use super::cursor::Cursor;
 use super::{TaskDescription, TaskSpec, TaskStarted};
 use crate::ids::JobId;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
@@ -17,12 +21,19 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// Writes `tasks` as groups, in order, without copying a task or a spec.
-pub(super) fn serialize<S: Serializer>(
-    tasks: &[TaskDescription],
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    serializer.collect_seq(runs(tasks))
+const JOB_ID: &str = "job_id";
+const CPUS: &str = "cpus";
+const SPEC: &str = "spec";
+const RESOURCES: &str = "resources";
+const TASKS: &str = "tasks";
+
+/// A list of tasks to write as groups, in order, without copying a task or a spec.
+pub(super) struct Groups<'a>(pub(super) &'a [TaskDescription]);
+
+impl Serialize for Groups<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(runs(self.0))
+    }
 }
 
 /// Whether `b` may ride in the group that `a` heads. Tasks of one job share one `Arc`, so the
@@ -56,17 +67,51 @@ impl Serialize for Group<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let resources = !self.head.resources.is_empty();
         let mut group = serializer.serialize_struct("TaskGroup", 4 + usize::from(resources))?;
-        group.serialize_field("job_id", &self.head.job_id)?;
-        group.serialize_field("cpus", &self.head.cpus)?;
-        group.serialize_field("spec", &*self.head.spec)?;
+        group.serialize_field(JOB_ID, &self.head.job_id)?;
+        group.serialize_field(CPUS, &self.head.cpus)?;
+        group.serialize_field(SPEC, &*self.head.spec)?;
         // Only a task that holds custom resources has them: its own group, since no two
         // attempts hold the same addresses at once.
         if resources {
-            group.serialize_field("resources", &self.head.resources)?;
+            group.serialize_field(RESOURCES, &self.head.resources)?;
         }
-        group.serialize_field("tasks", &Attempts(self.run))?;
+        group.serialize_field(TASKS, &Attempts(self.run))?;
         group.end()
     }
+}
+
+/// The fast reader of a list of groups as [`Groups`] writes it: every task of every group, in
+/// order, each group's tasks sharing its spec. `None` leaves the message to serde.
+pub(super) fn read(c: &mut Cursor<'_>) -> Option<Vec<TaskDescription>> {
+    let mut tasks = Vec::new();
+    c.list(|c| {
+        c.first(JOB_ID)?;
+        let job_id = c.u64()?;
+        c.key(CPUS)?;
+        let cpus = c.u32()?;
+        c.key(SPEC)?;
+        let spec = Arc::new(c.embedded::<TaskSpec>()?);
+        let resources: crate::resources::Addresses =
+            c.optional(RESOURCES, Cursor::embedded)?.unwrap_or_default();
+        c.key(TASKS)?;
+        // At least one task: serde refuses an empty group.
+        c.eat(b"[")?;
+        c.items(|c| {
+            let [task_id, index, attempt] = c.numbers()?;
+            tasks.push(TaskDescription {
+                task_id,
+                job_id,
+                index: u32::try_from(index).ok()?,
+                attempt: u32::try_from(attempt).ok()?,
+                cpus,
+                spec: Arc::clone(&spec),
+                resources: resources.clone(),
+            });
+            Some(())
+        })?;
+        c.end_object()
+    })?;
+    Some(tasks)
 }
 
 /// A group's tasks as `[task_id, index, attempt]` arrays.
@@ -78,31 +123,28 @@ impl Serialize for Attempts<'_> {
     }
 }
 
-/// A decoded list of groups: all their tasks, in order.
-#[derive(Debug, Default)]
-pub(super) struct TaskList(pub(super) Vec<TaskDescription>);
-
-impl<'de> Deserialize<'de> for TaskList {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_seq(GroupsVisitor)
-    }
+/// serde's reader of a list of groups: all their tasks, in order.
+pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<TaskDescription>, D::Error> {
+    deserializer.deserialize_seq(GroupsVisitor)
 }
 
 struct GroupsVisitor;
 
 impl<'de> Visitor<'de> for GroupsVisitor {
-    type Value = TaskList;
+    type Value = Vec<TaskDescription>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of task groups")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TaskList, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut tasks = Vec::new();
         while let Some(group) = seq.next_element::<GroupWire>()? {
             group.append_to(&mut tasks).map_err(de::Error::custom)?;
         }
-        Ok(TaskList(tasks))
+        Ok(tasks)
     }
 }
 
