@@ -16,7 +16,7 @@ pub const SERVICE_LOG: &str = "info,async_nats=warn";
 /// The log filter of the `ember` CLI when `RUST_LOG` is not set.
 pub const CLI_LOG: &str = "warn";
 
-pub use durations::{parse_age, parse_duration, parse_lease, parse_wait};
+pub use durations::{parse_age, parse_duration, parse_lease, parse_wait, show_duration};
 use std::collections::BTreeMap;
 
 /// Installs the tracing subscriber on stderr: `RUST_LOG` filters (else `default`, such as
@@ -129,6 +129,17 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     }
 }
 
+/// `bytes` as [`parse_bytes`] reads it, in the largest binary unit that holds it whole
+/// (`256MiB`): how `--help` shows a default, written from the constant the config takes it from.
+pub fn show_bytes(bytes: u64) -> String {
+    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// Keeps a long-running process's memory to what it holds. glibc serves a block of 128 KiB or
 /// more from its own mapping, unmapped when freed; but each time it frees such a block it
 /// raises that threshold to the block's size (up to 32 MiB), so that later big buffers (a
@@ -193,7 +204,7 @@ fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, show_bytes};
 
     #[test]
     fn an_argument_without_help_is_found_at_any_depth() {
@@ -235,6 +246,16 @@ mod tests {
             "-1",
         ] {
             assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_shown_size_reads_back_as_itself() {
+        assert_eq!(show_bytes(256 << 20), "256MiB");
+        assert_eq!(show_bytes(3 << 30), "3GiB");
+        assert_eq!(show_bytes(1536), "1536");
+        for bytes in [1, 1024, 1536, 8 << 20, 64 << 20, (1 << 30) + (1 << 20)] {
+            assert_eq!(parse_bytes(&show_bytes(bytes)), Ok(bytes));
         }
     }
 }
