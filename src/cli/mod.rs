@@ -1,7 +1,9 @@
-//! What the binaries share: logging, signals, flag parsers, and the `ember` subcommands. The
-//! binaries in src/bin only parse flags and call into here.
+//! What the binaries share: logging, signals, flag parsers, `ember-driver`'s command line
+//! ([`driver`]) and the `ember` subcommands. The binaries in src/bin only parse flags and call
+//! into here.
 
 pub mod creds;
+pub mod driver;
 pub mod durations;
 pub mod events;
 pub mod sim;
@@ -168,6 +170,13 @@ pub fn check_command_line(command: clap::Command) {
     let missing = undocumented(&command);
     command.debug_assert();
     assert!(missing.is_empty(), "no help text: {missing:?}");
+}
+
+/// `command` without its flags' environment variables: a test's parse then reads the command
+/// line alone, whatever EMBER_* variables the tests run with.
+#[cfg(test)]
+pub(crate) fn without_env(command: clap::Command) -> clap::Command {
+    command.mut_args(|arg| arg.env(None::<&str>))
 }
 
 /// What a command line leaves unexplained in `--help`: every flag or argument of `command` and
