@@ -1,11 +1,12 @@
-//! What the binaries share: logging, signals, flag parsers, `ember-driver`'s command line
-//! ([`driver`]) and the `ember` subcommands. The binaries in src/bin only parse flags and call
-//! into here.
+//! What the binaries share: logging, signals, flag parsers, `ember-driver`'s and
+//! `ember-executor`'s command lines ([`driver`], [`executor`]) and the `ember` subcommands. The
+//! binaries in src/bin only parse flags and call into here.
 
 pub mod creds;
 pub mod driver;
 pub mod durations;
 pub mod events;
+pub mod executor;
 pub mod sim;
 pub mod speculation;
 pub mod status;
