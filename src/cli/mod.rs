@@ -1,7 +1,8 @@
-//! What the binaries share: logging, signals, flag parsers, `ember-driver`'s and
-//! `ember-executor`'s command lines ([`driver`], [`executor`]) and the `ember` subcommands. The
-//! binaries in src/bin only parse flags and call into here.
+//! What the binaries share: logging, signals, flag parsers, and each binary's command line
+//! (`ember-driver`'s in [`driver`], `ember-executor`'s in [`executor`], `ember`'s in [`command`]
+//! and its subcommands). The binaries in src/bin only parse flags and call into here.
 
+pub mod command;
 pub mod creds;
 pub mod driver;
 pub mod durations;
