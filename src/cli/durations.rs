@@ -37,6 +37,25 @@ pub fn parse_lease(text: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
+/// `duration` as the parsers above read it: how `--help` shows a default, written from the
+/// constant the config takes it from. Whole seconds stay seconds below an hour (`120s`, as
+/// Spark writes its timeouts), whole hours stay hours below two days (`24h`), and longer whole
+/// days are days (`7days`); anything finer is humantime's own form (`500ms`).
+pub fn show_duration(duration: Duration) -> String {
+    const HOUR: u64 = 3600;
+    const DAY: u64 = 24 * HOUR;
+    let secs = duration.as_secs();
+    if duration.subsec_nanos() != 0 {
+        humantime::format_duration(duration).to_string()
+    } else if secs < HOUR || secs % HOUR != 0 {
+        format!("{secs}s")
+    } else if secs < 2 * DAY || secs % DAY != 0 {
+        format!("{}h", secs / HOUR)
+    } else {
+        format!("{}days", secs / DAY)
+    }
+}
+
 fn within(text: &str, min: Duration, max: Duration, max_name: &str) -> Result<Duration, String> {
     let value = parse(text)?;
     if value < min {
@@ -76,5 +95,24 @@ mod tests {
         }
         assert!(parse_lease("100ms").is_err());
         assert_eq!(parse_lease("3s"), Ok(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn a_shown_duration_reads_back_as_itself() {
+        let shown = |secs| show_duration(Duration::from_secs(secs));
+        assert_eq!(shown(120), "120s");
+        assert_eq!(shown(3600), "1h");
+        assert_eq!(shown(24 * 3600), "24h");
+        assert_eq!(shown(7 * 24 * 3600), "7days");
+        for duration in [
+            Duration::from_millis(500),
+            Duration::from_millis(1500),
+            Duration::from_secs(5400),
+            Duration::from_secs(36 * 3600),
+            Duration::from_secs(7 * 24 * 3600),
+            MAX_AGE,
+        ] {
+            assert_eq!(parse_age(&show_duration(duration)), Ok(duration));
+        }
     }
 }

@@ -1,9 +1,13 @@
-//! What the binaries share: logging, signals, flag parsers, and the `ember` subcommands. The
-//! binaries in src/bin only parse flags and call into here.
+//! What the binaries share: logging, signals, flag parsers, and each binary's command line
+//! (`ember-driver`'s in [`driver`], `ember-executor`'s in [`executor`], `ember`'s in [`command`]
+//! and its subcommands). The binaries in src/bin only parse flags and call into here.
 
+pub mod command;
 pub mod creds;
+pub mod driver;
 pub mod durations;
 pub mod events;
+pub mod executor;
 pub mod sim;
 pub mod speculation;
 pub mod status;
@@ -16,7 +20,7 @@ pub const SERVICE_LOG: &str = "info,async_nats=warn";
 /// The log filter of the `ember` CLI when `RUST_LOG` is not set.
 pub const CLI_LOG: &str = "warn";
 
-pub use durations::{parse_age, parse_duration, parse_lease, parse_wait};
+pub use durations::{parse_age, parse_duration, parse_lease, parse_wait, show_duration};
 use std::collections::BTreeMap;
 
 /// Installs the tracing subscriber on stderr: `RUST_LOG` filters (else `default`, such as
@@ -129,6 +133,17 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     }
 }
 
+/// `bytes` as [`parse_bytes`] reads it, in the largest binary unit that holds it whole
+/// (`256MiB`): how `--help` shows a default, written from the constant the config takes it from.
+pub fn show_bytes(bytes: u64) -> String {
+    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// Keeps a long-running process's memory to what it holds. glibc serves a block of 128 KiB or
 /// more from its own mapping, unmapped when freed; but each time it frees such a block it
 /// raises that threshold to the block's size (up to 32 MiB), so that later big buffers (a
@@ -157,6 +172,13 @@ pub fn check_command_line(command: clap::Command) {
     let missing = undocumented(&command);
     command.debug_assert();
     assert!(missing.is_empty(), "no help text: {missing:?}");
+}
+
+/// `command` without its flags' environment variables: a test's parse then reads the command
+/// line alone, whatever EMBER_* variables the tests run with.
+#[cfg(test)]
+pub(crate) fn without_env(command: clap::Command) -> clap::Command {
+    command.mut_args(|arg| arg.env(None::<&str>))
 }
 
 /// What a command line leaves unexplained in `--help`: every flag or argument of `command` and
@@ -193,7 +215,7 @@ fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, show_bytes};
 
     #[test]
     fn an_argument_without_help_is_found_at_any_depth() {
@@ -235,6 +257,16 @@ mod tests {
             "-1",
         ] {
             assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_shown_size_reads_back_as_itself() {
+        assert_eq!(show_bytes(256 << 20), "256MiB");
+        assert_eq!(show_bytes(3 << 30), "3GiB");
+        assert_eq!(show_bytes(1536), "1536");
+        for bytes in [1, 1024, 1536, 8 << 20, 64 << 20, (1 << 30) + (1 << 20)] {
+            assert_eq!(parse_bytes(&show_bytes(bytes)), Ok(bytes));
         }
     }
 }

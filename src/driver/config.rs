@@ -8,6 +8,10 @@ use crate::subjects::Subjects;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Executors a driver expects to register unless told: none (Spark's `numPendingExecutors`
+/// starts at 0).
+pub const DEFAULT_EXPECT_EXECUTORS: u64 = 0;
+
 /// How the driver runs.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -60,8 +64,8 @@ impl DriverConfig {
     pub fn new(subjects: Subjects) -> Self {
         Self {
             subjects,
-            expect_executors: 0,
-            revive_interval: Duration::from_secs(1),
+            expect_executors: DEFAULT_EXPECT_EXECUTORS,
+            revive_interval: crate::DEFAULT_REVIVE_INTERVAL,
             scheduling: Default::default(),
             liveness: Liveness::default(),
             journal: JournalMode::default(),
@@ -74,7 +78,7 @@ impl DriverConfig {
             events_max_bytes: super::history::DEFAULT_EVENTS_MAX_BYTES,
             lease: super::lease::DEFAULT_LEASE,
             replay_timeout: super::journal::DEFAULT_REPLAY_TIMEOUT,
-            replicas: Replicas::Auto,
+            replicas: Replicas::default(),
             metrics: Arc::new(DriverMetrics::new()),
             allocation: None,
             web: None,

@@ -79,6 +79,16 @@ impl Replicas {
     }
 }
 
+/// `auto` or the number, as [`Replicas::parse`] reads it.
+impl std::fmt::Display for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Replicas::Auto => f.write_str("auto"),
+            Replicas::Exactly(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// Whether the driver keeps a journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum JournalMode {

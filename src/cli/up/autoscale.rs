@@ -5,8 +5,9 @@
 //! A released executor drains and exits by itself; it is never killed.
 
 use super::local::Launcher;
-use crate::cli::parse_duration;
+use crate::cli::{parse_duration, show_duration};
 use crate::client::EmberClient;
+use crate::driver::core::{DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT};
 use crate::ids::ExecutorId;
 use crate::protocol::{AllocationStatus, ExecutorsSnapshot};
 use std::collections::BTreeMap;
@@ -30,12 +31,13 @@ pub struct Scaling {
     pub autoscale: Option<(u32, u32)>,
     /// With --autoscale: ask for more executors once tasks have waited this long (the
     /// driver's --backlog-timeout).
-    #[arg(long, env = "EMBER_UP_BACKLOG_TIMEOUT", default_value = "1s",
+    #[arg(long, env = "EMBER_UP_BACKLOG_TIMEOUT",
+          default_value = show_duration(DEFAULT_BACKLOG_TIMEOUT),
           value_parser = parse_duration, requires = "autoscale")]
     pub backlog_timeout: Duration,
     /// With --autoscale: release an executor that has run nothing for this long (the driver's
     /// --idle-timeout).
-    #[arg(long, env = "EMBER_UP_IDLE_TIMEOUT", default_value = "60s",
+    #[arg(long, env = "EMBER_UP_IDLE_TIMEOUT", default_value = show_duration(DEFAULT_IDLE_TIMEOUT),
           value_parser = parse_duration, requires = "autoscale")]
     pub idle_timeout: Duration,
 }

@@ -37,6 +37,15 @@ pub const DEFAULT_EXCLUDE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// How long a job may have a task that no live executor may run before it fails (Spark's
 /// `spark.scheduler.excludeOnFailure.unschedulableTaskSetTimeout`).
 pub const DEFAULT_UNSCHEDULABLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Failures of a task on an executor that exclude it from that task (Spark's
+/// `excludeOnFailure.task.maxTaskAttemptsPerExecutor`).
+pub const DEFAULT_EXCLUDE_TASK_FAILURES: u32 = 1;
+/// A job's tasks failed on an executor that exclude it from that job (Spark's
+/// `excludeOnFailure.stage.maxFailedTasksPerExecutor`).
+pub const DEFAULT_EXCLUDE_JOB_FAILURES: u32 = 2;
+/// Tasks failed on an executor, in jobs that succeeded, that exclude it from every job (Spark's
+/// `excludeOnFailure.application.maxFailedTasksPerExecutor`).
+pub const DEFAULT_EXCLUDE_CLUSTER_FAILURES: u32 = 2;
 
 /// The settings of exclusion on failure; the defaults are Spark's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,9 +66,9 @@ pub struct ExclusionConfig {
 impl Default for ExclusionConfig {
     fn default() -> Self {
         Self {
-            max_task_attempts_per_executor: 1,
-            max_failed_tasks_per_executor: 2,
-            cluster_max_failed_tasks_per_executor: 2,
+            max_task_attempts_per_executor: DEFAULT_EXCLUDE_TASK_FAILURES,
+            max_failed_tasks_per_executor: DEFAULT_EXCLUDE_JOB_FAILURES,
+            cluster_max_failed_tasks_per_executor: DEFAULT_EXCLUDE_CLUSTER_FAILURES,
             timeout_ms: DEFAULT_EXCLUDE_TIMEOUT.as_millis() as u64,
             unschedulable_timeout_ms: DEFAULT_UNSCHEDULABLE_TIMEOUT.as_millis() as u64,
         }

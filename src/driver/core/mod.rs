@@ -33,7 +33,10 @@ pub use adoption::DEFAULT_ADOPT_WAIT;
 pub use allocation::{
     AllocationConfig, DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MIN_EXECUTORS,
 };
-pub use exclusion::{ExclusionConfig, DEFAULT_EXCLUDE_TIMEOUT, DEFAULT_UNSCHEDULABLE_TIMEOUT};
+pub use exclusion::{
+    ExclusionConfig, DEFAULT_EXCLUDE_CLUSTER_FAILURES, DEFAULT_EXCLUDE_JOB_FAILURES,
+    DEFAULT_EXCLUDE_TASK_FAILURES, DEFAULT_EXCLUDE_TIMEOUT, DEFAULT_UNSCHEDULABLE_TIMEOUT,
+};
 pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
 pub use jobs::Job;
 pub use liveness::Liveness;
