@@ -26,9 +26,9 @@
 //! writes as futures (`outgoing`), the simulator with its model of the broker.
 
 use super::core::Effect;
+use super::Moment;
 use crate::protocol::JournalRecord;
 use std::collections::VecDeque;
-use std::ops::Add;
 use std::time::Duration;
 
 /// How many group writes may be in flight before the next group waits for one to be stored.
@@ -93,12 +93,6 @@ impl Addressed for Output {
         )
     }
 }
-
-/// A point in time, as whoever runs the outbox counts it: an `Instant`, or the simulator's
-/// virtual time since its start.
-pub trait Moment: Copy + Ord + Add<Duration, Output = Self> {}
-
-impl<T: Copy + Ord + Add<Duration, Output = T>> Moment for T {}
 
 /// How much the outbox lets through; the constants above unless a test asks for less.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
