@@ -948,8 +948,12 @@ async fn of_two_drivers_started_at_the_same_instant_exactly_one_leads_every_time
         let (stops, drivers): (Vec<_>, Vec<_>) = (0..2)
             .map(|_| {
                 let (stop, stopped) = oneshot::channel::<()>();
+                // A hundred clusters' streams on one server: small ones, since JetStream
+                // reserves each stream's byte limit against the disk it may use.
                 let config = ember::driver::DriverConfig {
                     journal: ember::driver::JournalMode::On,
+                    results_max_bytes: 1 << 20,
+                    events_max_bytes: 1 << 20,
                     ..ember::driver::DriverConfig::new(subjects.clone())
                 };
                 let (start, url) = (start.clone(), cluster.url());

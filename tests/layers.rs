@@ -241,7 +241,11 @@ fn the_architecture_map_names_every_file_under_src() {
     let map = fs::read_to_string(root.join("docs").join("architecture.md")).unwrap();
     let mut missing = Vec::new();
     for file in rust_files(&src()) {
-        let path = file.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+        let path = file
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
         // The files of a folder of tests are named by the folder.
         let named = match path.find("/tests/") {
             Some(at) => path[..at + "/tests/".len()].to_string(),
