@@ -145,14 +145,17 @@ impl Shell {
         };
         let reply = match reply {
             Answer::Reply(reply) => reply,
-            Answer::Results { page, indices } => {
-                let results = self.results.clone()?;
-                tokio::spawn(async move {
-                    let reply = results.fill(page, indices, usize::MAX).await;
-                    let _ = answer.send(web::Answer { reply, now_ms });
-                });
-                return None;
-            }
+            Answer::Results { page, indices } => match self.results.clone() {
+                Some(results) => {
+                    tokio::spawn(async move {
+                        let reply = results.fill(page, indices, usize::MAX).await;
+                        let _ = answer.send(web::Answer { reply, now_ms });
+                    });
+                    return None;
+                }
+                // No bucket to read from: the page as the core has it, never no answer.
+                None => ApiReply::Results(page),
+            },
             // The page asks for no chunk.
             Answer::Chunk { answer: reply, .. } => reply,
         };

@@ -108,7 +108,7 @@ impl Batch for JournalRecord {
                     tasks,
                     term,
                 };
-                super::halve(tasks)
+                super::batch::halve(tasks)
                     .map(|(a, b)| (part(a), part(b)))
                     .map_err(part)
             }
