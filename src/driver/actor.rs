@@ -10,7 +10,7 @@
 use super::config::DriverConfig;
 use super::core::Core;
 use super::discovery;
-use super::outbox::Outbox;
+use super::outgoing::Outgoing;
 use super::shell::{Shell, DRAIN_TIMEOUT};
 use super::start::{start, DriverError, Inputs};
 use crate::connect::flush;
@@ -95,7 +95,7 @@ async fn lead(
     let mut queries = shell.leading(&core);
     let mut scrapes = shell.metrics.scrapes();
     // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
-    let mut outbox = Outbox::default();
+    let mut outbox = Outgoing::default();
     // The snapshot being stored, if one is: at most one at a time.
     let mut snapshots = FuturesUnordered::new();
     let mut revive = interval(config.revive_interval);

@@ -14,12 +14,16 @@
 //!   slow NATS is, because a successor may already lead;
 //! - a leader that stops releases the key by a compare-and-set, never a delete, so a key it no
 //!   longer holds is left alone.
+//!
+//! When to read the key, take it, renew it and stop is decided by [`lease_clock`](super::lease_clock),
+//! on the clock this passes in; the simulator runs the same decisions on virtual time.
 
+use super::lease_clock::{poll_interval, Hold, Key, Watch};
 use crate::subjects::Subjects;
 use async_nats::jetstream::{self, kv};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -31,22 +35,6 @@ const KEY: &str = "leader";
 
 /// How long a lease lasts unless told otherwise.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(3);
-
-/// What a standby adds to its holder's lease before it takes over: room for clocks that run at
-/// slightly different rates, and for a renewal on its way.
-pub(crate) fn grace(lease: Duration) -> Duration {
-    (lease / 5).max(Duration::from_millis(100))
-}
-
-/// How often a standby reads the key.
-pub(crate) fn poll_interval(lease: Duration) -> Duration {
-    (lease / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
-}
-
-/// How often the leader renews: three tries within one lease.
-pub(crate) fn renew_interval(lease: Duration) -> Duration {
-    lease / 3
-}
 
 /// What the key holds: who leads, for how long a renewal lasts, and whether it let go.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -145,9 +133,9 @@ impl Lease {
         unled: &tokio::sync::watch::Sender<Option<String>>,
     ) -> Tenure {
         let me = Holder::me(driver_instance, self.lease);
-        let (mut waiting_for, mut seen) = (None, None);
+        let (mut waiting_for, mut watch) = (None, Watch::default());
         loop {
-            let taken = self.try_take(&me, &mut seen).await;
+            let taken = self.try_take(&me, &mut watch).await;
             let refused = match &taken {
                 Taken::Refused(reason) => Some(reason.clone()),
                 _ => None,
@@ -181,9 +169,9 @@ impl Lease {
         }
     }
 
-    /// One look at the key, and a compare-and-set on it if it is free or lapsed; `seen` is the
-    /// revision last seen and when it was first seen.
-    async fn try_take(&self, me: &Holder, seen: &mut Option<(u64, Instant)>) -> Taken {
+    /// One look at the key, and a compare-and-set on it if it is free or, in `watch`'s eyes,
+    /// lapsed.
+    async fn try_take(&self, me: &Holder, watch: &mut Watch<Instant>) -> Taken {
         let entry = match self.store.entry(KEY).await {
             Ok(entry) => entry,
             Err(error) => {
@@ -206,11 +194,16 @@ impl Lease {
             }
             Some(entry) => {
                 let holder = Holder::decode(&entry.value);
-                let lapsed = match &holder {
-                    Some(h) if h.released => true,
-                    _ => self.lapsed(seen, entry.revision, holder.as_ref()),
+                let key = match &holder {
+                    Some(h) if h.released => Key::Free,
+                    _ => Key::Held {
+                        revision: entry.revision,
+                        lease: holder
+                            .as_ref()
+                            .map_or(self.lease, |h| Duration::from_millis(h.lease_ms)),
+                    },
                 };
-                if !lapsed {
+                if !watch.may_take(key, Instant::now()) {
                     return match holder {
                         Some(holder) => Taken::HeldBy(holder),
                         None => Taken::Unknown,
@@ -229,24 +222,6 @@ impl Lease {
             Err(Some(reason)) => Taken::Refused(reason),
             Err(None) => Taken::Unknown,
         }
-    }
-
-    /// Whether the holder of `revision` has let it lapse: this standby has seen that revision,
-    /// and no other, for the holder's lease and a grace. The first sight of a revision starts
-    /// the clock.
-    fn lapsed(
-        &self,
-        seen: &mut Option<(u64, Instant)>,
-        revision: u64,
-        holder: Option<&Holder>,
-    ) -> bool {
-        let now = Instant::now();
-        let since = match *seen {
-            Some((r, at)) if r == revision => at,
-            _ => seen.insert((revision, now)).1,
-        };
-        let lease = holder.map_or(self.lease, |h| Duration::from_millis(h.lease_ms));
-        now.duration_since(since) >= lease + grace(lease)
     }
 }
 
@@ -270,12 +245,9 @@ pub struct Tenure {
 
 struct Shared {
     epoch: u64,
-    /// The instance everything is measured from.
-    origin: Instant,
-    /// Until when this driver may send, in microseconds after `origin`.
-    valid_until_us: AtomicU64,
-    /// The revision of this driver's last write of the key.
-    revision: AtomicU64,
+    /// The revision of this driver's last write of the key, and until when it may send: the
+    /// renewing task writes it, whatever sends reads it.
+    hold: Mutex<Hold<Instant>>,
     lost: AtomicBool,
     lost_now: Notify,
 }
@@ -291,14 +263,16 @@ impl Shared {
         self.lost_now.notify_waiters();
     }
 
-    fn extend(&self, sent: Instant, lease: Duration) {
-        let until = sent.duration_since(self.origin) + lease;
-        self.valid_until_us
-            .fetch_max(until.as_micros() as u64, SeqCst);
+    fn hold(&self) -> Hold<Instant> {
+        *self.hold.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn change<T>(&self, change: impl FnOnce(&mut Hold<Instant>) -> T) -> T {
+        change(&mut self.hold.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     fn valid_until(&self) -> Instant {
-        self.origin + Duration::from_micros(self.valid_until_us.load(SeqCst))
+        self.hold().valid_until()
     }
 }
 
@@ -306,13 +280,10 @@ impl Tenure {
     fn start(lease: Lease, me: Holder, revision: u64, sent: Instant) -> Self {
         let shared = Arc::new(Shared {
             epoch: revision,
-            origin: sent,
-            valid_until_us: AtomicU64::new(0),
-            revision: AtomicU64::new(revision),
+            hold: Mutex::new(Hold::taken(lease.lease, revision, sent)),
             lost: AtomicBool::new(false),
             lost_now: Notify::new(),
         });
-        shared.extend(sent, lease.lease);
         let renewing = tokio::spawn(renew(lease.clone(), me.clone(), shared.clone()));
         Self {
             guard: Guard(shared),
@@ -342,7 +313,7 @@ impl Tenure {
             released: true,
             ..self.me.clone()
         };
-        let revision = self.guard.0.revision.load(SeqCst);
+        let revision = self.guard.0.hold().revision();
         let released = self.lease.store.update(KEY, released.encode(), revision);
         match tokio::time::timeout(self.lease.lease, released).await {
             Ok(Ok(_)) => info!(epoch = self.epoch(), "lease released"),
@@ -369,7 +340,7 @@ impl Guard {
         if self.0.lost.load(SeqCst) {
             return false;
         }
-        if Instant::now() >= self.0.valid_until() {
+        if !self.0.hold().is_current(Instant::now()) {
             self.0.lose("the lease ran out before it could be renewed");
             return false;
         }
@@ -404,23 +375,17 @@ impl Guard {
 /// from when it was sent.
 async fn renew(lease: Lease, me: Holder, shared: Arc<Shared>) {
     let value = me.encode();
-    let mut next = Instant::now() + renew_interval(lease.lease);
+    let mut next = shared.hold().first_renewal(Instant::now());
     loop {
         tokio::time::sleep_until(next).await;
-        if shared.lost.load(SeqCst) || Instant::now() >= shared.valid_until() {
+        let (sent, hold) = (Instant::now(), shared.hold());
+        if shared.lost.load(SeqCst) || !hold.is_current(sent) {
             shared.lose("the lease ran out before it could be renewed");
             return;
         }
-        let sent = Instant::now();
-        let revision = shared.revision.load(SeqCst);
-        let left = shared.valid_until().saturating_duration_since(sent);
-        let written = tokio::time::timeout(left, lease.store.update(KEY, value.clone(), revision));
-        match written.await {
-            Ok(Ok(revision)) => {
-                shared.revision.store(revision, SeqCst);
-                shared.extend(sent, lease.lease);
-                next = sent + renew_interval(lease.lease);
-            }
+        let update = lease.store.update(KEY, value.clone(), hold.revision());
+        match tokio::time::timeout_at(hold.valid_until(), update).await {
+            Ok(Ok(revision)) => next = shared.change(|hold| hold.renewed(revision, sent)),
             Ok(Err(error)) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                 // Either another driver wrote the key, or this driver's own last renewal was
                 // stored though its answer was lost. Only the key's holder can tell.
@@ -429,21 +394,20 @@ async fn renew(lease: Lease, me: Holder, shared: Arc<Shared>) {
                         if Holder::decode(&entry.value)
                             .is_some_and(|h| h.driver_instance == me.driver_instance) =>
                     {
-                        // Its own write: go on from that revision, without counting the lease
-                        // from it (when it was sent is not known).
-                        shared.revision.store(entry.revision, SeqCst);
-                        next = Instant::now();
+                        // Its own write: go on from that revision.
+                        let now = Instant::now();
+                        next = shared.change(|hold| hold.found_own(entry.revision, now));
                     }
                     Ok(_) => {
                         shared.lose("another driver took the lease");
                         return;
                     }
-                    Err(_) => next = Instant::now() + poll_interval(lease.lease),
+                    Err(_) => next = hold.retry(Instant::now()),
                 }
             }
             Ok(Err(error)) => {
                 warn!(%error, "could not renew the lease; trying again");
-                next = Instant::now() + poll_interval(lease.lease);
+                next = hold.retry(Instant::now());
             }
             Err(_) => {
                 shared.lose("the lease ran out while its renewal was unanswered");

@@ -10,7 +10,9 @@ pub mod discovery;
 pub mod history;
 pub mod journal;
 pub mod lease;
-mod outbox;
+pub(crate) mod lease_clock;
+pub(crate) mod outbox;
+pub(crate) mod outgoing;
 mod requests;
 pub mod results;
 mod shell;
@@ -21,3 +23,9 @@ pub use actor::run;
 pub use config::DriverConfig;
 pub use journal::{JournalMode, Replicas};
 pub use start::DriverError;
+
+/// A point in time, as a piece of the driver that reads no clock is given it: an `Instant`,
+/// or the simulator's virtual time since its start.
+pub trait Moment: Copy + Ord + std::ops::Add<std::time::Duration, Output = Self> {}
+
+impl<T: Copy + Ord + std::ops::Add<std::time::Duration, Output = T>> Moment for T {}

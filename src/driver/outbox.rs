@@ -1,6 +1,6 @@
-//! What the driver sends, held behind journal writes. What a record makes true is told to no
-//! one before the record is stored: a step's answers to clients and its events wait, in order,
-//! behind the writes before them, and leave when those are acknowledged.
+//! What the driver sends, held behind its writes. What a record makes true is told to no one
+//! before the record is stored: a step's answers to clients and its events wait, in order,
+//! behind the writes before them, and leave when those are stored.
 //!
 //! What goes to executors (status acknowledgements, launches, kills, heartbeat and
 //! registration answers) need not wait: an executor is told nothing by them that a restarted
@@ -19,38 +19,44 @@
 //! for it then is task events, which wait that long for company anyway. A group with any other
 //! record (a job submitted or ended, which a client waits for) goes at once, even beside a
 //! write in flight (what follows it still waits for both, in order).
+//!
+//! [`Outbox`] is these rules alone: a state machine over numbered writes that does no I/O and
+//! reads no clock. It says which group to write and when, and what may be sent once a write is
+//! stored; whoever runs it does the writing. The driver's actor runs it with the journal's
+//! writes as futures (`outgoing`), the simulator with its model of the broker.
 
 use super::core::Effect;
-use futures::future::BoxFuture;
-use futures::stream::FuturesOrdered;
-use futures::StreamExt;
+use super::Moment;
+use crate::protocol::JournalRecord;
 use std::collections::VecDeque;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// How many group writes may be in flight before the next group waits for one to be stored.
 /// One: the records of the steps that follow gather into the next group meanwhile, so the
 /// journal costs the broker one write per round trip of its own, however fast the loop runs.
-const GROUPS_IN_FLIGHT: usize = 1;
+pub const GROUPS_IN_FLIGHT: usize = 1;
 
 /// How many writes may be in flight before an urgent group waits: one that a client waits for
 /// (a job's end, say) need not wait for the write before it to be stored.
-const URGENT_IN_FLIGHT: usize = 2;
+pub const URGENT_IN_FLIGHT: usize = 2;
 
 /// How long after the last write started a group of task ends alone waits for more.
 pub const GROUP_INTERVAL: Duration = Duration::from_millis(1);
 
 /// How many outputs may wait behind the journal before executors' messages wait too.
-const MAX_HELD: usize = 8192;
+pub const MAX_HELD: usize = 8192;
 
-/// A group write of the journal: it gives the sequence it took, if the driver leads.
-pub type Write = BoxFuture<'static, Option<u64>>;
+/// Whether `record` is one a client waits for (anything but task ends), so that its group
+/// goes without waiting for more.
+pub fn urgent(record: &JournalRecord) -> bool {
+    !matches!(record, JournalRecord::TasksEnded { .. })
+}
 
 /// An api request taken from the driver's NATS service endpoint, to be answered through it so
 /// that `$SRV.STATS` counts it.
 pub type ReplyTo = Box<async_nats::service::Request>;
 
-/// One thing to send.
+/// One thing the driver sends.
 pub enum Output {
     /// The answer to a client's request: (where it goes, payload).
     Reply(ReplyTo, bytes::Bytes),
@@ -73,9 +79,14 @@ pub enum Output {
     },
 }
 
-impl Output {
+/// Who an output goes to, as far as the outbox cares.
+pub trait Addressed {
     /// Whether it goes to an executor, and so need not wait for the journal.
-    fn is_for_executor(&self) -> bool {
+    fn to_executor(&self) -> bool;
+}
+
+impl Addressed for Output {
+    fn to_executor(&self) -> bool {
         matches!(
             self,
             Output::ExecutorReply(..) | Output::Effect(Effect::Send { .. })
@@ -83,155 +94,254 @@ impl Output {
     }
 }
 
-// Held outputs are the common case: boxing each would cost an allocation per message.
-#[allow(clippy::large_enum_variant)]
-enum Held {
-    /// Where a journal write sits in the order.
-    Write,
-    Output(Output),
+/// How much the outbox lets through; the constants above unless a test asks for less.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub groups_in_flight: usize,
+    pub urgent_in_flight: usize,
+    pub interval: Duration,
+    pub max_held: usize,
 }
 
-/// Outputs waiting for the journal writes before them.
-#[derive(Default)]
-pub struct Outbox {
-    held: VecDeque<Held>,
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            groups_in_flight: GROUPS_IN_FLIGHT,
+            urgent_in_flight: URGENT_IN_FLIGHT,
+            interval: GROUP_INTERVAL,
+            max_held: MAX_HELD,
+        }
+    }
+}
+
+/// A group of records to write now, as write number `write`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Group<R> {
+    pub write: u64,
+    pub records: Vec<R>,
+}
+
+// Held outputs are the common case: boxing each would cost an allocation per message.
+#[allow(clippy::large_enum_variant)]
+enum Held<O> {
+    /// Where write number `n` sits in the order.
+    Write(u64),
+    Output(O),
+}
+
+/// The records gathering for the next group write.
+struct Gathering<R> {
+    write: u64,
+    records: Vec<R>,
+    /// Their size as one message, a line each.
+    bytes: usize,
+}
+
+/// A write started and not yet released.
+struct InFlight {
+    write: u64,
+    /// Once stored: the journal sequence it took, if it is a journal write of a leader.
+    stored: Option<Option<u64>>,
+}
+
+/// Outputs (`O`) waiting for the writes before them, and the journal records (`R`) gathering
+/// for the next group write, on a clock of `T`.
+pub struct Outbox<O, R, T> {
+    limits: Limits,
+    held: VecDeque<Held<O>>,
     /// Executors' messages among the held outputs.
     held_for_executors: usize,
     /// Outputs among `held`.
     held_outputs: usize,
-    /// Each gives the journal sequence it took, if it is a journal write of a leader.
-    writes: FuturesOrdered<BoxFuture<'static, Option<u64>>>,
+    /// The writes started, in order, until the outputs behind them are released: a write
+    /// stored before the one before it still counts as in flight until that one is stored.
+    in_flight: VecDeque<InFlight>,
+    /// The number of the last write started or gathering.
+    writes: u64,
     /// The sequence of the last journal write whose outputs were released.
     released_through: u64,
-    /// The records gathering for the next group write, one per line, if any; its place in the
-    /// order is the last `Held::Write`, which has no write in `writes` yet.
-    group: Option<Vec<u8>>,
+    /// Its place in the order is the last `Held::Write`, which is not in `in_flight` yet.
+    group: Option<Gathering<R>>,
     /// Whether the group holds a record someone waits for, so it goes without waiting.
     urgent: bool,
     /// When the last group write started.
-    last_started: Option<Instant>,
+    last_started: Option<T>,
 }
 
-impl Outbox {
+impl<O, R, T> Default for Outbox<O, R, T> {
+    fn default() -> Self {
+        Self::new(Limits::default())
+    }
+}
+
+impl<O, R, T> Outbox<O, R, T> {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            held: VecDeque::new(),
+            held_for_executors: 0,
+            held_outputs: 0,
+            in_flight: VecDeque::new(),
+            writes: 0,
+            released_through: 0,
+            group: None,
+            urgent: false,
+            last_started: None,
+        }
+    }
+
     /// Whether no write is in flight or gathering, so any output may leave at once.
     pub fn is_clear(&self) -> bool {
-        self.writes.is_empty() && self.group.is_none()
+        self.in_flight.is_empty() && self.group.is_none()
     }
 
-    /// Whether `output` may leave now rather than wait its turn.
-    pub fn may_send(&self, output: &Output) -> bool {
-        self.is_clear()
-            || (output.is_for_executor()
-                && self.held_for_executors == 0
-                && self.held_outputs < MAX_HELD)
+    /// Whether write number `write` was started and its outputs are not yet released.
+    #[cfg(test)]
+    pub fn is_in_flight(&self, write: u64) -> bool {
+        self.in_flight.iter().any(|w| w.write == write)
     }
 
-    /// Queues a write that is not a journal record (a result for the results bucket): every
-    /// output queued after it waits for it. The group gathering is written first, to keep the
-    /// writes in their order.
-    pub fn write(
-        &mut self,
-        write: BoxFuture<'static, ()>,
-        store: impl FnOnce(bytes::Bytes) -> Write,
-    ) {
-        self.seal(store);
-        self.held.push_back(Held::Write);
-        self.writes.push_back(Box::pin(async move {
-            write.await;
-            None
-        }));
-    }
-
-    /// Adds one encoded journal record (at most `max_bytes`) to the group gathering; a group
-    /// it would make larger than `max_bytes` is written first. An `urgent` record is one a
-    /// client waits for: its group goes without waiting for more.
-    pub fn record(
-        &mut self,
-        record: &[u8],
-        urgent: bool,
-        max_bytes: usize,
-        store: impl FnOnce(bytes::Bytes) -> Write,
-    ) {
-        if self
-            .group
-            .as_ref()
-            .is_some_and(|group| group.len() + 1 + record.len() > max_bytes)
-        {
-            self.seal(store);
-        }
-        match &mut self.group {
-            Some(group) => {
-                group.push(b'\n');
-                group.extend_from_slice(record);
-            }
-            None => {
-                self.held.push_back(Held::Write);
-                self.group = Some(record.to_vec());
-            }
-        }
-        self.urgent |= urgent;
-    }
-
-    /// Writes the group gathering if the writes in flight leave room for it (more room for an
-    /// urgent one), and it is urgent or `GROUP_INTERVAL` has passed since the last write
-    /// started.
-    pub fn commit(&mut self, store: impl FnOnce(bytes::Bytes) -> Write) {
-        let room = match self.urgent {
-            true => URGENT_IN_FLIGHT,
-            false => GROUPS_IN_FLIGHT,
-        };
-        if self.group.is_none() || self.writes.len() >= room {
-            return;
-        }
-        if self.urgent || self.commit_due().map_or(true, |due| Instant::now() >= due) {
-            self.seal(store);
-        }
-    }
-
-    /// When the group gathering is due to be written, if it waits only for time to pass.
-    pub fn commit_due(&self) -> Option<Instant> {
-        let waits = self.group.is_some() && self.writes.len() < GROUPS_IN_FLIGHT && !self.urgent;
-        waits.then_some(self.last_started?.checked_add(GROUP_INTERVAL)?)
-    }
-
-    /// Writes the group gathering now, if there is one.
-    pub fn seal(&mut self, store: impl FnOnce(bytes::Bytes) -> Write) {
-        if let Some(group) = self.group.take() {
-            self.urgent = false;
-            self.last_started = Some(Instant::now());
-            self.writes.push_back(store(group.into()));
-        }
-    }
-
-    /// Queues an output behind the writes in flight.
-    pub fn hold(&mut self, output: Output) {
-        self.held_outputs += 1;
-        self.held_for_executors += usize::from(output.is_for_executor());
-        self.held.push_back(Held::Output(output));
-    }
-
-    /// The journal sequence of the last group write whose outputs [`Outbox::released`] gave
+    /// The journal sequence of the last group write whose outputs [`Outbox::stored`] released
     /// (0 before any): every output held behind it, and behind the writes before it, has left.
     pub fn released_through(&self) -> u64 {
         self.released_through
     }
 
-    /// Waits for the oldest write to be stored and returns the outputs it released, in
-    /// order. Never completes while no write is in flight. Cancel-safe.
-    pub async fn released(&mut self) -> Vec<Output> {
-        match self.writes.next().await {
-            None => return std::future::pending().await,
-            Some(Some(sequence)) => self.released_through = sequence,
-            Some(None) => {}
+    /// How many outputs wait.
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.held_outputs
+    }
+}
+
+impl<O: Addressed, R, T: Moment> Outbox<O, R, T> {
+    /// An output of the step: given back if it may leave now, else held behind the writes
+    /// before it. An executor's message leaves at once unless one already waits or too much
+    /// does; anything else only while no write is in flight or gathering.
+    pub fn send_or_hold(&mut self, output: O) -> Option<O> {
+        let to_executor = output.to_executor();
+        let passes =
+            to_executor && self.held_for_executors == 0 && self.held_outputs < self.limits.max_held;
+        if self.is_clear() || passes {
+            return Some(output);
         }
-        debug_assert!(matches!(self.held.front(), Some(Held::Write)));
-        self.held.pop_front();
+        self.held_outputs += 1;
+        self.held_for_executors += usize::from(to_executor);
+        self.held.push_back(Held::Output(output));
+        None
+    }
+
+    /// Adds one journal record of `bytes` (at most `max_bytes`) to the group gathering; a
+    /// group it would make larger than `max_bytes` is sealed first, and given back to be
+    /// written now. An `urgent` record is one a client waits for: its group goes without
+    /// waiting for more.
+    pub fn record(
+        &mut self,
+        record: R,
+        bytes: usize,
+        urgent: bool,
+        max_bytes: usize,
+        now: T,
+    ) -> Option<Group<R>> {
+        let full = self
+            .group
+            .as_ref()
+            .is_some_and(|group| group.bytes + 1 + bytes > max_bytes);
+        let sealed = if full { self.seal(now) } else { None };
+        match &mut self.group {
+            Some(group) => {
+                group.bytes += 1 + bytes;
+                group.records.push(record);
+            }
+            None => {
+                self.writes += 1;
+                self.held.push_back(Held::Write(self.writes));
+                self.group = Some(Gathering {
+                    write: self.writes,
+                    records: vec![record],
+                    bytes,
+                });
+            }
+        }
+        self.urgent |= urgent;
+        sealed
+    }
+
+    /// Starts a write that is not a journal record (a result for the results bucket): every
+    /// output held after it waits for it. The group gathering is sealed first, to keep the
+    /// writes in their order: start it, then the write of the number returned.
+    pub fn write(&mut self, now: T) -> (Option<Group<R>>, u64) {
+        let sealed = self.seal(now);
+        self.writes += 1;
+        self.held.push_back(Held::Write(self.writes));
+        self.in_flight.push_back(InFlight {
+            write: self.writes,
+            stored: None,
+        });
+        (sealed, self.writes)
+    }
+
+    /// The group gathering, to write now, if the writes in flight leave room for it (more
+    /// room for an urgent one), and it is urgent or `GROUP_INTERVAL` has passed since the last
+    /// write started.
+    pub fn commit(&mut self, now: T) -> Option<Group<R>> {
+        let room = match self.urgent {
+            true => self.limits.urgent_in_flight,
+            false => self.limits.groups_in_flight,
+        };
+        if self.group.is_none() || self.in_flight.len() >= room {
+            return None;
+        }
+        if self.urgent || self.commit_due().map_or(true, |due| now >= due) {
+            return self.seal(now);
+        }
+        None
+    }
+
+    /// When the group gathering is due to be written, if it waits only for time to pass.
+    pub fn commit_due(&self) -> Option<T> {
+        let waits = self.group.is_some()
+            && self.in_flight.len() < self.limits.groups_in_flight
+            && !self.urgent;
+        waits.then_some(self.last_started? + self.limits.interval)
+    }
+
+    /// The group gathering, to write now whatever the rules say, if there is one.
+    pub fn seal(&mut self, now: T) -> Option<Group<R>> {
+        let group = self.group.take()?;
+        self.urgent = false;
+        self.last_started = Some(now);
+        self.in_flight.push_back(InFlight {
+            write: group.write,
+            stored: None,
+        });
+        Some(Group {
+            write: group.write,
+            records: group.records,
+        })
+    }
+
+    /// Write number `write` is stored, at `sequence` if it is a journal write of a leader:
+    /// the outputs it releases, in order, with those of the writes after it that were stored
+    /// first. A write not in flight is ignored.
+    pub fn stored(&mut self, write: u64, sequence: Option<u64>) -> Vec<O> {
+        if let Some(w) = self.in_flight.iter_mut().find(|w| w.write == write) {
+            w.stored = Some(sequence);
+        }
         let mut released = Vec::new();
-        while let Some(Held::Output(_)) = self.held.front() {
-            if let Some(Held::Output(output)) = self.held.pop_front() {
-                self.held_outputs -= 1;
-                self.held_for_executors -= usize::from(output.is_for_executor());
-                released.push(output);
+        while let Some(stored) = self.in_flight.front().and_then(|w| w.stored) {
+            let write = self.in_flight.pop_front().map(|w| w.write);
+            if let Some(sequence) = stored {
+                self.released_through = sequence;
+            }
+            debug_assert!(matches!(self.held.front(), Some(Held::Write(w)) if Some(*w) == write));
+            self.held.pop_front();
+            while let Some(Held::Output(_)) = self.held.front() {
+                if let Some(Held::Output(output)) = self.held.pop_front() {
+                    self.held_outputs -= 1;
+                    self.held_for_executors -= usize::from(output.to_executor());
+                    released.push(output);
+                }
             }
         }
         released
@@ -239,281 +349,5 @@ impl Outbox {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ids::ExecutorId;
-    use crate::protocol::{Event, ExecutorMessage, JobState};
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-    use tokio::sync::oneshot;
-
-    /// Something told to clients, named `r<n>` (an event; an api answer waits the same way).
-    fn reply(n: u8) -> Output {
-        Output::Effect(Effect::Publish(Event::JobStart {
-            time_ms: 0,
-            job_id: u64::from(n),
-            name: format!("r{n}"),
-            tasks: 1,
-        }))
-    }
-
-    fn to_executor(n: u8) -> Output {
-        Output::ExecutorReply(format!("x{n}").into(), bytes::Bytes::new())
-    }
-
-    fn job_end() -> Output {
-        Output::Effect(Effect::Publish(Event::JobEnd {
-            time_ms: 0,
-            job_id: 1,
-            state: JobState::Succeeded,
-            succeeded: 1,
-            failed: 0,
-            killed: 0,
-            reason: None,
-        }))
-    }
-
-    fn names(outputs: &[Output]) -> Vec<String> {
-        outputs
-            .iter()
-            .map(|o| match o {
-                Output::ExecutorReply(subject, _) => subject.to_string(),
-                Output::Reply(..) => "reply".into(),
-                Output::Effect(Effect::Publish(Event::JobStart { name, .. })) => name.clone(),
-                Output::Effect(_) => "effect".into(),
-                Output::Results { .. } => "results".into(),
-                Output::Chunk { .. } => "chunk".into(),
-            })
-            .collect()
-    }
-
-    fn gate() -> (oneshot::Sender<()>, BoxFuture<'static, ()>) {
-        let (open, opened) = oneshot::channel();
-        (open, Box::pin(async move { opened.await.unwrap() }))
-    }
-
-    /// A journal that records each group it is given and stores it when its gate opens.
-    /// Each group written, with the gate that stores it.
-    type Groups = Arc<Mutex<Vec<(bytes::Bytes, Option<oneshot::Sender<()>>)>>>;
-
-    #[derive(Default, Clone)]
-    struct Journal {
-        groups: Groups,
-    }
-
-    impl Journal {
-        /// Stores groups as a journal of a leader would: the n-th takes sequence n.
-        fn store(&self) -> impl FnOnce(bytes::Bytes) -> Write + '_ {
-            |group| {
-                let (open, write) = gate();
-                let mut groups = self.groups.lock().unwrap();
-                groups.push((group, Some(open)));
-                let sequence = groups.len() as u64;
-                Box::pin(async move {
-                    write.await;
-                    Some(sequence)
-                })
-            }
-        }
-
-        fn groups(&self) -> Vec<String> {
-            let groups = self.groups.lock().unwrap();
-            let text = |g: &bytes::Bytes| String::from_utf8(g.to_vec()).unwrap();
-            groups.iter().map(|(g, _)| text(g)).collect()
-        }
-
-        fn open(&self, n: usize) {
-            let open = self.groups.lock().unwrap()[n].1.take();
-            open.unwrap().send(()).unwrap();
-        }
-    }
-
-    #[tokio::test]
-    async fn outputs_leave_in_order_as_the_writes_before_them_are_stored() {
-        let mut outbox = Outbox::default();
-        let journal = Journal::default();
-        let (first, write) = gate();
-        outbox.write(write, journal.store());
-        outbox.hold(reply(1));
-        let (second, write) = gate();
-        outbox.write(write, journal.store());
-        outbox.hold(reply(2));
-        outbox.hold(job_end());
-        // The second write is stored first: nothing may leave before the first is.
-        second.send(()).unwrap();
-        let early = tokio::time::timeout(Duration::from_millis(50), outbox.released()).await;
-        assert!(early.is_err(), "released before the first write was stored");
-        first.send(()).unwrap();
-        assert_eq!(names(&outbox.released().await), ["r1"]);
-        assert_eq!(names(&outbox.released().await), ["r2", "effect"]);
-        assert!(outbox.is_clear());
-        assert!(journal.groups().is_empty(), "no records, no group");
-    }
-
-    // Time stands still but for the sleep: the wait is exact.
-    #[tokio::test(start_paused = true)]
-    async fn records_gather_into_one_group_while_a_write_is_in_flight() {
-        let mut outbox = Outbox::default();
-        let journal = Journal::default();
-        outbox.record(b"a", false, 100, journal.store());
-        outbox.commit(journal.store());
-        outbox.hold(reply(1));
-        // The first group is in flight: these gather into the next.
-        outbox.record(b"b", false, 100, journal.store());
-        outbox.hold(reply(2));
-        outbox.record(b"c", false, 100, journal.store());
-        outbox.commit(journal.store());
-        outbox.hold(reply(3));
-        assert_eq!(journal.groups(), ["a"]);
-        assert_eq!(outbox.released_through(), 0);
-        journal.open(0);
-        assert_eq!(names(&outbox.released().await), ["r1"]);
-        assert_eq!(outbox.released_through(), 1, "the first group's sequence");
-        // Room again, and its time: the gathered group goes as one write, and both replies
-        // wait for it.
-        tokio::time::sleep_until(outbox.commit_due().expect("waits for time")).await;
-        outbox.commit(journal.store());
-        assert_eq!(journal.groups(), ["a", "b\nc"]);
-        journal.open(1);
-        assert_eq!(names(&outbox.released().await), ["r2", "r3"]);
-        assert_eq!(outbox.released_through(), 2);
-        assert!(outbox.is_clear());
-    }
-
-    #[tokio::test]
-    async fn a_group_a_client_waits_for_does_not_wait_for_the_write_before_it() {
-        let mut outbox = Outbox::default();
-        let journal = Journal::default();
-        outbox.record(b"a", false, 100, journal.store());
-        outbox.commit(journal.store());
-        outbox.record(b"b", true, 100, journal.store());
-        outbox.hold(reply(1));
-        outbox.commit(journal.store());
-        assert_eq!(journal.groups(), ["a", "b"], "a second write in flight");
-        outbox.record(b"c", true, 100, journal.store());
-        outbox.commit(journal.store());
-        assert_eq!(journal.groups(), ["a", "b"], "but not a third");
-        // Its answer still waits for both writes, in order.
-        journal.open(1);
-        let early = tokio::time::timeout(Duration::from_millis(20), outbox.released()).await;
-        assert!(early.is_err(), "released before the first write was stored");
-        journal.open(0);
-        assert!(outbox.released().await.is_empty());
-        assert_eq!(names(&outbox.released().await), ["r1"]);
-    }
-
-    #[tokio::test]
-    async fn a_full_group_is_written_at_once_and_the_record_starts_the_next() {
-        let mut outbox = Outbox::default();
-        let journal = Journal::default();
-        outbox.record(b"aaaa", true, 9, journal.store());
-        outbox.record(b"bbbb", true, 9, journal.store());
-        assert_eq!(
-            journal.groups(),
-            Vec::<String>::new(),
-            "4 + 1 + 4 fits in 9"
-        );
-        outbox.record(b"cccc", true, 9, journal.store());
-        assert_eq!(journal.groups(), ["aaaa\nbbbb"]);
-        outbox.seal(journal.store());
-        assert_eq!(journal.groups(), ["aaaa\nbbbb", "cccc"]);
-    }
-
-    #[tokio::test]
-    async fn a_result_write_sends_the_gathering_group_first_to_keep_the_order() {
-        let mut outbox = Outbox::default();
-        let journal = Journal::default();
-        outbox.record(b"a", true, 100, journal.store());
-        outbox.hold(reply(1));
-        let (result, write) = gate();
-        outbox.write(write, journal.store());
-        outbox.hold(reply(2));
-        assert_eq!(journal.groups(), ["a"]);
-        result.send(()).unwrap();
-        journal.open(0);
-        assert_eq!(names(&outbox.released().await), ["r1"]);
-        assert_eq!(outbox.released_through(), 1);
-        // A result's write takes no journal sequence.
-        assert_eq!(names(&outbox.released().await), ["r2"]);
-        assert_eq!(outbox.released_through(), 1);
-    }
-
-    #[tokio::test]
-    async fn executors_messages_pass_the_journal_until_one_has_to_wait() {
-        let mut outbox = Outbox::default();
-        let journal = Journal::default();
-        let launch = || {
-            Output::Effect(Effect::Send {
-                to: ExecutorId::parse("e1").unwrap(),
-                message: ExecutorMessage::StopExecutor { reason: "r".into() },
-            })
-        };
-        assert!(
-            outbox.may_send(&reply(0)),
-            "nothing in flight: anything leaves"
-        );
-        outbox.record(b"a", true, 100, journal.store());
-        outbox.commit(journal.store());
-        assert!(
-            !outbox.may_send(&reply(1)),
-            "a client's answer waits for the record"
-        );
-        assert!(!outbox.may_send(&job_end()), "so does an event");
-        assert!(outbox.may_send(&to_executor(1)));
-        assert!(outbox.may_send(&launch()));
-        // Once too much waits, an executor's message waits too, and those after it keep its
-        // order even when the queue is short again.
-        for _ in 0..MAX_HELD {
-            outbox.hold(job_end());
-        }
-        assert!(!outbox.may_send(&to_executor(2)));
-        outbox.hold(to_executor(2));
-        journal.open(0);
-        assert_eq!(outbox.released().await.len(), MAX_HELD + 1);
-        outbox.record(b"b", true, 100, journal.store());
-        outbox.commit(journal.store());
-        outbox.hold(to_executor(3));
-        assert!(
-            !outbox.may_send(&to_executor(4)),
-            "one is waiting: it keeps its place"
-        );
-        journal.open(1);
-        assert_eq!(names(&outbox.released().await), ["x3"]);
-        assert!(outbox.may_send(&to_executor(5)));
-    }
-
-    // Time stands still but for the sleep: the wait is exact.
-    #[tokio::test(start_paused = true)]
-    async fn a_group_of_task_ends_alone_waits_for_company_and_an_urgent_one_does_not() {
-        let mut outbox = Outbox::default();
-        let journal = Journal::default();
-        outbox.record(b"a", false, 100, journal.store());
-        outbox.commit(journal.store());
-        assert_eq!(journal.groups(), ["a"], "the first write goes at once");
-        journal.open(0);
-        outbox.released().await;
-        // The next group of task ends waits until GROUP_INTERVAL after the last write began.
-        outbox.record(b"b", false, 100, journal.store());
-        outbox.commit(journal.store());
-        assert_eq!(journal.groups(), ["a"]);
-        let due = outbox.commit_due().expect("it waits for time alone");
-        tokio::time::sleep_until(due).await;
-        outbox.commit(journal.store());
-        assert_eq!(journal.groups(), ["a", "b"]);
-        journal.open(1);
-        outbox.released().await;
-        // A record a client waits for takes the group with it at once.
-        outbox.record(b"c", false, 100, journal.store());
-        outbox.record(b"d", true, 100, journal.store());
-        assert_eq!(outbox.commit_due(), None);
-        outbox.commit(journal.store());
-        assert_eq!(journal.groups(), ["a", "b", "c\nd"]);
-    }
-
-    #[tokio::test]
-    async fn an_empty_outbox_never_releases() {
-        let mut outbox = Outbox::default();
-        let waited = tokio::time::timeout(Duration::from_millis(20), outbox.released()).await;
-        assert!(waited.is_err());
-    }
-}
+#[path = "outbox_tests.rs"]
+mod tests;

@@ -8,7 +8,8 @@ use super::core::{Core, Effect};
 use super::history::{History, Stamp, Stamps};
 use super::journal::Journal;
 use super::lease::{Guard, Tenure};
-use super::outbox::{Outbox, Output, ReplyTo};
+use super::outbox::{Output, ReplyTo};
+use super::outgoing::Outgoing;
 use super::results::ResultsBucket;
 use super::snapshots::{Encoded, Schedule, Stored};
 use crate::metrics::DriverMetrics;
@@ -108,7 +109,7 @@ impl Shell {
     pub(super) async fn after_step(
         &mut self,
         core: &mut Core,
-        outbox: &mut Outbox,
+        outbox: &mut Outgoing,
         reply: Option<Output>,
     ) -> Option<BoxFuture<'static, Snapshotted>> {
         self.emit(outbox, reply, core.take_effects()).await;
@@ -192,7 +193,7 @@ impl Shell {
     /// wait behind the writes before them (see the outbox for what need not wait).
     pub(super) async fn emit(
         &mut self,
-        outbox: &mut Outbox,
+        outbox: &mut Outgoing,
         reply: Option<Output>,
         effects: Vec<Effect>,
     ) {
@@ -222,34 +223,32 @@ impl Shell {
             if let Output::Effect(Effect::Publish(event)) = &output {
                 self.count(event);
             }
-            if outbox.may_send(&output) {
+            if let Some(output) = outbox.send_or_hold(output) {
                 self.send(output).await;
-            } else {
-                outbox.hold(output);
             }
         }
     }
 
     /// Adds `record` to the group gathering for the journal, in parts that each fit in one
     /// message.
-    pub(super) fn write(&mut self, outbox: &mut Outbox, record: JournalRecord) {
+    pub(super) fn write(&mut self, outbox: &mut Outgoing, record: JournalRecord) {
         let Some(journal) = &self.journal else {
             return;
         };
         let max_bytes = self.limit - PAYLOAD_HEADROOM;
         // Task ends may wait a little for company; what a client waits for goes at once.
-        let urgent = !matches!(record, JournalRecord::TasksEnded { .. });
+        let urgent = super::outbox::urgent(&record);
         for part in fit(record, max_bytes, "journal") {
             if let Some(schedule) = self.schedule.as_mut() {
                 schedule.wrote(part.len());
             }
-            outbox.record(&part, urgent, max_bytes, |group| journal.store(group));
+            outbox.record(part, urgent, max_bytes, |group| journal.store(group));
         }
     }
 
     /// Writes the group gathering for the journal if no write is in flight before it, or
     /// at once if `now`.
-    pub(super) fn commit(&self, outbox: &mut Outbox, now: bool) {
+    pub(super) fn commit(&self, outbox: &mut Outgoing, now: bool) {
         let Some(journal) = &self.journal else {
             return;
         };
@@ -303,7 +302,7 @@ impl Shell {
 
     /// Sends what waits for the last journal writes (for up to `DRAIN_TIMEOUT`), and the
     /// task events that wait for company.
-    pub(super) async fn drain(&mut self, outbox: &mut Outbox) {
+    pub(super) async fn drain(&mut self, outbox: &mut Outgoing) {
         self.commit(outbox, true);
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
             while !outbox.is_clear() {

@@ -19,7 +19,7 @@ use super::broker::WrongLast;
 use super::network::{Message, Pid, Reply, Request, Sender};
 use super::{Event, World};
 use crate::driver::core::{Core, CoreConfig, Effect, Retention};
-use crate::driver::lease;
+use crate::driver::lease_clock as lease;
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
     ApiReply, ApiRequest, Event as DriverEvent, JobState, JournalRecord, StatusRequest, SubmitJob,
