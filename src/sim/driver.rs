@@ -352,7 +352,7 @@ impl World {
             epoch,
             leadership,
             hold: journal.then(|| Hold::taken(lease, epoch, at(now))),
-            writes: Writes::new(term),
+            writes: Writes::new(term, self.config.max_held),
             commit_at: None,
         }));
         self.ledger.new_leadership(leadership);

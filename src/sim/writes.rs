@@ -9,7 +9,7 @@ use super::broker::WrongLast;
 use super::driver::{AtDriver, ToBroker};
 use super::network::{Pid, Reply};
 use super::World;
-use crate::driver::outbox::{self, Addressed, Group, Outbox};
+use crate::driver::outbox::{self, Addressed, Group, Limits, Outbox};
 use crate::ids::JobId;
 use crate::protocol::{Event as DriverEvent, ExecutorMessage, JournalRecord};
 use std::collections::BTreeMap;
@@ -76,10 +76,14 @@ pub struct Writes {
 }
 
 impl Writes {
-    /// The writes of a leader whose mark is at sequence `mark` (0 without a journal).
-    pub fn new(mark: u64) -> Self {
+    /// The writes of a leader whose mark is at sequence `mark` (0 without a journal), with
+    /// the driver's limits but for `max_held`.
+    pub fn new(mark: u64, max_held: usize) -> Self {
         Self {
-            outbox: Outbox::default(),
+            outbox: Outbox::new(Limits {
+                max_held,
+                ..Limits::default()
+            }),
             next: mark,
             in_flight: BTreeMap::new(),
         }

@@ -107,7 +107,7 @@ impl Both {
             driver: Outgoing::default(),
             journal: Journal::default(),
             start: tokio::time::Instant::now(),
-            sim: Writes::new(0),
+            sim: Writes::new(0, crate::sim::SimConfig::default().max_held),
             now: 0,
             sim_groups: Vec::new(),
             stored: Vec::new(),
