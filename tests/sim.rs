@@ -80,6 +80,33 @@ fn three_hundred_small_seeds_keep_every_invariant() {
     );
 }
 
+/// The outbox's hold limit, lowered so that executors' messages wait behind the journal
+/// often: the invariants hold while they do, with the driver killed and restarted too.
+#[test]
+fn executors_messages_waiting_behind_the_journal_keep_every_invariant() {
+    let mut waited = 0;
+    for seed in 1..=200 {
+        let config = SimConfig {
+            faults: Faults {
+                driver_restart: 2.0,
+                ..small(seed).faults
+            },
+            ..small(seed)
+        };
+        let unlimited = run(config.clone(), false);
+        let report = passes(SimConfig {
+            max_held: 1 + (seed % 4) as usize,
+            ..config
+        });
+        assert_eq!(report.jobs_ended, 4, "seed {seed}");
+        waited += usize::from(report.trace != unlimited.trace);
+    }
+    assert!(
+        waited > 100,
+        "only {waited} of 200 runs held executors' messages"
+    );
+}
+
 #[test]
 fn a_thousand_seeds_with_leader_kills_and_pauses_keep_every_invariant() {
     let (mut failovers, mut kills, mut pauses, mut adopted) = (0, 0, 0, 0);
@@ -168,6 +195,7 @@ fn the_replay_command_replays_the_same_configuration() {
     }
     let mut config = failover(9);
     config.lease_ms = 1_500;
+    config.max_held = 3;
     config.faults.pause_ms = 4_000;
     let command = config.command();
     let words = command.split_whitespace().skip(1).filter(|w| *w != "sim");

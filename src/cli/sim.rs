@@ -47,6 +47,10 @@ pub struct SimArgs {
     #[arg(long, env = "EMBER_SIM_FENCING", action = clap::ArgAction::Set,
           default_value_t = SimConfig::default().fencing)]
     pub fencing: bool,
+    /// How many outputs a leader holds behind the journal before its messages to executors
+    /// wait too (the driver's limit by default; less makes executors wait on the journal).
+    #[arg(long, env = "EMBER_SIM_MAX_HELD", default_value_t = SimConfig::default().max_held)]
+    pub max_held: usize,
     /// The chance that a message is lost.
     #[arg(long, env = "EMBER_SIM_DROP", default_value_t = Faults::default().drop)]
     pub drop: f64,
@@ -107,6 +111,7 @@ impl SimArgs {
             journal: self.journal,
             lease_ms: self.lease_ms,
             fencing: self.fencing,
+            max_held: self.max_held,
             faults: Faults {
                 drop: self.drop,
                 duplicate: self.duplicate,

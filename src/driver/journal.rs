@@ -29,7 +29,7 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// lost answer is known as one it stored already.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(30);
 /// How long a write waits before it tries again when the write before it is not stored yet.
-const TURN_DELAY: Duration = Duration::from_millis(20);
+pub(crate) const TURN_DELAY: Duration = Duration::from_millis(20);
 
 /// How many copies a clustered server keeps of the journal, the results bucket and the lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

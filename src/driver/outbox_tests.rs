@@ -360,7 +360,7 @@ impl Run {
     fn sent(&mut self, output: Out, held: bool) {
         let (Out::Client(n) | Out::Executor(n)) = output;
         let behind = self.behind[n as usize];
-        if !(output.to_executor() && !held) {
+        if !output.to_executor() || held {
             // Told only once every write before it is stored.
             for write in 1..=behind {
                 assert!(

@@ -25,6 +25,9 @@ pub struct SimConfig {
     /// executors ignore older epochs. Off only to show that the invariants catch what they
     /// keep out.
     pub fencing: bool,
+    /// How many outputs a leader holds behind its journal writes before its messages to
+    /// executors wait too: the driver's limit, or less to make executors wait on the journal.
+    pub max_held: usize,
     pub faults: Faults,
 }
 
@@ -108,6 +111,7 @@ impl Default for SimConfig {
             journal: true,
             lease_ms: crate::driver::lease::DEFAULT_LEASE.as_millis() as u64,
             fencing: true,
+            max_held: crate::driver::outbox::MAX_HELD,
             faults: Faults::default(),
         }
     }
@@ -125,6 +129,9 @@ impl SimConfig {
         if !self.journal && self.faults.driver_pause > 0.0 {
             return Err("--driver-pause needs the journal: without it there is no lease".into());
         }
+        if self.max_held == 0 {
+            return Err("--max-held must be at least 1".into());
+        }
         if self.journal && self.lease_ms < 200 {
             return Err("--lease-ms must be at least 200, as the driver's --lease".into());
         }
@@ -137,7 +144,7 @@ impl SimConfig {
         format!(
             "ember sim --seed {} --executors {} --cores {} --tasks {} --jobs {} --task-ms {} \
              --task-failure {} --drivers {} --journal {} --lease-ms {} --fencing {} \
-             --drop {} --duplicate {} --delay {} --delay-ms {} --partition {} \
+             --max-held {} --drop {} --duplicate {} --delay {} --delay-ms {} --partition {} \
              --partition-ms {} --kill {} --restart-ms {} --stop {} --driver-restart {} \
              --driver-pause {} --pause-ms {} --faults-for-ms {}",
             self.seed,
@@ -151,6 +158,7 @@ impl SimConfig {
             self.journal,
             self.lease_ms,
             self.fencing,
+            self.max_held,
             f.drop,
             f.duplicate,
             f.delay,

@@ -3,29 +3,32 @@
 //! events delivered to the ledger, which listens as `ember events` does.
 //!
 //! With the journal (the product's default), any number of driver processes run, and they do
-//! what `driver::lease` and `driver::journal` do, on the same timings: a standby reads the
-//! lease key every poll interval and takes it by compare-and-set once its revision has stood
-//! for the lease and a grace; the leader marks the journal, replays it into a new core,
-//! renews the lease every third of it (counted from when the renewal was sent), stops the
-//! moment its lease runs out in its own eyes, and writes its records with the
-//! expected-last-sequence check, one group at a time. What the core publishes waits behind
-//! the writes before it (as the shell's outbox holds it); what goes to executors leaves at
-//! once. Everything a leader sends carries its epoch.
+//! what `driver::lease` and `driver::journal` do, with the same decisions (`driver::
+//! lease_clock`, on virtual time): a standby reads the lease key every poll interval and takes
+//! it by compare-and-set once its revision has stood for the lease and a grace; the leader
+//! marks the journal, replays it into a new core, renews the lease every third of it (counted
+//! from when the renewal was sent), stops the moment its lease runs out in its own eyes, and
+//! writes its records with the expected-last-sequence check, a write expecting the sequence
+//! its predecessor takes. What it sends goes through the driver's own outbox ([`writes`](
+//! super::writes)): group commit, the urgent groups beside a write in flight, the wait for
+//! company, and the hold limit, as the shell has them. Everything a leader sends carries its
+//! epoch.
 //!
 //! Without the journal there is one driver and no lease: a killed one starts empty, and the
 //! client submits again what had not ended.
 
 use super::broker::WrongLast;
 use super::network::{Message, Pid, Reply, Request, Sender};
+use super::writes::{at, Output, Writes};
 use super::{Event, World};
 use crate::driver::core::{Core, CoreConfig, Effect, Retention};
-use crate::driver::lease_clock as lease;
+use crate::driver::lease_clock::{self as lease, Hold, Key, Watch};
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, ApiRequest, Event as DriverEvent, JobState, JournalRecord, StatusRequest, SubmitJob,
-    TaskOutcome, TaskSpec, TaskState,
+    ApiReply, ApiRequest, JobState, JournalRecord, StatusRequest, SubmitJob, TaskOutcome, TaskSpec,
+    TaskState,
 };
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 const TICK_MS: u64 = crate::DEFAULT_REVIVE_INTERVAL.as_millis() as u64;
@@ -43,9 +46,9 @@ pub struct DriverNode {
 
 pub enum Role {
     Down,
-    /// Standing by, with the lease revision it last saw and since when.
+    /// Standing by, watching the lease key.
     Standby {
-        seen: Option<(u64, u64)>,
+        watch: Watch<Duration>,
     },
     Leading(Box<Leader>),
 }
@@ -56,34 +59,11 @@ pub struct Leader {
     pub epoch: u64,
     /// Which leadership of the run this is, counting from 0.
     pub leadership: u32,
-    /// The lease revision it last wrote.
-    revision: u64,
-    /// Until when it may send: its last renewal's send time plus the lease.
-    valid_until: u64,
-    outbox: Outbox,
-}
-
-/// What the leader's records and outputs wait for: the journal writes, one in flight at a time.
-#[derive(Default)]
-struct Outbox {
-    /// The journal sequence the next write expects to be last (its mark's, at first).
-    last: u64,
-    /// How many writes have started; the one in flight is the last of them.
-    writes: u64,
-    in_flight: bool,
-    /// Records for the next write.
-    gathering: Vec<JournalRecord>,
-    /// Outputs waiting for the write of that number to be stored, in order.
-    held: VecDeque<(u64, Held)>,
-}
-
-enum Held {
-    Publish(DriverEvent),
-    /// The client's `JobAccepted`.
-    Accepted {
-        origin: usize,
-        job_id: JobId,
-    },
+    /// Its hold on the lease, with the journal.
+    hold: Option<Hold<Duration>>,
+    pub(super) writes: Writes,
+    /// When a commit of the group gathering is due to it, if one is.
+    pub(super) commit_at: Option<u64>,
 }
 
 /// What is due to a driver process.
@@ -105,6 +85,12 @@ pub enum AtDriver {
         write: u64,
         result: Result<u64, WrongLast>,
     },
+    /// Write number `write` goes again: the one before it was not stored yet.
+    Again {
+        write: u64,
+    },
+    /// The group gathering may be due to be written.
+    Commit,
     Request {
         from: Pid,
         id: u64,
@@ -133,7 +119,7 @@ impl DriverNode {
         crate::DEFAULT_EXECUTOR_TIMEOUT.as_millis() as u64 + delay_ms + 2 * TICK_MS
     }
 
-    fn leader(&mut self) -> Option<&mut Leader> {
+    pub(super) fn leader(&mut self) -> Option<&mut Leader> {
         match &mut self.role {
             Role::Leading(leader) => Some(leader),
             _ => None,
@@ -205,7 +191,7 @@ impl World {
         Duration::from_millis(self.config.lease_ms)
     }
 
-    fn ms(duration: Duration) -> u64 {
+    pub(super) fn ms(duration: Duration) -> u64 {
         duration.as_millis() as u64
     }
 
@@ -217,7 +203,9 @@ impl World {
                 alive: true,
                 paused_until: 0,
                 turn: 0,
-                role: Role::Standby { seen: None },
+                role: Role::Standby {
+                    watch: Watch::default(),
+                },
             });
             if self.config.journal {
                 self.due(node, 0, AtDriver::Poll);
@@ -230,7 +218,7 @@ impl World {
     }
 
     /// Schedules `what` for driver `node`'s current turn, `after` ms from now.
-    fn due(&mut self, node: u32, after: u64, what: AtDriver) {
+    pub(super) fn due(&mut self, node: u32, after: u64, what: AtDriver) {
         let turn = self.drivers[node as usize].turn;
         self.queue.after(after, Event::Driver { node, turn, what });
     }
@@ -263,6 +251,8 @@ impl World {
             AtDriver::Renewed { sent, revision } => self.renewed(node, sent, revision),
             AtDriver::Expire => Ok(()),
             AtDriver::Stored { write, result } => self.stored(node, write, result),
+            AtDriver::Again { write } => self.again(node, write),
+            AtDriver::Commit => self.commit(node),
             AtDriver::Request { from, id, body } => self.driver_receives(node, from, id, body),
             AtDriver::Tick => self.driver_tick(node),
         }
@@ -274,10 +264,11 @@ impl World {
         if !self.config.fencing {
             return true;
         }
-        let now = self.queue.now();
+        let now = at(self.queue.now());
         let expired = self.drivers[node as usize]
             .leader()
-            .is_some_and(|l| now >= l.valid_until);
+            .and_then(|l| l.hold)
+            .is_some_and(|hold| !hold.is_current(now));
         if expired {
             self.depose(node, "the lease ran out before it could be renewed");
         }
@@ -285,11 +276,13 @@ impl World {
     }
 
     /// Leadership lost: the process goes back to standing by, its state gone.
-    fn depose(&mut self, node: u32, why: &str) {
+    pub(super) fn depose(&mut self, node: u32, why: &str) {
         let now = self.queue.now();
         let driver = &mut self.drivers[node as usize];
         driver.turn += 1;
-        driver.role = Role::Standby { seen: None };
+        driver.role = Role::Standby {
+            watch: Watch::default(),
+        };
         self.trace
             .line(now, format_args!("d{node} stops leading: {why}"));
         let poll = Self::ms(lease::poll_interval(self.lease()));
@@ -300,22 +293,16 @@ impl World {
     fn poll(&mut self, node: u32) -> Result<(), String> {
         let now = self.queue.now();
         let lease = self.lease();
-        let Role::Standby { seen } = &mut self.drivers[node as usize].role else {
+        let Role::Standby { watch } = &mut self.drivers[node as usize].role else {
             return Ok(());
         };
-        let key = &self.broker.lease;
-        let lapsed = match (key.holder, *seen) {
-            (None, _) => true,
-            (Some(_), Some((revision, since))) if revision == key.revision => {
-                now - since >= Self::ms(lease + lease::grace(lease))
-            }
-            (Some(_), _) => {
-                *seen = Some((key.revision, now));
-                false
-            }
+        let revision = self.broker.lease.revision;
+        // Every driver of the run declares the same lease.
+        let key = match self.broker.lease.holder {
+            None => Key::Free,
+            Some(_) => Key::Held { revision, lease },
         };
-        let revision = key.revision;
-        if lapsed {
+        if watch.may_take(key, at(now)) {
             if let Some(epoch) = self.broker.write_lease(node, revision) {
                 return self.lead(node, epoch);
             }
@@ -342,9 +329,7 @@ impl World {
             false => 0,
         };
         let mut core = new_core(instance, epoch, term, journal);
-        let mut outbox = Outbox::default();
         if journal {
-            outbox.last = term;
             for stored in &self.broker.journal {
                 for record in stored {
                     core.replay(record.clone())
@@ -359,19 +344,16 @@ impl World {
             now,
             format_args!("d{node} leads, epoch {epoch}, leadership {leadership}"),
         );
+        let lease = self.lease();
         let driver = &mut self.drivers[node as usize];
         driver.turn += 1;
         driver.role = Role::Leading(Box::new(Leader {
             core,
             epoch,
             leadership,
-            revision: epoch,
-            valid_until: if journal {
-                now + self.config.lease_ms
-            } else {
-                u64::MAX
-            },
-            outbox,
+            hold: journal.then(|| Hold::taken(lease, epoch, at(now))),
+            writes: Writes::new(term, self.config.max_held),
+            commit_at: None,
         }));
         self.ledger.new_leadership(leadership);
         if journal {
@@ -482,14 +464,14 @@ impl World {
                 }
                 (None, ApiReply::JobAccepted { job_id }) => {
                     self.ledger.submitted(job_id, origin, tasks.max(1));
-                    accepted.push(Held::Accepted { origin, job_id });
+                    accepted.push(Output::Accepted { origin, job_id });
                 }
                 (None, _) => {}
             }
         }
-        self.driver_effects(node, None)?;
+        self.driver_effects(node, None, None)?;
         for answer in accepted {
-            self.output(node, answer);
+            self.output(node, answer)?;
         }
         Ok(())
     }
@@ -528,14 +510,12 @@ impl World {
                 Reply::Status(core.status_request(executor_id.as_str(), request, now))
             }
         };
-        let sender = self.sender(node)?;
-        self.send(Message::Reply {
+        let reply = Output::Reply {
             to: from,
             id,
-            sender,
             body: reply,
-        });
-        self.driver_effects(node, Some(&executor_id))
+        };
+        self.driver_effects(node, Some(&executor_id), Some(reply))
     }
 
     /// Who a message from leader `node` is from; a broken invariant if `node` sends while it
@@ -562,10 +542,15 @@ impl World {
         })
     }
 
-    /// Sends the core's effects and checks its events, and the cores of `touched` (or of every
-    /// executor).
-    fn driver_effects(&mut self, node: u32, touched: Option<&ExecutorId>) -> Result<(), String> {
-        let journal = self.config.journal;
+    /// Sends the step's `reply` and the core's effects, checks its events, and the cores of
+    /// `touched` (or of every executor).
+    fn driver_effects(
+        &mut self,
+        node: u32,
+        touched: Option<&ExecutorId>,
+        reply: Option<Output>,
+    ) -> Result<(), String> {
+        let (journal, now) = (self.config.journal, self.queue.now());
         let Some(leader) = self.drivers[node as usize].leader() else {
             return Ok(());
         };
@@ -576,9 +561,12 @@ impl World {
             .take_effects()
             .into_iter()
             .partition(Effect::is_write);
+        let mut full = Vec::new();
         for effect in records {
             match effect {
-                Effect::Journal(record) if journal => leader.outbox.gathering.push(record),
+                Effect::Journal(record) if journal => {
+                    full.extend(leader.writes.record(record, now));
+                }
                 Effect::Journal(record) => {
                     return Err(format!("a core without a journal wrote {record:?}"));
                 }
@@ -590,30 +578,37 @@ impl World {
                 _ => unreachable!("partitioned by is_write"),
             }
         }
+        for write in full {
+            self.send_write(node, write)?;
+        }
+        if let Some(reply) = reply {
+            self.output(node, reply)?;
+        }
         for effect in effects {
             match effect {
                 Effect::Publish(event) => {
-                    if let DriverEvent::JobEnd { job_id, .. } = event {
+                    if let crate::protocol::Event::JobEnd { job_id, .. } = event {
                         self.check_results(node, job_id)?;
                     }
                     self.trace.fold(&super::trace::event_words(&event));
-                    self.output(node, Held::Publish(event));
+                    self.output(node, Output::Publish(event))?;
                 }
                 Effect::Send { to, message } => {
                     let Some(&pid) = self.pids.get(&to) else {
                         continue;
                     };
-                    let sender = self.sender(node)?;
-                    self.send(Message::Inbox {
-                        to: pid,
-                        sender,
-                        body: message,
-                    });
+                    self.output(
+                        node,
+                        Output::Inbox {
+                            to: pid,
+                            body: message,
+                        },
+                    )?;
                 }
                 _ => unreachable!("partitioned by is_write"),
             }
         }
-        self.write_next(node)?;
+        self.commit(node)?;
         let Some(leader) = self.drivers[node as usize].leader() else {
             return Ok(());
         };
@@ -639,57 +634,46 @@ impl World {
             .check_results(leader.leadership, &outcomes, |id| pids.get(id).copied())
     }
 
-    /// An output of leader `node`: it waits behind the journal writes before it, or goes now.
-    fn output(&mut self, node: u32, output: Held) {
+    /// An output of leader `node`: it goes now, or waits behind the journal writes before it.
+    fn output(&mut self, node: u32, output: Output) -> Result<(), String> {
         let Some(leader) = self.drivers[node as usize].leader() else {
-            return;
+            return Ok(());
         };
-        let outbox = &mut leader.outbox;
-        let barrier = if !outbox.gathering.is_empty() {
-            Some(outbox.writes + 1)
-        } else {
-            outbox.in_flight.then_some(outbox.writes)
-        };
-        match barrier {
-            Some(write) => outbox.held.push_back((write, output)),
-            None => self.release(node, output),
+        match leader.writes.send_or_hold(output) {
+            Some(output) => self.release(node, output),
+            None => Ok(()),
         }
     }
 
-    /// Tells what an output says: an event to the listener, an answer to the client.
-    fn release(&mut self, node: u32, output: Held) {
+    /// Sends an output: an event to the listener, an answer to the client, a message to an
+    /// executor.
+    pub(super) fn release(&mut self, node: u32, output: Output) -> Result<(), String> {
         match output {
-            Held::Publish(event) => {
+            Output::Publish(event) => {
                 let Ok(sender) = self.sender(node) else {
-                    return;
+                    return Ok(());
                 };
                 self.queue.after(1, Event::Listen { sender, event });
             }
-            Held::Accepted { origin, job_id } => self.ledger.accepted(origin, job_id),
+            Output::Accepted { origin, job_id } => self.ledger.accepted(origin, job_id),
+            Output::Reply { to, id, body } => {
+                let sender = self.sender(node)?;
+                self.send(Message::Reply {
+                    to,
+                    id,
+                    sender,
+                    body,
+                });
+            }
+            Output::Inbox { to, body } => {
+                let sender = self.sender(node)?;
+                self.send(Message::Inbox { to, sender, body });
+            }
         }
+        Ok(())
     }
 
-    /// Starts the next journal write of leader `node`, if one is gathered and none is in flight.
-    fn write_next(&mut self, node: u32) -> Result<(), String> {
-        let Some(leader) = self.drivers[node as usize].leader() else {
-            return Ok(());
-        };
-        let outbox = &mut leader.outbox;
-        if outbox.in_flight || outbox.gathering.is_empty() {
-            return Ok(());
-        }
-        outbox.in_flight = true;
-        outbox.writes += 1;
-        let write = ToBroker::Write {
-            epoch: leader.epoch,
-            expected: outbox.last,
-            write: outbox.writes,
-            records: std::mem::take(&mut outbox.gathering),
-        };
-        self.send_to_broker(node, write)
-    }
-
-    fn send_to_broker(&mut self, node: u32, what: ToBroker) -> Result<(), String> {
+    pub(super) fn send_to_broker(&mut self, node: u32, what: ToBroker) -> Result<(), String> {
         let sender = self.sender(node)?;
         let now = self.queue.now();
         let at = self.network.arrival_at_broker(&mut self.rng, now);
@@ -740,67 +724,33 @@ impl World {
         let Some(leader) = self.drivers[node as usize].leader() else {
             return Ok(());
         };
-        let (expected, sent) = (leader.revision, self.queue.now());
+        let Some(hold) = leader.hold else {
+            return Ok(());
+        };
+        let (expected, sent) = (hold.revision(), self.queue.now());
         self.send_to_broker(node, ToBroker::Renew { expected, sent })
     }
 
     fn renewed(&mut self, node: u32, sent: u64, revision: Option<u64>) -> Result<(), String> {
-        let lease_ms = self.config.lease_ms;
-        let Some(leader) = self.drivers[node as usize].leader() else {
+        let now = self.queue.now();
+        let Some(hold) = self.drivers[node as usize]
+            .leader()
+            .and_then(|l| l.hold.as_mut())
+        else {
             return Ok(());
         };
         let Some(revision) = revision else {
             self.depose(node, "another driver took the lease");
             return Ok(());
         };
-        leader.revision = revision;
-        leader.valid_until = leader.valid_until.max(sent + lease_ms);
-        let now = self.queue.now();
+        let next = hold.renewed(revision, at(sent));
         let (expire, next) = (
-            leader.valid_until - now,
-            (sent + Self::ms(lease::renew_interval(self.lease()))).saturating_sub(now),
+            Self::ms(hold.valid_until()).saturating_sub(now),
+            Self::ms(next).saturating_sub(now),
         );
         self.due(node, expire, AtDriver::Expire);
         self.due(node, next, AtDriver::Renew);
         Ok(())
-    }
-
-    /// The answer to a journal write: what waited for it goes; a refused write deposes.
-    fn stored(
-        &mut self,
-        node: u32,
-        write: u64,
-        result: Result<u64, WrongLast>,
-    ) -> Result<(), String> {
-        let Some(leader) = self.drivers[node as usize].leader() else {
-            return Ok(());
-        };
-        let outbox = &mut leader.outbox;
-        if !outbox.in_flight || write != outbox.writes {
-            return Err(format!(
-                "d{node} got the answer to write {write}, not in flight"
-            ));
-        }
-        let last = match result {
-            Ok(last) => last,
-            Err(WrongLast(last)) => {
-                self.depose(
-                    node,
-                    &format!("another driver wrote the journal (its last is {last})"),
-                );
-                return Ok(());
-            }
-        };
-        outbox.last = last;
-        outbox.in_flight = false;
-        let mut ready = Vec::new();
-        while outbox.held.front().is_some_and(|(w, _)| *w <= write) {
-            ready.push(outbox.held.pop_front().expect("checked").1);
-        }
-        for output in ready {
-            self.release(node, output);
-        }
-        self.write_next(node)
     }
 
     fn driver_tick(&mut self, node: u32) -> Result<(), String> {
@@ -810,7 +760,7 @@ impl World {
         };
         leader.core.tick(now);
         self.due(node, TICK_MS, AtDriver::Tick);
-        self.driver_effects(node, None)
+        self.driver_effects(node, None, None)
     }
 
     /// The leading driver process dies (`graceful`: as on SIGTERM, letting the lease go first),
@@ -822,7 +772,8 @@ impl World {
         if graceful && self.config.journal {
             let revision = self.drivers[node as usize]
                 .leader()
-                .map_or(0, |l| l.revision);
+                .and_then(|l| l.hold)
+                .map_or(0, |hold| hold.revision());
             self.broker.release_lease(node, revision);
         }
         let driver = &mut self.drivers[node as usize];
@@ -875,7 +826,9 @@ impl World {
         driver.alive = true;
         driver.paused_until = 0;
         driver.turn += 1;
-        driver.role = Role::Standby { seen: None };
+        driver.role = Role::Standby {
+            watch: Watch::default(),
+        };
         self.trace
             .line(self.queue.now(), format_args!("d{node} starts again"));
         if self.config.journal {

@@ -7,7 +7,8 @@
 //!
 //! Split by concern: [`rng`] (the seed's numbers), [`queue`] (the clock and its events),
 //! [`network`], [`broker`] (the lease key and the journal stream), [`executors`] (the executor
-//! processes), [`driver`] (the driver processes and the client), [`faults`] (injecting them),
+//! processes), [`driver`] (the driver processes and the client), [`writes`] (a leader's journal
+//! writes, through the driver's own outbox), [`faults`] (injecting them),
 //! [`ledger`] (the invariants), [`runs`] (the runs of attempts and their invariants), [`trace`].
 
 mod broker;
@@ -21,6 +22,7 @@ mod queue;
 pub mod rng;
 mod runs;
 mod trace;
+mod writes;
 
 pub use config::{Faults, SimConfig};
 
