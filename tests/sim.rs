@@ -126,6 +126,31 @@ fn a_thousand_seeds_with_leader_kills_and_pauses_keep_every_invariant() {
     assert!(pauses > 500, "only {pauses} leader pauses");
 }
 
+/// A leader deposed with two journal writes in flight: its successor's mark refuses the first,
+/// but the second expects exactly the sequence the mark took and is stored after it, as
+/// JetStream does. Restoring leaders skip it (nothing behind it was told), and every
+/// invariant holds. These seeds each have such a write.
+#[test]
+fn a_deposed_leaders_write_stored_after_its_successors_mark_is_skipped() {
+    for seed in [833, 3563, 4104] {
+        let config = SimConfig {
+            drivers: 3,
+            lease_ms: 1000,
+            faults: Faults {
+                delay: 0.3,
+                driver_pause: 5.0,
+                ..failover(seed).faults
+            },
+            ..failover(seed)
+        };
+        let report = passes(config);
+        assert!(
+            report.skipped_writes > 0,
+            "seed {seed} stored no write off its turn: {report:?}"
+        );
+    }
+}
+
 /// The invariants are not idle: with the fences down (a leader sends on after its lease ran
 /// out, the journal takes any write, executors hear every epoch) a deposed leader is caught.
 #[test]

@@ -164,7 +164,8 @@ fn summary(report: &Report, secs: f64) -> String {
     format!(
         "seed {}: {} steps, {:.1} s virtual, {} tasks finished, {} jobs ended; faults: {} \
          (dropped {}, duplicated {}, delayed {}, partitions {}, kills {}, stops {}, driver \
-         kills {}, driver pauses {}, failovers {}); trace {:016x}; {secs:.2} s",
+         kills {}, driver pauses {}, failovers {}); writes off their turns {}; trace \
+         {:016x}; {secs:.2} s",
         report.seed,
         report.steps,
         report.virtual_ms as f64 / 1000.0,
@@ -180,6 +181,7 @@ fn summary(report: &Report, secs: f64) -> String {
         f.driver_restarts,
         f.driver_pauses,
         report.leaderships.saturating_sub(1),
+        report.skipped_writes,
         report.trace
     )
 }

@@ -2,9 +2,13 @@
 //! and the journal stream, with the expected-last-sequence check that fences a deposed leader.
 //! Both act at once when a request reaches them; the network decides when that is.
 //!
-//! The journal also checks an invariant of its own: a write is stored only from the epoch of
-//! the newest leader mark, so that at most one leadership's records go in at a time.
+//! As JetStream does, the journal stores a deposed leader's write that expects exactly the
+//! sequence its successor's mark took (the write before it, expecting an older one, refused);
+//! a restoring leader skips it, and any write stored off its leader's turn, by the rule
+//! `driver::journal` replays with. The journal checks an invariant of its own: no write is
+//! stored from an epoch newer than the newest mark, nor out of turn from an older one.
 
+use crate::driver::journal::{Writer, Writers};
 use crate::protocol::JournalRecord;
 
 /// The lease key: its revision counts every write, as a KV key's does.
@@ -19,12 +23,19 @@ pub struct LeaseKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WrongLast(pub u64);
 
+/// One journal message: a group of records, and who wrote it (as the real journal's message
+/// ids say).
+#[derive(Debug)]
+struct Stored {
+    writer: Writer,
+    records: Vec<JournalRecord>,
+}
+
 #[derive(Debug, Default)]
 pub struct Broker {
     pub lease: LeaseKey,
-    /// The journal's messages, each a group of records; a message's sequence is its index
-    /// plus one.
-    pub journal: Vec<Vec<JournalRecord>>,
+    /// The journal's messages; a message's sequence is its index plus one.
+    journal: Vec<Stored>,
     /// The epoch of the newest leader mark in the journal.
     mark_epoch: u64,
 }
@@ -64,8 +75,28 @@ impl Broker {
             ));
         }
         self.mark_epoch = epoch;
-        self.journal.push(vec![mark]);
+        self.journal.push(Stored {
+            writer: Writer::Mark(epoch),
+            records: vec![mark],
+        });
         Ok(self.last())
+    }
+
+    /// The records a restoring leader applies, in order: those of every message the real
+    /// journal's replay applies.
+    pub fn replayed(&self) -> impl Iterator<Item = &JournalRecord> {
+        let mut writers = Writers::default();
+        self.journal
+            .iter()
+            .filter(move |stored| writers.admit(stored.writer))
+            .flat_map(|stored| &stored.records)
+    }
+
+    /// How many messages a restoring leader skips: written off their leaders' turns.
+    pub fn skipped(&self) -> u64 {
+        let mut writers = Writers::default();
+        let skipped = self.journal.iter().filter(|s| !writers.admit(s.writer));
+        skipped.count() as u64
     }
 
     /// Stores one group of records written by the leader of `epoch`, if the journal's last
@@ -78,16 +109,26 @@ impl Broker {
         records: Vec<JournalRecord>,
         unfenced: bool,
     ) -> Result<Result<u64, WrongLast>, String> {
-        if expected != self.last() && !unfenced {
+        let in_turn = expected == self.last();
+        if !in_turn && !unfenced {
             return Ok(Err(WrongLast(self.last())));
         }
-        if epoch != self.mark_epoch {
+        if epoch > self.mark_epoch {
             return Err(format!(
-                "the journal stored a write of epoch {epoch} after the mark of epoch {}",
+                "the journal stored a write of epoch {epoch} before that epoch's mark (the \
+                 newest is of epoch {})",
                 self.mark_epoch
             ));
         }
-        self.journal.push(records);
+        if epoch < self.mark_epoch && !in_turn {
+            return Err(format!(
+                "the journal stored a write of epoch {epoch} after the mark of epoch {}, out \
+                 of its turn",
+                self.mark_epoch
+            ));
+        }
+        let writer = Writer::Write(epoch);
+        self.journal.push(Stored { writer, records });
         Ok(Ok(self.last()))
     }
 }

@@ -330,11 +330,9 @@ impl World {
         };
         let mut core = new_core(instance, epoch, term, journal);
         if journal {
-            for stored in &self.broker.journal {
-                for record in stored {
-                    core.replay(record.clone())
-                        .map_err(|e| format!("d{node} could not restore the journal: {e}"))?;
-                }
+            for record in self.broker.replayed() {
+                core.replay(record.clone())
+                    .map_err(|e| format!("d{node} could not restore the journal: {e}"))?;
             }
             core.resume(now);
         }

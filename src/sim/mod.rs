@@ -114,6 +114,9 @@ pub struct Report {
     pub leaderships: u32,
     /// Runs a new leader adopted rather than start their tasks again.
     pub adopted: u64,
+    /// Journal writes stored off their leaders' turns (a deposed leader's after its
+    /// successor's mark), which a restoring leader skips.
+    pub skipped_writes: u64,
     pub violation: Option<Violation>,
 }
 
@@ -153,6 +156,7 @@ pub fn run(config: SimConfig, print_trace: bool) -> Report {
         faults: world.counts_with_network(),
         leaderships: world.leaderships,
         adopted: world.ledger.runs.adopted,
+        skipped_writes: world.broker.skipped(),
         violation,
     }
 }
