@@ -134,14 +134,25 @@ fn a_thousand_seeds_with_leader_kills_and_pauses_keep_every_invariant() {
 fn a_deposed_leaders_write_stored_after_its_successors_mark_is_skipped() {
     for seed in [833, 3563, 4104] {
         let config = SimConfig {
+            seed,
+            executors: 5,
+            tasks: 500,
+            jobs: 50,
             drivers: 3,
             lease_ms: 1000,
             faults: Faults {
+                drop: 0.05,
+                duplicate: 0.05,
                 delay: 0.3,
+                partition: 0.5,
+                kill: 0.5,
+                stop: 0.2,
+                for_ms: 40_000,
+                driver_restart: 3.0,
                 driver_pause: 5.0,
-                ..failover(seed).faults
+                ..Faults::default()
             },
-            ..failover(seed)
+            ..SimConfig::default()
         };
         let report = passes(config);
         assert!(
