@@ -114,6 +114,13 @@ impl EmberClient {
         }
     }
 
+    /// The cluster's object store, which a driver with a journal makes: put what tasks read
+    /// there, and name it in their specs by the [`crate::objects::ObjectRef`] a put returns.
+    pub async fn objects(&self) -> Result<crate::objects::Objects, crate::objects::ObjectsError> {
+        let context = async_nats::jetstream::new(self.nats().clone());
+        crate::objects::Objects::open(&context, &self.subjects).await
+    }
+
     pub fn nats(&self) -> &Client {
         &self.client
     }

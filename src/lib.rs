@@ -9,6 +9,7 @@
 //!   ([`driver::run`]) behind a thin NATS layer.
 //! - [`executor`]: registration, the inbox, task slots and status batches.
 //! - [`client`]: jobs and queries for programs and the CLI; [`events`]: the listener bus.
+//! - [`objects`]: the cluster's object store, data that tasks read and make.
 //! - [`connect`]: NATS connection options shared by every binary; [`server`]: starting a local
 //!   `nats-server` for `ember up`, the demo and the tests.
 
@@ -23,6 +24,7 @@ pub mod executor;
 pub mod history;
 pub mod ids;
 pub mod metrics;
+pub mod objects;
 pub mod placement;
 pub mod protocol;
 pub mod resources;

@@ -159,6 +159,16 @@ pub enum TaskSpec {
         cwd: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
+        /// Objects placed in the command's directory before it starts, read-only: a path
+        /// inside the directory (relative, no `..`) → the object's reference. A command with
+        /// inputs or outputs and no `cwd` runs in a fresh directory of its own.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        inputs: BTreeMap<String, crate::objects::ObjectRef>,
+        /// Patterns of paths inside its directory (`*` and `?` within a part): the files they
+        /// match when the command ends go into the object store, their references in its
+        /// result under `outputs`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        outputs: Vec<String>,
     },
     /// A Python call: `function` is a pickled callable and `args` a pickled `(args, kwargs)`
     /// pair, both in base64 (standard alphabet, padded). With `map`, `args` is instead a
@@ -173,6 +183,18 @@ pub enum TaskSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },
+}
+
+impl TaskSpec {
+    /// The objects the task names: what its executor fetches before it starts, and what a
+    /// job that holds it keeps in the store.
+    pub fn objects(&self) -> impl Iterator<Item = &crate::objects::ObjectRef> {
+        let inputs = match self {
+            TaskSpec::Command { inputs, .. } => Some(inputs.values()),
+            _ => None,
+        };
+        inputs.into_iter().flatten()
+    }
 }
 
 fn pickled_function<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {

@@ -105,6 +105,13 @@ impl Subjects {
         format!("EMBER_{cluster}_RESULTS")
     }
 
+    /// The name of the JetStream object store that holds the cluster's objects:
+    /// `EMBER_<cluster>_OBJECTS` (its stream `OBJ_EMBER_<cluster>_OBJECTS`).
+    pub fn objects_bucket(&self) -> String {
+        let cluster = self.prefix.trim_start_matches("ember.");
+        format!("EMBER_{cluster}_OBJECTS")
+    }
+
     /// The subject that stores `key` in the results bucket.
     pub fn results_key(&self, key: &str) -> String {
         format!("$KV.{}.{key}", self.results_bucket())

@@ -33,6 +33,8 @@ fn sleepers(pid_file: &Path, timeout_ms: Option<u64>) -> SubmitJob {
             env: Default::default(),
             cwd: None,
             timeout_ms,
+            inputs: Default::default(),
+            outputs: Vec::new(),
         }],
         repeat: 1,
         max_failures: 1,

@@ -1047,6 +1047,8 @@ fn task_spec_command() {
             env: map(&[("LANG", "C")]),
             cwd: Some("/tmp".into()),
             timeout_ms: Some(60_000),
+            inputs: Default::default(),
+            outputs: Vec::new(),
         },
         json!({
             "kind": "command",
@@ -1062,6 +1064,8 @@ fn task_spec_command() {
         env: BTreeMap::new(),
         cwd: None,
         timeout_ms: None,
+        inputs: Default::default(),
+        outputs: Vec::new(),
     };
     golden(
         &minimal,
@@ -1159,6 +1163,8 @@ fn full_job() -> SubmitJob {
                 env: BTreeMap::new(),
                 cwd: None,
                 timeout_ms: Some(1000),
+                inputs: Default::default(),
+                outputs: Vec::new(),
             },
         ],
         repeat: 3,
@@ -2019,6 +2025,8 @@ fn executor_launch_tasks() {
                     env: map(&[("MODE", "fast")]),
                     cwd: Some("/srv".into()),
                     timeout_ms: None,
+                    inputs: Default::default(),
+                    outputs: Vec::new(),
                 }),
                 resources: Default::default(),
             },
@@ -2135,6 +2143,8 @@ fn launch_groups_part_a_job_by_spec_and_cores() {
             env: BTreeMap::new(),
             cwd: None,
             timeout_ms: None,
+            inputs: Default::default(),
+            outputs: Vec::new(),
         }),
     );
     let two_cores = TaskDescription {

@@ -160,12 +160,16 @@ fn launched() -> Vec<TaskDescription> {
         env: [("A".to_string(), "1".to_string())].into(),
         cwd: Some("/tmp".into()),
         timeout_ms: Some(5000),
+        inputs: Default::default(),
+        outputs: Vec::new(),
     });
     let bare = Arc::new(TaskSpec::Command {
         argv: vec!["true".into()],
         env: BTreeMap::new(),
         cwd: None,
         timeout_ms: None,
+        inputs: Default::default(),
+        outputs: Vec::new(),
     });
     let python = Arc::new(TaskSpec::Python {
         function: "gASVFAAAAAAAAACMCGJ1aWx0aW5zlIwDbGVulJOULg==".into(),
@@ -630,6 +634,8 @@ fn job_submitted() {
                 env: BTreeMap::new(),
                 cwd: None,
                 timeout_ms: Some(1000),
+                inputs: Default::default(),
+                outputs: Vec::new(),
             },
         ],
         repeat: 1000,

@@ -56,6 +56,8 @@ fn printers(tasks: u32) -> SubmitJob {
             env: Default::default(),
             cwd: None,
             timeout_ms: None,
+            inputs: Default::default(),
+            outputs: Vec::new(),
         }],
         repeat: tasks,
         max_failures: 4,

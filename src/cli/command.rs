@@ -2,6 +2,7 @@
 
 use super::creds::{creds, CredsArgs};
 use super::events::{events, EventsArgs};
+use super::objects::{objects, put, ObjectsCommand, PutArgs};
 use super::sim::{sim, SimArgs};
 use super::status::{status, StatusArgs};
 use super::submit::{submit, SubmitArgs};
@@ -43,6 +44,12 @@ pub enum Command {
     },
     /// Submit a job, show its progress and wait for it; exits 0 only if it succeeded.
     Submit(SubmitArgs),
+    /// Put files into the cluster's object store (EMBER_<cluster>_OBJECTS, made by a driver
+    /// with a journal) and print each one's reference, which tasks name to read it.
+    Put(PutArgs),
+    /// The cluster's object store: list, describe or read its objects.
+    #[command(subcommand)]
+    Objects(ObjectsCommand),
     /// The cluster at a glance: driver, executors and cores, running jobs with their
     /// progress, tasks per second; once, or refreshed in place with --watch.
     Status(StatusArgs),
@@ -160,6 +167,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
             status(&client, &cli.nats.cluster, &args, shutdown_signal()).await?
         }
         Command::Submit(args) => return submit(&client, &args).await,
+        Command::Put(args) => put(&client, &args).await?,
+        Command::Objects(command) => return objects(&client, &command).await,
         Command::Kill {
             job_id, task: None, ..
         } => {

@@ -135,6 +135,7 @@ impl Role {
                         subjects.history_all(),
                     ],
                     journal_rights(subjects),
+                    object_rights(subjects, true),
                 ]
                 .concat(),
                 // Replies to its JetStream requests (stream setup, replay, write acks), and
@@ -146,7 +147,12 @@ impl Role {
             Role::Executor(id) => Permissions {
                 // Its requests to the driver, and the chunks of its own tasks' results too
                 // large for one message.
-                publish_allow: vec![format!("{p}.driver.*.{id}"), subjects.result_chunks_of(id)],
+                // And the object store: the inputs of its tasks to read, their outputs to put.
+                publish_allow: [
+                    vec![format!("{p}.driver.*.{id}"), subjects.result_chunks_of(id)],
+                    object_rights(subjects, false),
+                ]
+                .concat(),
                 subscribe_allow: vec![subjects.executor_inbox(id), executor_replies(id)],
                 ..Permissions::default()
             },
@@ -159,6 +165,7 @@ impl Role {
                         format!("$SRV.*.{}.>", crate::driver::discovery::NAME),
                     ],
                     history_rights(subjects),
+                    object_rights(subjects, false),
                 ]
                 .concat(),
                 subscribe_allow: vec!["_INBOX.>".into(), subjects.events_all()],
@@ -220,6 +227,37 @@ fn journal_rights(subjects: &Subjects) -> Vec<String> {
             rights.push(format!("$JS.API.{call}.KV_{bucket}"));
         }
         rights.push(format!("$JS.API.DIRECT.GET.KV_{bucket}.>"));
+    }
+    rights
+}
+
+/// What using the object store takes (`objects::Objects`): putting chunks and metadata, and
+/// reading them back (stream info, direct gets, ordered consumers and their flow control);
+/// with `manage`, the driver's part: making the store and purging it, which no other role may.
+fn object_rights(subjects: &Subjects, manage: bool) -> Vec<String> {
+    let bucket = subjects.objects_bucket();
+    let stream = format!("OBJ_{bucket}");
+    let mut rights = vec![
+        format!("$O.{bucket}.>"),
+        format!("$JS.API.STREAM.INFO.{stream}"),
+        format!("$JS.API.STREAM.MSG.GET.{stream}"),
+        format!("$JS.API.DIRECT.GET.{stream}"),
+        format!("$JS.API.DIRECT.GET.{stream}.>"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+        format!("$JS.API.CONSUMER.DELETE.{stream}.>"),
+        format!("$JS.API.CONSUMER.INFO.{stream}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.>"),
+        format!("$JS.FC.{stream}.>"),
+    ];
+    if !manage {
+        // The driver has it already, for its journal.
+        rights.push("$JS.API.INFO".into());
+    }
+    if manage {
+        for call in ["STREAM.CREATE", "STREAM.UPDATE", "STREAM.PURGE"] {
+            rights.push(format!("$JS.API.{call}.{stream}"));
+        }
     }
     rights
 }
@@ -365,13 +403,13 @@ fn cluster_of(subjects: &Subjects) -> &str {
 fn describe(role: &Role) -> String {
     match role {
         Role::Driver => {
-            "the driver: reads the driver subjects, writes inboxes, events, replies and its journal"
+            "the driver: reads the driver subjects, writes inboxes, events, replies and its journal; makes and purges the object store"
                 .into()
         }
         Role::Executor(id) => {
-            format!("executor {id}: writes only subjects ending in its id and its own results' chunks, reads only its inboxes")
+            format!("executor {id}: writes only subjects ending in its id, its own results' chunks and objects, reads only its inboxes and objects")
         }
-        Role::Client => "clients: the driver api, replies (not executors'), events".into(),
+        Role::Client => "clients: the driver api, replies (not executors'), events, objects".into(),
         Role::Listener => "listeners: read the events and their history, write nothing".into(),
     }
 }

@@ -23,6 +23,7 @@ use crate::driver::journal::DEFAULT_REPLAY_TIMEOUT;
 use crate::driver::lease::DEFAULT_LEASE;
 use crate::driver::results::{DEFAULT_RESULTS_MAX_AGE, DEFAULT_RESULTS_MAX_BYTES};
 use crate::driver::{DriverConfig, JournalMode, Replicas};
+use crate::objects::DEFAULT_OBJECTS_MAX_BYTES;
 use crate::{
     DEFAULT_EXECUTOR_TIMEOUT, DEFAULT_JOURNAL_MAX_AGE, DEFAULT_NO_EXECUTORS_TIMEOUT,
     DEFAULT_REVIVE_INTERVAL, DEFAULT_SNAPSHOT_AFTER,
@@ -175,6 +176,15 @@ pub struct DriverArgs {
           default_value = show_bytes(DEFAULT_RESULTS_MAX_BYTES),
           value_parser = parse_bytes)]
     pub results_max_bytes: u64,
+    /// With a journal, the driver makes the cluster's object store in JetStream
+    /// (EMBER_<cluster>_OBJECTS), where clients put the data tasks read: it holds at most this
+    /// many bytes, and a put past it is refused, evicting nothing. none: no limit but the
+    /// server's own (JetStream sets aside a stream's limit on its disk, so set one only as
+    /// large as you mean).
+    #[arg(long, env = "EMBER_OBJECTS_MAX_BYTES",
+          default_value = super::show_limit(DEFAULT_OBJECTS_MAX_BYTES),
+          value_parser = super::parse_limit)]
+    pub objects_max_bytes: u64,
     /// With a journal, every event also goes to the cluster's events stream in JetStream
     /// (EMBER_<cluster>_EVENTS), which `ember events --since` reads; it keeps each this long.
     #[arg(long, env = "EMBER_EVENTS_MAX_AGE", default_value = show_duration(DEFAULT_EVENTS_MAX_AGE),

@@ -7,6 +7,7 @@ use crate::connect::{ConnectError, NatsArgs};
 use crate::executor::{run, ExecutorConfig, Handlers, PythonConfig, DEFAULT_INTERPRETER};
 use crate::ids::{validate_host_port, ExecutorId};
 use crate::metrics::ExecutorMetrics;
+use crate::objects::cache::DEFAULT_CACHE_BYTES;
 use crate::protocol::MAX_CORES;
 use crate::resources::MAX_RESOURCES;
 use crate::subjects::Subjects;
@@ -98,6 +99,18 @@ pub struct ExecutorArgs {
     /// cluster whose clients must not run arbitrary Python on it sets this.
     #[arg(long, env = "EMBER_NO_PYTHON", conflicts_with_all = ["python_workers"])]
     pub no_python: bool,
+    /// The executor's own directory: its cache of the cluster's objects (objects/) and the
+    /// directories of commands with inputs or outputs (tasks/), each made when first needed
+    /// [default: <temp dir>/ember-<cluster>-<executor id>].
+    #[arg(long, env = "EMBER_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// The most bytes of objects the executor keeps on disk: each object tasks read is
+    /// fetched once and kept for later tasks, the least recently used going first past this
+    /// (never one a running task reads).
+    #[arg(long, env = "EMBER_OBJECT_CACHE_BYTES",
+          default_value = super::show_bytes(DEFAULT_CACHE_BYTES),
+          value_parser = super::parse_bytes)]
+    pub object_cache_bytes: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     pub log_json: bool,
@@ -159,6 +172,11 @@ impl ExecutorArgs {
                 interpreter: self.python.clone(),
                 workers: self.python_workers.unwrap_or(0),
             }),
+            object_cache_bytes: self.object_cache_bytes,
+            data_dir: match &self.data_dir {
+                Some(dir) => dir.clone(),
+                None => crate::executor::default_data_dir(&subjects, &executor_id),
+            },
             ..ExecutorConfig::new(subjects, executor_id, host_port, cores)
         })
     }

@@ -8,6 +8,7 @@ pub mod driver;
 pub mod durations;
 pub mod events;
 pub mod executor;
+pub mod objects;
 pub mod sim;
 pub mod speculation;
 pub mod status;
@@ -102,6 +103,22 @@ pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
 /// Collects repeated `KEY=VALUE` flags into a map.
 pub fn to_map(pairs: &[(String, String)]) -> BTreeMap<String, String> {
     pairs.iter().cloned().collect()
+}
+
+/// A size that may also be `none` (or 0): no limit, read as 0.
+pub fn parse_limit(text: &str) -> Result<u64, String> {
+    match text.trim() {
+        "none" | "0" => Ok(0),
+        text => parse_bytes(text),
+    }
+}
+
+/// A limit as [`parse_limit`] reads it.
+pub fn show_limit(bytes: u64) -> String {
+    match bytes {
+        0 => "none".into(),
+        bytes => show_bytes(bytes),
+    }
 }
 
 /// Parses a size in bytes for a flag: `1048576`, `64KiB`, `8MiB`, `1GiB` (or KB, MB, GB as

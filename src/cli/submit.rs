@@ -2,9 +2,11 @@
 //! prints a summary (with `--json`, one JSON object as the last line).
 
 use crate::client::EmberClient;
+use crate::objects::ObjectRef;
 use crate::protocol::{JobState, JobSummary, SubmitJob, TaskSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::time::Instant;
 
@@ -78,14 +80,60 @@ pub struct SubmitArgs {
     /// Print the summary as one JSON object (job_id, state, tasks, succeeded, failed, elapsed_ms).
     #[arg(long)]
     pub json: bool,
+    /// A file the command finds in its directory when it starts, read-only (repeatable):
+    /// NAME=PATH puts the local file PATH into the cluster's object store first (sending
+    /// nothing the store holds already); NAME=REF names an object already there, by the
+    /// reference `ember put` printed. NAME is a path inside the task's directory.
+    #[arg(long = "input", value_name = "NAME=PATH|REF", value_parser = parse_input)]
+    pub inputs: Vec<(String, String)>,
+    /// Files to keep that the command leaves in its directory (repeatable): a pattern of
+    /// paths there, `*` and `?` matching within one part (e.g. 'out/*.json'). When the
+    /// command succeeds, each file matched goes into the object store, and the task's result
+    /// names its reference under "outputs".
+    #[arg(long = "output", value_name = "PATTERN")]
+    pub outputs: Vec<String>,
     /// A command to run as each task (after `--`); $EMBER_TASK_INDEX tells tasks apart.
     #[arg(last = true)]
     pub command: Vec<String>,
 }
 
 impl SubmitArgs {
-    /// The job these flags describe.
-    pub fn job(&self) -> anyhow::Result<SubmitJob> {
+    /// The references of the --input flags: each NAME=PATH's file put into the store (what
+    /// it holds already is not sent again), each NAME=REF as it is.
+    pub async fn inputs(
+        &self,
+        client: &EmberClient,
+    ) -> anyhow::Result<BTreeMap<String, ObjectRef>> {
+        let mut inputs = BTreeMap::new();
+        if self.inputs.is_empty() {
+            return Ok(inputs);
+        }
+        let objects = client.objects().await?;
+        for (name, source) in &self.inputs {
+            let path = std::path::Path::new(source);
+            let object = match ObjectRef::parse(source) {
+                Ok(object) if !path.exists() => object,
+                _ => {
+                    let put = objects
+                        .put_file(path)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("--input {name}={source}: {e}"))?;
+                    put.object
+                }
+            };
+            inputs.insert(name.clone(), object);
+        }
+        Ok(inputs)
+    }
+
+    /// The job these flags describe, its command's inputs given as `inputs`.
+    pub fn job(&self, inputs: BTreeMap<String, ObjectRef>) -> anyhow::Result<SubmitJob> {
+        if self.command.is_empty() && !(self.inputs.is_empty() && self.outputs.is_empty()) {
+            anyhow::bail!("--input and --output are for command tasks: give the command after --");
+        }
+        for pattern in &self.outputs {
+            crate::objects::check_task_path("--output", pattern).map_err(anyhow::Error::msg)?;
+        }
         let spec = if self.command.is_empty() {
             let arg: Value = serde_json::from_str(&self.arg)
                 .map_err(|e| anyhow::anyhow!("--arg is not JSON: {e}"))?;
@@ -99,6 +147,8 @@ impl SubmitArgs {
                 env: Default::default(),
                 cwd: None,
                 timeout_ms: self.timeout.map(|t| t.as_millis() as u64),
+                inputs,
+                outputs: self.outputs.clone(),
             }
         };
         let name = if self.name.is_empty() {
@@ -131,13 +181,25 @@ impl SubmitArgs {
     }
 }
 
+/// An --input flag: NAME=PATH or NAME=REF, NAME a path inside the task's directory.
+fn parse_input(text: &str) -> Result<(String, String), String> {
+    let Some((name, source)) = text.split_once('=') else {
+        return Err(format!("{text:?} is not NAME=PATH or NAME=REF"));
+    };
+    crate::objects::check_task_path("input", name)?;
+    if source.is_empty() {
+        return Err(format!("{text:?} names no file or object after ="));
+    }
+    Ok((name.to_string(), source.to_string()))
+}
+
 fn parse_executor_id(text: &str) -> Result<crate::ids::ExecutorId, String> {
     crate::ids::ExecutorId::parse(text)
 }
 
 /// Submits, waits and reports; `Ok(true)` if the job succeeded.
 pub async fn submit(client: &EmberClient, args: &SubmitArgs) -> anyhow::Result<bool> {
-    let job = args.job()?;
+    let job = args.job(args.inputs(client).await?)?;
     let started = Instant::now();
     let mut progress = Progress::new(job.repeat, args.json);
     let summary = client.run_job(job, |s| progress.update(s)).await?;

@@ -147,6 +147,7 @@ async fn lead(
             Some(request) = inputs.api.next() => {
                 timed(&shell.metrics, RequestKind::Api, || shell.on_api(&mut core, request))
             }
+            Some(checked) = inputs.checked.recv() => shell.on_checked(&mut core, checked),
             query = crate::web::next_query(&mut queries) => shell.on_query(&mut core, query),
             Some(scrape) = scrapes.recv() => shell.on_scrape(&core, scrape),
             _ = revive.tick() => shell.on_revive(&mut core),

@@ -443,12 +443,19 @@ impl Journal {
             sequence = message.info().map_err(|e| read_error(&e))?.stream_sequence;
             bytes += message.payload.len() as u64;
             let kept = tail.keeps(sequence, message.payload.len());
-            let id = message.headers.as_ref().and_then(|h| h.get(NATS_MESSAGE_ID));
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(NATS_MESSAGE_ID));
             let writer = Writer::of(id.map(|id| id.as_str()));
             if !writers.admit(writer) {
-                warn!(sequence, ?writer, "journal message skipped: it was stored off its \
+                warn!(
+                    sequence,
+                    ?writer,
+                    "journal message skipped: it was stored off its \
                        leader's turn (after a successor's mark, or after a write of its own \
-                       that was refused), and nothing behind it was told");
+                       that was refused), and nothing behind it was told"
+                );
                 continue;
             }
             // A message holds a group of records, one per line.
@@ -817,7 +824,9 @@ mod tests {
     /// epoch 2; epoch 3's mark and writes are applied.
     #[test]
     fn a_replay_skips_each_write_stored_off_its_leaders_turn() {
-        let ids = ["1.lead", "1.2", "2.lead", "1.5", "2.6", "2.7", "3.lead", "3.9"];
+        let ids = [
+            "1.lead", "1.2", "2.lead", "1.5", "2.6", "2.7", "3.lead", "3.9",
+        ];
         let expected = [true, true, true, false, false, false, true, true];
         assert_eq!(admitted(&ids), expected);
     }
@@ -834,6 +843,9 @@ mod tests {
     #[test]
     fn the_first_message_and_messages_without_a_leadership_are_applied() {
         assert_eq!(admitted(&["5.40", "5.41", "6.lead"]), [true, true, true]);
-        assert_eq!(admitted(&["none", "7.3", "none", "8.9"]), [true, true, true, true]);
+        assert_eq!(
+            admitted(&["none", "7.3", "none", "8.9"]),
+            [true, true, true, true]
+        );
     }
 }

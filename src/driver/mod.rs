@@ -11,6 +11,7 @@ pub mod history;
 pub mod journal;
 pub mod lease;
 pub(crate) mod lease_clock;
+mod objects;
 pub(crate) mod outbox;
 pub(crate) mod outgoing;
 mod requests;

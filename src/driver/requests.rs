@@ -3,6 +3,7 @@
 
 use super::admission::Refusal;
 use super::core::{Answer, Core};
+use super::objects::Checked;
 use super::outbox::{Output, ReplyTo};
 use super::shell::Shell;
 use crate::now_ms;
@@ -97,20 +98,33 @@ impl Shell {
         {
             return None;
         }
-        let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
-            Ok(request) => core.answer(request, now_ms()),
+        let (answer, request) = match decode::<ApiRequest>(&message.payload, self.limit) {
+            Ok(decoded) => {
+                let (decoded, request) = self.checks.check(decoded, request)?;
+                (core.answer(decoded, now_ms()), request)
+            }
             Err(error) => {
                 self.admission.refuse(Refusal::Undecodable);
-                Answer::Reply(ApiReply::Error {
-                    message: format!("could not decode the api request: {error}"),
-                })
+                let message = format!("could not decode the api request: {error}");
+                (Answer::Reply(ApiReply::Error { message }), request)
             }
         };
+        Some(self.api_output(answer, Box::new(request)))
+    }
+
+    /// A submission whose objects were looked for in the store, answered now.
+    pub(super) fn on_checked(&self, core: &mut Core, checked: Checked) -> Option<Output> {
+        let (answer, reply) = checked.answer(core);
+        Some(self.api_output(answer, Box::new(reply)))
+    }
+
+    /// What answers an api request: the core's `answer`, sent to `reply` (after the results
+    /// it names are read, if it names any).
+    pub(super) fn api_output(&self, answer: Answer, reply: ReplyTo) -> Output {
         if matches!(answer, Answer::Reply(ApiReply::Error { .. })) {
             self.admission.api_error();
         }
-        let reply: ReplyTo = Box::new(request);
-        Some(match answer {
+        match answer {
             Answer::Reply(answer) => Output::Reply(reply, encode(&answer)),
             Answer::Results { page, indices } => Output::Results {
                 reply,
@@ -118,7 +132,7 @@ impl Shell {
                 indices,
             },
             Answer::Chunk { answer, key } => Output::Chunk { reply, answer, key },
-        })
+        }
     }
 
     /// Answers a query of the web page from `core`, as the api answers the same request. Only

@@ -52,6 +52,8 @@ pub(super) struct Shell {
     pub(super) schedule: Option<Schedule>,
     /// Where results are stored, with a journal.
     pub(super) results: Option<ResultsBucket>,
+    /// What looks for the objects a submission names, in the store a journal comes with.
+    pub(super) checks: super::objects::Checks,
     /// What stores the events in the cluster's events stream, with a journal.
     pub(super) history: Option<History>,
     /// Where the events handed to `history` stand against the journal.

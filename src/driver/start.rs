@@ -38,6 +38,8 @@ pub enum DriverError {
     Lease(#[from] LeaseError),
     #[error("could not start the driver's NATS service (ember-driver): {0}")]
     Service(async_nats::Error),
+    #[error("could not make the cluster's object store: {0}")]
+    Objects(String),
 }
 
 /// The driver's subscriptions.
@@ -49,6 +51,8 @@ pub(super) struct Inputs {
     pub(super) api: async_nats::service::endpoint::Endpoint,
     /// The NATS service the api endpoint belongs to (`$SRV`).
     pub(super) service: async_nats::service::Service,
+    /// Submissions whose objects were looked for in the store, back to be answered.
+    pub(super) checked: tokio::sync::mpsc::UnboundedReceiver<super::objects::Checked>,
 }
 
 /// Opens the journal and replays it into a new core, then subscribes, and returns once the
@@ -78,6 +82,19 @@ pub(super) async fn start(
                 journal.replicas,
             )
             .await?,
+        ),
+        None => None,
+    };
+    let objects = match &journal {
+        Some(journal) => Some(
+            crate::objects::Objects::create(
+                journal.context(),
+                &subjects,
+                config.objects_max_bytes,
+                journal.replicas,
+            )
+            .await
+            .map_err(|e| DriverError::Objects(e.to_string()))?,
         ),
         None => None,
     };
@@ -202,12 +219,14 @@ pub(super) async fn start(
     let (service, api) = discovery::leading(client, who, api_counts.clone())
         .await
         .map_err(DriverError::Service)?;
+    let (checks, checked) = super::objects::Checks::new(objects);
     let inputs = Inputs {
         register: subscribe(client, subjects.register_all()).await?,
         status: subscribe(client, subjects.status_all()).await?,
         heartbeat: subscribe(client, subjects.heartbeat_all()).await?,
         api,
         service,
+        checked,
     };
     flush(client).await.map_err(DriverError::NotSubscribed)?;
     let history = tenure.as_ref().map(|tenure| {
@@ -239,6 +258,7 @@ pub(super) async fn start(
         journal,
         schedule,
         results,
+        checks,
         ticked: false,
         offer_rounds: 0,
     };

@@ -6,6 +6,7 @@
 use super::machine::{Backoff, Machine, MachineConfig, Registered, Registration, Request, Run};
 use super::python::{PythonConfig, PythonPool};
 use super::runner::Runner;
+use super::staging::ObjectAccess;
 use super::tasks::Handlers;
 use crate::connect::flush;
 use crate::epoch::Newest;
@@ -52,11 +53,17 @@ pub struct ExecutorConfig {
     pub metrics: Arc<ExecutorMetrics>,
     /// How python tasks run; `None` refuses them (`--no-python`).
     pub python: Option<PythonConfig>,
+    /// The executor's own directory: its cache of objects (`objects/`) and the directories
+    /// of commands that get one (`tasks/`), each made when first needed.
+    pub data_dir: std::path::PathBuf,
+    /// The most bytes of objects the cache keeps on disk.
+    pub object_cache_bytes: u64,
 }
 
 impl ExecutorConfig {
     /// A configuration with Ember's defaults for everything but who the executor is.
     pub fn new(subjects: Subjects, executor_id: ExecutorId, host_port: String, cores: u32) -> Self {
+        let data_dir = default_data_dir(&subjects, &executor_id);
         Self {
             subjects,
             executor_id,
@@ -72,8 +79,16 @@ impl ExecutorConfig {
             exit_on_driver_loss: false,
             metrics: Arc::new(ExecutorMetrics::new()),
             python: Some(PythonConfig::default()),
+            data_dir,
+            object_cache_bytes: crate::objects::cache::DEFAULT_CACHE_BYTES,
         }
     }
+}
+
+/// Where an executor keeps its files unless told: `<temp dir>/ember-<cluster>-<executor id>`.
+pub fn default_data_dir(subjects: &Subjects, executor_id: &ExecutorId) -> std::path::PathBuf {
+    let cluster = subjects.prefix().trim_start_matches("ember.");
+    std::env::temp_dir().join(format!("ember-{cluster}-{executor_id}"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -326,7 +341,20 @@ impl Backend {
             .python
             .as_ref()
             .map(|python| Arc::new(PythonPool::new(python, config.cores)));
-        let (runner, ends) = Runner::new(handlers, status_limit, config.metrics.clone(), python);
+        let objects = Arc::new(ObjectAccess::new(
+            client.clone(),
+            config.subjects.clone(),
+            config.data_dir.clone(),
+            config.object_cache_bytes,
+            config.metrics.objects.clone(),
+        ));
+        let (runner, ends) = Runner::new(
+            handlers,
+            status_limit,
+            config.metrics.clone(),
+            python,
+            Some(objects),
+        );
         let (stored_in_chunks, chunked) = tokio::sync::mpsc::unbounded_channel();
         let mut machine = Machine::new(
             MachineConfig {

@@ -9,10 +9,11 @@ mod launched;
 pub mod machine;
 mod python;
 mod runner;
+mod staging;
 mod status;
 pub mod tasks;
 
-pub use backend::{run, ExecutorConfig, ExecutorError};
+pub use backend::{default_data_dir, run, ExecutorConfig, ExecutorError};
 pub use python::{PythonConfig, DEFAULT_INTERPRETER};
 pub use status::encode_status_batch;
 pub use tasks::{Handlers, TaskContext, TaskResult};

@@ -1,9 +1,9 @@
 //! Task work: starts each launched attempt as its kind requires, and turns its outcome (a
 //! result or an error) into its terminal [`StatusUpdate`].
 
-use super::command::run_command;
 use super::machine::{Run, Started};
 use super::python::PythonPool;
+use super::staging::{run_staged, ObjectAccess};
 use super::tasks::{sleep_duration, Handler, Handlers, TaskContext, TaskResult};
 use crate::ids::TaskId;
 use crate::metrics::ExecutorMetrics;
@@ -37,6 +37,8 @@ pub(crate) struct Runner {
     metrics: Arc<ExecutorMetrics>,
     /// The warm Python workers; none where python tasks are refused (`--no-python`).
     python: Option<Arc<PythonPool>>,
+    /// The object store and the executor's cache of it.
+    objects: Option<Arc<ObjectAccess>>,
 }
 
 impl Done {
@@ -73,6 +75,7 @@ impl Runner {
         status_limit: usize,
         metrics: Arc<ExecutorMetrics>,
         python: Option<Arc<PythonPool>>,
+        objects: Option<Arc<ObjectAccess>>,
     ) -> (Self, mpsc::UnboundedReceiver<Done>) {
         let (done, ends) = mpsc::unbounded_channel();
         let runner = Self {
@@ -81,6 +84,7 @@ impl Runner {
             status_limit,
             metrics,
             python,
+            objects,
         };
         (runner, ends)
     }
@@ -155,19 +159,34 @@ impl Runner {
                     None
                 }
             },
-            TaskSpec::Command {
-                argv,
-                env,
-                cwd,
-                timeout_ms,
-            } => {
-                let (argv, env, cwd) = (argv.clone(), env.clone(), cwd.clone());
+            TaskSpec::Command { timeout_ms, .. } => {
+                let (spec, objects) = (task.spec.clone(), self.objects.clone());
                 let timeout = timeout_ms.map(Duration::from_millis);
                 let report = reporter();
                 Some(
                     tokio::spawn(async move {
-                        let (outcome, detail) =
-                            run_command(&context, &argv, &env, cwd.as_deref(), timeout).await;
+                        let TaskSpec::Command {
+                            argv,
+                            env,
+                            cwd,
+                            inputs,
+                            outputs,
+                            ..
+                        } = spec.as_ref()
+                        else {
+                            unreachable!("matched as a command above");
+                        };
+                        let (outcome, detail) = run_staged(
+                            objects.as_deref(),
+                            &context,
+                            argv,
+                            env,
+                            cwd.as_deref(),
+                            timeout,
+                            inputs,
+                            outputs,
+                        )
+                        .await;
                         report(outcome, detail);
                     })
                     .abort_handle(),

@@ -33,6 +33,8 @@ pub struct ExecutorMetrics {
     reregistrations: Counter,
     /// Slow-consumer events of the executor's NATS connection.
     pub slow_consumers: Counter,
+    /// What its cache of the cluster's objects has done.
+    pub objects: crate::objects::cache::CacheCounts,
 }
 
 impl Default for ExecutorMetrics {
@@ -65,10 +67,12 @@ impl ExecutorMetrics {
             registrations: Counter::default(),
             reregistrations: Counter::default(),
             slow_consumers: Counter::default(),
+            objects: Default::default(),
             registry: Registry::with_prefix("ember_executor"),
         };
         metrics.register_tasks(cores, tasks_ended);
         metrics.register_messages();
+        metrics.register_objects();
         metrics
     }
 
@@ -133,6 +137,31 @@ impl ExecutorMetrics {
             "slow_consumers",
             "Slow-consumer events of the executor's NATS connection: each is a message the client dropped because a subscription's queue was full",
             self.slow_consumers.clone(),
+        );
+    }
+
+    fn register_objects(&mut self) {
+        let (r, objects) = (&mut self.registry, &self.objects);
+        r.register(
+            "object_fetches",
+            "Objects this executor fetched from the cluster's object store into its cache",
+            objects.fetches.clone(),
+        );
+        r.register_with_unit(
+            "object_fetched",
+            "Bytes of the objects this executor fetched",
+            Unit::Bytes,
+            objects.fetched_bytes.clone(),
+        );
+        r.register(
+            "object_cache_hits",
+            "Tasks' objects found in the cache, or already being fetched for another task",
+            objects.hits.clone(),
+        );
+        r.register(
+            "object_cache_misses",
+            "Tasks' objects the cache did not have, each fetched once",
+            objects.misses.clone(),
         );
     }
 

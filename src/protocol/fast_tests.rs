@@ -37,6 +37,8 @@ fn launch() -> Vec<TaskDescription> {
         env: [("A".to_string(), "é".to_string())].into(),
         cwd: Some("/tmp".into()),
         timeout_ms: Some(5),
+        inputs: Default::default(),
+        outputs: Vec::new(),
     });
     vec![
         task(u64::MAX, 7, &noop),

@@ -386,6 +386,8 @@ pub fn sh(script: &str) -> ember::protocol::TaskSpec {
         env: Default::default(),
         cwd: None,
         timeout_ms: None,
+        inputs: Default::default(),
+        outputs: Vec::new(),
     }
 }
 

@@ -597,9 +597,21 @@ pub(super) fn validate_job(
                  (the server's max_payload less headroom); raise max_payload in nats.conf"
             ));
         }
-        if let TaskSpec::Command { argv, .. } = spec {
+        if let TaskSpec::Command {
+            argv,
+            inputs,
+            outputs,
+            ..
+        } = spec
+        {
             if argv.is_empty() {
                 return Err("a command task needs a non-empty argv".into());
+            }
+            for path in inputs.keys() {
+                crate::objects::check_task_path("input", path)?;
+            }
+            for pattern in outputs {
+                crate::objects::check_task_path("output pattern", pattern)?;
             }
         }
     }

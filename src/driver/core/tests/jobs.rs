@@ -93,6 +93,8 @@ fn invalid_jobs_are_refused() {
                     env: BTreeMap::new(),
                     cwd: None,
                     timeout_ms: None,
+                    inputs: Default::default(),
+                    outputs: Vec::new(),
                 }],
                 ..job(1, 1, 4)
             },

@@ -1,0 +1,477 @@
+//! The cluster's object store on a real nats-server: objects named by their content, stored
+//! once, read back checked, and refused clearly when the store is full or an object is not
+//! there.
+
+mod common;
+
+use bytes::Bytes;
+use common::{within, TestCluster};
+use ember::objects::{ObjectRef, Objects, ObjectsError, CHUNK_BYTES};
+use std::time::Duration;
+
+/// A driver with a journal (which makes the store), and the store as a client opens it.
+async fn store_of(
+    cluster: &TestCluster,
+    max_bytes: u64,
+) -> (
+    common::Running<Result<(), ember::driver::DriverError>>,
+    Objects,
+) {
+    let driver = cluster
+        .driver_configured(|config| {
+            config.journal = ember::driver::journal::JournalMode::On;
+            config.objects_max_bytes = max_bytes;
+        })
+        .await;
+    let api = cluster.api(cluster.client().await);
+    let objects = common::eventually(Duration::from_secs(20), "the object store", || async {
+        api.objects().await.ok()
+    })
+    .await;
+    (driver, objects)
+}
+
+/// How many messages the store's stream holds.
+async fn messages(cluster: &TestCluster) -> u64 {
+    let jetstream = async_nats::jetstream::new(cluster.client().await);
+    let name = format!("OBJ_{}", cluster.subjects.objects_bucket());
+    let mut stream = jetstream
+        .get_stream(name)
+        .await
+        .expect("the store's stream");
+    stream.info().await.expect("stream info").state.messages
+}
+
+fn content(size: usize, seed: u8) -> Bytes {
+    (0..size)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+#[tokio::test]
+async fn an_object_is_named_by_its_content_and_reads_back_whole() {
+    let cluster = TestCluster::start_with_jetstream("objects-roundtrip");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let bytes = content(3 * CHUNK_BYTES + 17, 1);
+
+    let put = within(Duration::from_secs(20), objects.put_bytes(bytes.clone()))
+        .await
+        .expect("put");
+    assert_eq!(put.object, ObjectRef::of(&bytes));
+    assert_eq!(put.size, bytes.len() as u64);
+    assert!(put.sent);
+
+    let stat = objects
+        .stat(&put.object)
+        .await
+        .expect("stat")
+        .expect("stored");
+    assert_eq!((stat.size, stat.chunks), (bytes.len() as u64, 4));
+    assert!(stat.put_ms.is_some());
+    let read = objects.get_bytes(&put.object).await.expect("get");
+    assert_eq!(read, bytes.to_vec());
+
+    let dir = tempdir("objects-roundtrip");
+    let path = dir.join("copy.bin");
+    let size = objects.fetch_to(&put.object, &path).await.expect("fetch");
+    assert_eq!(size, bytes.len() as u64);
+    assert_eq!(std::fs::read(&path).expect("fetched file"), bytes.to_vec());
+    // Nothing but the object itself is left beside it.
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("copy.bin")]);
+
+    let listed = objects.list().await.expect("list");
+    assert_eq!(
+        listed.iter().map(|s| &s.object).collect::<Vec<_>>(),
+        vec![&put.object]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_same_bytes_put_again_send_no_chunk_and_racing_puts_leave_one_object() {
+    let cluster = TestCluster::start_with_jetstream("objects-once");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let bytes = content(2 * CHUNK_BYTES, 2);
+    let first = objects.put_bytes(bytes.clone()).await.expect("put");
+    assert!(first.sent);
+    // Two chunks and the metadata.
+    assert_eq!(messages(&cluster).await, 3);
+
+    let again = objects.put_bytes(bytes.clone()).await.expect("put again");
+    assert_eq!(again.object, first.object);
+    assert!(!again.sent, "the store held it: nothing is sent");
+    assert_eq!(messages(&cluster).await, 3);
+
+    // Ten writers of the same new bytes at once: one object, and only its chunks kept.
+    let other = content(CHUNK_BYTES + 5, 3);
+    let puts = (0..10).map(|_| objects.put_bytes(other.clone()));
+    let puts = within(Duration::from_secs(30), futures::future::join_all(puts)).await;
+    for put in &puts {
+        assert_eq!(put.as_ref().expect("put").object, ObjectRef::of(&other));
+    }
+    assert!(puts.iter().any(|p| p.as_ref().unwrap().sent));
+    assert_eq!(
+        messages(&cluster).await,
+        3 + 3,
+        "one object's two chunks and metadata"
+    );
+    assert_eq!(
+        objects.get_bytes(&ObjectRef::of(&other)).await.unwrap(),
+        other.to_vec()
+    );
+}
+
+#[tokio::test]
+async fn a_full_store_refuses_a_put_with_its_limit_and_keeps_nothing_of_it() {
+    let cluster = TestCluster::start_with_jetstream("objects-full");
+    let (_driver, objects) = store_of(&cluster, 1 << 20).await;
+    let small = objects
+        .put_bytes(content(1000, 4))
+        .await
+        .expect("a small put fits");
+    let before = messages(&cluster).await;
+
+    let error = objects
+        .put_bytes(content(2 << 20, 5))
+        .await
+        .expect_err("2 MiB do not fit in 1 MiB");
+    assert!(
+        matches!(error, ObjectsError::Full { limit: 1048576 }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("--objects-max-bytes"), "{error}");
+    assert_eq!(
+        messages(&cluster).await,
+        before,
+        "the refused put left no chunk"
+    );
+    // What was there still is.
+    assert_eq!(objects.get_bytes(&small.object).await.unwrap().len(), 1000);
+}
+
+#[tokio::test]
+async fn an_object_not_there_or_not_matching_its_name_is_refused() {
+    let cluster = TestCluster::start_with_jetstream("objects-bad");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let missing = ObjectRef::of(b"never put");
+    assert_eq!(objects.stat(&missing).await.unwrap(), None);
+    let error = objects.get_bytes(&missing).await.expect_err("not there");
+    assert!(
+        error.to_string().contains("not found: put it again"),
+        "{error}"
+    );
+
+    // A writer that does not follow the rules: metadata named for one content, chunks of
+    // another.
+    let named = ObjectRef::of(b"what the name says");
+    let store = async_nats::jetstream::new(cluster.client().await)
+        .get_object_store(cluster.subjects.objects_bucket())
+        .await
+        .unwrap();
+    let mut wrong: &[u8] = b"something else entirely";
+    store
+        .put(named.as_str(), &mut wrong)
+        .await
+        .expect("a raw put");
+    let error = objects
+        .get_bytes(&named)
+        .await
+        .expect_err("the bytes do not match");
+    assert!(error.to_string().contains("do not match"), "{error}");
+    let dir = tempdir("objects-bad");
+    let path = dir.join("wrong");
+    objects.fetch_to(&named, &path).await.expect_err("refused");
+    assert!(!path.exists(), "a refused fetch leaves no file");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nor a part of one"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn without_a_driver_the_store_is_missing_and_says_what_makes_it() {
+    let cluster = TestCluster::start_with_jetstream("objects-none");
+    let api = cluster.api(cluster.client().await);
+    let error = api.objects().await.err().expect("no store yet");
+    assert!(
+        error
+            .to_string()
+            .contains("a driver with a journal makes it"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn ember_put_prints_a_reference_that_ember_objects_reads() {
+    let cluster = TestCluster::start_with_jetstream("objects-cli");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let dir = tempdir("objects-cli");
+    let (a, b) = (dir.join("a.bin"), dir.join("b.txt"));
+    std::fs::write(&a, content(CHUNK_BYTES * 2 + 1, 6)).unwrap();
+    std::fs::write(&b, "hello\n").unwrap();
+    let printed = cluster
+        .cli_stdout(&["put", a.to_str().unwrap(), b.to_str().unwrap()])
+        .await;
+    let lines: Vec<&str> = printed.lines().collect();
+    let expected_a = ObjectRef::of(&std::fs::read(&a).unwrap());
+    assert_eq!(
+        lines,
+        vec![expected_a.as_str(), ObjectRef::of(b"hello\n").as_str()]
+    );
+    assert!(objects.stat(&expected_a).await.unwrap().is_some());
+
+    let stat = cluster
+        .cli_stdout(&["objects", "stat", lines[1], "--json"])
+        .await;
+    let stat: serde_json::Value = serde_json::from_str(&stat).expect("json");
+    assert_eq!(stat["size"], 6);
+    let listed = cluster.cli_stdout(&["objects", "ls", "--json"]).await;
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("json");
+    assert_eq!(listed["objects"].as_array().unwrap().len(), 2);
+    let out = dir.join("out.txt");
+    cluster
+        .cli_stdout(&["objects", "get", lines[1], out.to_str().unwrap()])
+        .await;
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "hello\n");
+    let stdout = cluster.cli_stdout(&["objects", "get", lines[1], "-"]).await;
+    assert_eq!(stdout, "hello\n");
+
+    let missing = ObjectRef::of(b"no such thing");
+    let output = cluster
+        .cli(&["objects", "stat", missing.as_str()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not found"));
+    let output = cluster
+        .cli(&["objects", "stat", "not-a-ref"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not an object reference"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ember-{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A job of commands, each reading `inputs` and keeping what `outputs` match.
+fn command_job(
+    tasks: u32,
+    script: &str,
+    inputs: &[(&str, &ObjectRef)],
+    outputs: &[&str],
+) -> ember::protocol::SubmitJob {
+    let mut job = common::noops(tasks);
+    job.tasks = vec![ember::protocol::TaskSpec::Command {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: Default::default(),
+        cwd: None,
+        timeout_ms: Some(30_000),
+        inputs: inputs
+            .iter()
+            .map(|(name, object)| (name.to_string(), (*object).clone()))
+            .collect(),
+        outputs: outputs.iter().map(|p| p.to_string()).collect(),
+    }];
+    job
+}
+
+/// Reads an executor's metric from its metrics text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
+#[tokio::test]
+async fn commands_read_their_inputs_fetched_once_and_their_outputs_come_back_as_objects() {
+    use ember::protocol::{JobState, TaskState};
+    let cluster = TestCluster::start_with_jetstream("objects-commands");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let metrics = std::sync::Arc::new(ember::metrics::ExecutorMetrics::new());
+    let data_dir = tempdir("objects-commands-exec");
+    let exec_metrics = metrics.clone();
+    let dir = data_dir.clone();
+    let _executor = cluster
+        .executor_configured(
+            "exec-1",
+            4,
+            ember::executor::Handlers::builtin(),
+            move |c| {
+                c.metrics = exec_metrics;
+                c.data_dir = dir;
+            },
+        )
+        .await;
+    let api = cluster.api(cluster.client().await);
+    let data = content(CHUNK_BYTES * 3, 7);
+    let data_ref = objects.put_bytes(data.clone()).await.unwrap().object;
+    let table = objects
+        .put_bytes(Bytes::from_static(b"a,b\n1,2\n"))
+        .await
+        .unwrap()
+        .object;
+
+    let script = "set -e; test ! -w data.bin || [ $(id -u) = 0 ]; mkdir -p out; \
+                  cat data.bin conf/table.csv > out/r-$EMBER_TASK_INDEX.bin; echo skip > other.txt";
+    let job = command_job(
+        8,
+        script,
+        &[("data.bin", &data_ref), ("conf/table.csv", &table)],
+        &["out/*.bin"],
+    );
+    let summary = within(Duration::from_secs(60), api.run_job(job, |_| {}))
+        .await
+        .expect("the job runs");
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let mut expected = data.to_vec();
+    expected.extend_from_slice(b"a,b\n1,2\n");
+    let expected = ObjectRef::of(&expected);
+    for outcome in api.results(summary.job_id).await.unwrap() {
+        assert_eq!(outcome.state, TaskState::Finished);
+        let outputs = &outcome.result.as_ref().expect("a result")["outputs"];
+        let name = format!("out/r-{}.bin", outcome.index);
+        assert_eq!(outputs.as_object().unwrap().len(), 1, "{outputs}");
+        assert_eq!(outputs[&name], expected.as_str(), "{outputs}");
+    }
+    assert!(objects.stat(&expected).await.unwrap().is_some());
+    // Eight tasks read two objects: each fetched once.
+    let text = ember::metrics::Scrape::encode(metrics.as_ref());
+    assert_eq!(
+        metric(&text, "ember_executor_object_fetches_total"),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "ember_executor_object_fetched_bytes_total"),
+        (data.len() + 8) as f64
+    );
+    assert_eq!(
+        metric(&text, "ember_executor_object_cache_misses_total"),
+        2.0
+    );
+    assert_eq!(
+        metric(&text, "ember_executor_object_cache_hits_total"),
+        14.0
+    );
+    // The tasks' directories are gone; the cache stays.
+    let tasks = std::fs::read_dir(data_dir.join("tasks")).unwrap().count();
+    assert_eq!(tasks, 0);
+    assert!(data_dir.join("objects").join(data_ref.as_str()).exists());
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+#[tokio::test]
+async fn a_submission_naming_a_missing_object_or_a_path_outside_is_refused() {
+    let cluster = TestCluster::start_with_jetstream("objects-refused");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let api = cluster.api(cluster.client().await);
+    let there = objects
+        .put_bytes(Bytes::from_static(b"here"))
+        .await
+        .unwrap()
+        .object;
+    let missing = ObjectRef::of(b"not here");
+    let job = command_job(1, "true", &[("a", &there), ("b", &missing)], &[]);
+    let error = api.submit(job).await.expect_err("refused");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("object {missing} not found: put it again")),
+        "{error}"
+    );
+    for (inputs, outputs) in [
+        (vec![("../x", &there)], vec![]),
+        (vec![("/etc/x", &there)], vec![]),
+        (vec![], vec!["../*.json"]),
+        (vec![("a//b", &there)], vec![]),
+    ] {
+        let error = api
+            .submit(command_job(1, "true", &inputs, &outputs))
+            .await
+            .expect_err("refused");
+        let text = error.to_string();
+        assert!(
+            text.contains("escapes the task's directory") || text.contains("not a path inside"),
+            "{text}"
+        );
+    }
+    assert!(
+        api.jobs().await.unwrap().is_empty(),
+        "nothing was submitted"
+    );
+
+    let output = cluster
+        .cli(&["submit", "--input", "../x=/etc/hostname", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("escapes the task's directory"));
+}
+
+#[tokio::test]
+async fn ember_submit_puts_an_input_file_and_keeps_the_outputs() {
+    let cluster = TestCluster::start_with_jetstream("objects-submit");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let _executor = cluster
+        .executor_configured("exec-1", 2, ember::executor::Handlers::builtin(), |c| {
+            c.data_dir = tempdir("objects-submit-exec");
+        })
+        .await;
+    let dir = tempdir("objects-submit");
+    let input = dir.join("words.txt");
+    std::fs::write(&input, "b\na\nc\n").unwrap();
+    let out = cluster
+        .cli_stdout(&[
+            "submit",
+            "--tasks",
+            "2",
+            "--json",
+            "--results",
+            "--input",
+            &format!("words.txt={}", input.display()),
+            "--output",
+            "sorted.txt",
+            "--",
+            "sh",
+            "-c",
+            "sort words.txt > sorted.txt",
+        ])
+        .await;
+    let sorted = ObjectRef::of(b"a\nb\nc\n");
+    let results: Vec<serde_json::Value> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v.get("index").is_some())
+        .collect();
+    assert_eq!(results.len(), 2, "{out}");
+    for result in results {
+        assert_eq!(
+            result["result"]["outputs"]["sorted.txt"],
+            sorted.as_str(),
+            "{out}"
+        );
+    }
+    assert_eq!(objects.get_bytes(&sorted).await.unwrap(), b"a\nb\nc\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}
