@@ -822,6 +822,66 @@ async fn the_driver_journals_with_least_privilege_and_no_one_else_can_write_the_
 }
 
 #[tokio::test]
+async fn clients_and_executors_use_the_object_store_and_only_the_driver_may_purge_it() {
+    use ember::objects::ObjectRef;
+    let store = TempDir(std::env::temp_dir().join(format!("ember-js-{}", uuid::Uuid::new_v4())));
+    let jetstream = format!(
+        "\njetstream {{ store_dir: {:?} }}\n",
+        store.0.display().to_string()
+    );
+    let secure = Secure::start_with("objects", |_| {}, &jetstream);
+    let _driver = secure
+        .start_driver_with(ember::driver::JournalMode::On)
+        .await;
+    let _exec1 = secure.start_executor("exec-1").await;
+    let api =
+        ember::client::EmberClient::new(secure.login("client").await, secure.subjects().clone());
+    let objects = api.objects().await.expect("a client opens the store");
+    let input = objects
+        .put_bytes(bytes::Bytes::from_static(b"three\nwords\nhere\n"))
+        .await
+        .expect("a client puts");
+    let mut job = noops(2);
+    job.tasks = vec![TaskSpec::Command {
+        argv: vec!["sh".into(), "-c".into(), "wc -l < in.txt > out.txt".into()],
+        env: Default::default(),
+        cwd: None,
+        timeout_ms: Some(30_000),
+        inputs: [("in.txt".to_string(), input.object.clone())].into(),
+        outputs: vec!["out.txt".into()],
+    }];
+    let job = api.run_job(job, |_| {}).await.expect("job runs");
+    assert_eq!(
+        (job.state, job.succeeded),
+        (JobState::Succeeded, 2),
+        "{job:?}"
+    );
+    let results = api.results(job.job_id).await.expect("results");
+    let output = results[0].result.as_ref().expect("a result")["outputs"]["out.txt"]
+        .as_str()
+        .map(|r| ObjectRef::parse(r).expect("a reference"))
+        .expect("the output's reference");
+    let counted = objects.get_bytes(&output).await.expect("a client reads");
+    assert_eq!(String::from_utf8_lossy(&counted).trim(), "3");
+
+    let subjects = secure.subjects();
+    let bucket = subjects.objects_bucket();
+    let purge = format!("$JS.API.STREAM.PURGE.OBJ_{bucket}");
+    let delete = format!("$JS.API.STREAM.DELETE.OBJ_{bucket}");
+    for user in ["exec-1", "client", "listener"] {
+        let mut attacker = secure.watched(user).await;
+        for subject in [&purge, &delete] {
+            attacker.send(subject.clone(), "{}".into()).await;
+            attacker.violation("Publish", subject).await;
+        }
+    }
+    let chunk = format!("$O.{bucket}.C.from-a-listener");
+    let mut listener = secure.watched("listener").await;
+    listener.send(chunk.clone(), "x".into()).await;
+    listener.violation("Publish", &chunk).await;
+}
+
+#[tokio::test]
 async fn nkey_users_log_in_with_a_seed_file() {
     let users = format!(
         "\nauthorization {{ users = [ {{ nkey: \"{TEST_NKEY_PUBLIC}\", permissions: {{ publish: \"ember.>\", subscribe: \"ember.>\" }} }} ] }}\n"
