@@ -171,17 +171,37 @@ pub enum TaskSpec {
         outputs: Vec<String>,
     },
     /// A Python call: `function` is a pickled callable and `args` a pickled `(args, kwargs)`
-    /// pair, both in base64 (standard alphabet, padded). With `map`, `args` is instead a
-    /// pickled list of items, and the task's result is the list of the function of each.
+    /// pair, both in base64 (standard alphabet, padded), or either in an object instead. With
+    /// `map`, `args` is instead a pickled list of items, and the task's result is the list of
+    /// the function of each.
     Python {
-        #[serde(deserialize_with = "pickled_function")]
+        #[serde(
+            default,
+            deserialize_with = "pickled_function",
+            skip_serializing_if = "String::is_empty"
+        )]
         function: String,
-        #[serde(deserialize_with = "pickled_args")]
+        #[serde(
+            default,
+            deserialize_with = "pickled_args",
+            skip_serializing_if = "String::is_empty"
+        )]
         args: String,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         map: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
+        /// Instead of `function`: the object that holds its pickle (what a client sends for a
+        /// large one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        function_object: Option<crate::objects::ObjectRef>,
+        /// Instead of `args`: the object that holds their pickle.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args_object: Option<crate::objects::ObjectRef>,
+        /// The objects the pickles refer to (as pickle persistent ids), each holding a pickled
+        /// value: the executor fetches them before the call, and the worker loads each once.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        objects: Vec<crate::objects::ObjectRef>,
     },
 }
 
@@ -189,11 +209,23 @@ impl TaskSpec {
     /// The objects the task names: what its executor fetches before it starts, and what a
     /// job that holds it keeps in the store.
     pub fn objects(&self) -> impl Iterator<Item = &crate::objects::ObjectRef> {
-        let inputs = match self {
-            TaskSpec::Command { inputs, .. } => Some(inputs.values()),
-            _ => None,
+        let (inputs, python) = match self {
+            TaskSpec::Command { inputs, .. } => (Some(inputs.values()), None),
+            TaskSpec::Python {
+                function_object,
+                args_object,
+                objects,
+                ..
+            } => {
+                let pickles = function_object.iter().chain(args_object.iter());
+                (None, Some(pickles.chain(objects.iter())))
+            }
+            TaskSpec::Handler { .. } => (None, None),
         };
-        inputs.into_iter().flatten()
+        inputs
+            .into_iter()
+            .flatten()
+            .chain(python.into_iter().flatten())
     }
 }
 

@@ -1087,6 +1087,9 @@ fn task_spec_python() {
             args: args.into(),
             map: true,
             timeout_ms: Some(5_000),
+            function_object: None,
+            args_object: None,
+            objects: Vec::new(),
         },
         json!({
             "kind": "python",
@@ -1102,6 +1105,9 @@ fn task_spec_python() {
         args: args.into(),
         map: false,
         timeout_ms: None,
+        function_object: None,
+        args_object: None,
+        objects: Vec::new(),
     };
     golden(
         &call,

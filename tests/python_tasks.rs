@@ -65,6 +65,9 @@ fn call(function: &str, args: &str, timeout_ms: Option<u64>) -> TaskSpec {
         args: pickled(args),
         map: false,
         timeout_ms,
+        function_object: None,
+        args_object: None,
+        objects: Vec::new(),
     }
 }
 
@@ -153,6 +156,9 @@ async fn calls_and_maps_return_their_pickled_results_in_order() {
         args: pickled("[-1, 2, -3]"),
         map: true,
         timeout_ms: None,
+        function_object: None,
+        args_object: None,
+        objects: Vec::new(),
     };
     let outcomes = run(
         api,
@@ -214,6 +220,9 @@ async fn a_function_whose_module_is_not_importable_says_which() {
         args: pickled("((), {})"),
         map: false,
         timeout_ms: None,
+        function_object: None,
+        args_object: None,
+        objects: Vec::new(),
     };
     let outcomes = run(api, vec![spec]).await;
     let error = error_of(&outcomes[0]);
@@ -411,6 +420,9 @@ async fn a_python_task_spec_over_the_size_limit_is_refused() {
         args: "A".repeat(limit + 4),
         map: false,
         timeout_ms: None,
+        function_object: None,
+        args_object: None,
+        objects: Vec::new(),
     };
     let error = api.submit(job(vec![spec])).await.unwrap_err().to_string();
     assert!(error.contains("over the server's limit"), "{error}");

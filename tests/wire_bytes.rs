@@ -176,6 +176,9 @@ fn launched() -> Vec<TaskDescription> {
         args: "gASVDAAAAAAAAABDAmFilIWUfZSGlC4=".into(),
         map: true,
         timeout_ms: Some(1000),
+        function_object: None,
+        args_object: None,
+        objects: Vec::new(),
     });
     let echo = Arc::new(TaskSpec::Handler {
         name: "echo".into(),

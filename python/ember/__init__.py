@@ -18,6 +18,7 @@ from .client import (
     handler_task,
     python_task,
 )
+from .objects import ObjectRef
 from .errors import (
     DriverError,
     EmberError,
@@ -40,6 +41,7 @@ __all__ = [
     "Job",
     "NoAnswer",
     "NoDriver",
+    "ObjectRef",
     "RemoteError",
     "RemoteTraceback",
     "RequestTooLarge",

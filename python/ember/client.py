@@ -21,6 +21,8 @@ import cloudpickle
 import nats
 import nats.errors
 
+from . import objects as _objects
+from .objects import ObjectRef
 from .errors import (
     DriverError,
     EmberError,
@@ -155,6 +157,7 @@ class Client:
         self._waiters = collections.defaultdict(list)
         self._watch = None
         self._watch_lock = asyncio.Lock()
+        self._store = None
 
     @classmethod
     async def connect(
@@ -368,6 +371,51 @@ class Client:
         job.setdefault("name", name)
         return await self.submit_job([handler_task(name, arg)], repeat=tasks, **job)
 
+    # --- objects -----------------------------------------------------------------------------
+
+    def _objects(self):
+        if self._store is None:
+            self._store = _objects.Store(self.nc.jetstream(), self.cluster)
+        return self._store
+
+    async def put(self, value):
+        """Pickles `value` into the cluster's object store (unless the same pickle is there
+        already) and returns its `ObjectRef`: pass it to `submit` or `map`, alone or inside a
+        list, tuple or dict, and the task gets the value, fetched once per executor and loaded
+        once per worker. Treat such values as read-only: later calls share them."""
+        data, refs = _objects.dumps(value)
+        if refs:
+            raise TypeError("a value put into the object store may not itself hold ObjectRefs")
+        return await self._objects().put_bytes(data)
+
+    async def put_bytes(self, data):
+        """Stores raw bytes (a command task's input, say) and returns their `ObjectRef`."""
+        return await self._objects().put_bytes(data)
+
+    async def get(self, ref):
+        """The value `put` stored under `ref` (an `ObjectRef` or its hex)."""
+        return cloudpickle.loads(await self._objects().get_bytes(ref))
+
+    async def get_bytes(self, ref):
+        """The bytes of an object, checked against its reference."""
+        return await self._objects().get_bytes(ref)
+
+    async def _pickled(self, spec, field, pickled):
+        """Sets a python task's `field` ("function" or "args") to `pickled` (a pickle and the
+        references it holds, from `objects.dumps`): inline, or when it is over
+        BY_REFERENCE_BYTES, as an object the task names in `<field>_object`; the references
+        join the task's `objects`."""
+        data, refs = pickled
+        if len(data) > _objects.BY_REFERENCE_BYTES:
+            spec[field + "_object"] = (await self._objects().put_bytes(data)).ref
+        else:
+            spec[field] = _b64(data)
+        named = spec.setdefault("objects", [])
+        named += [r for r in refs if r not in named]
+        if not named:
+            del spec["objects"]
+        return spec
+
     async def submit(self, fn, /, *args, **kwargs):
         """Runs `fn(*args, **kwargs)` on the cluster as a job of one python task; returns a
         `TaskFuture` (await it, or its `result()`). For a timeout or a name, see
@@ -382,7 +430,14 @@ class Client:
         when it runs longer; `max_failures` is how many attempts it gets; `resources` what
         custom resources the call holds (`{"gpu": 1}`: it reads the address in
         `os.environ["EMBER_RESOURCE_GPU"]`)."""
-        spec = python_task(fn, args, kwargs, timeout=timeout)
+        if not callable(fn):
+            raise TypeError(f"{fn!r} is not callable")
+        spec = {"kind": "python"}
+        ms = _timeout_ms(timeout)
+        if ms is not None:
+            spec["timeout_ms"] = ms
+        await self._pickled(spec, "function", _objects.dumps(fn))
+        await self._pickled(spec, "args", _objects.dumps((tuple(args), dict(kwargs or {}))))
         job = await self._submit(
             [spec],
             name=name or _name_of(fn),
@@ -408,18 +463,16 @@ class Client:
             chunksize = max(1, math.ceil(len(items) / (TASKS_PER_CORE * max(cores, 1))))
         if not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"chunksize must be a positive integer; got {chunksize!r}")
-        function = _pickle(fn)
         ms = _timeout_ms(timeout)
+        # The function's pickle, inline or as an object, is made once for every task.
+        function = await self._pickled({}, "function", _objects.dumps(fn))
         specs = []
         for start in range(0, len(items), chunksize):
-            spec = {
-                "kind": "python",
-                "function": function,
-                "args": _pickle(items[start : start + chunksize]),
-                "map": True,
-            }
+            spec = {"kind": "python", "map": True, **function}
+            spec["objects"] = list(function.get("objects", []))
             if ms is not None:
                 spec["timeout_ms"] = ms
+            await self._pickled(spec, "args", _objects.dumps(items[start : start + chunksize]))
             specs.append(spec)
         if not specs:
             return Job(self, None, python="map")

@@ -71,6 +71,15 @@ class SyncClient:
     def map(self, fn, iterable, **options):
         return SyncJob(self, self._run(self.client.map(fn, iterable, **options)))
 
+    def put(self, value):
+        return self._run(self.client.put(value))
+
+    def put_bytes(self, data):
+        return self._run(self.client.put_bytes(data))
+
+    def get(self, ref):
+        return self._run(self.client.get(ref))
+
     def submit_job(self, tasks, **options):
         return SyncJob(self, self._run(self.client.submit_job(tasks, **options)))
 

@@ -109,6 +109,8 @@ class Cluster:
             "500ms",
             "--python",
             sys.executable,
+            "--data-dir",
+            os.path.join(self.store, "data-" + executor_id),
             *args,
             auth=auth,
         )

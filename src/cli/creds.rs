@@ -523,12 +523,16 @@ mod tests {
         let s = Subjects::new("prod").unwrap();
         let p = Role::Executor(id("e1")).permissions(&s, &[]);
         assert_eq!(
-            p.publish_allow,
+            p.publish_allow[..2],
             [
                 "ember.prod.driver.*.e1",
                 "$KV.EMBER_prod_RESULTS.chunks.e1.>"
             ]
         );
+        // Beyond those, the object store alone.
+        assert!(p.publish_allow[2..]
+            .iter()
+            .all(|r| r.contains("EMBER_prod_OBJECTS") || r == "$JS.API.INFO"));
         assert_eq!(p.subscribe_allow, ["ember.prod.executor.e1", "_INBOX.e1.>"]);
         assert!(!p.allow_responses);
     }
@@ -552,17 +556,24 @@ mod tests {
                 ".EMBER_prod_JOURNAL",
                 ".EMBER_prod_EVENTS",
                 ".KV_EMBER_prod_RESULTS",
-                ".KV_EMBER_prod_LEADER"
+                ".KV_EMBER_prod_LEADER",
+                ".OBJ_EMBER_prod_OBJECTS"
             ]
             .iter()
             .any(|stream| r.contains(stream))));
         for role in [Role::Executor(id("e1")), Role::Client, Role::Listener] {
             let p = role.permissions(&s, &[]);
-            // Of JetStream, only the consumers of the events stream.
+            // Of JetStream, only the consumers of the events stream, and the object store
+            // without its management.
             assert!(
                 p.publish_allow.iter().all(|r| !r.contains("journal")
                     && (!r.starts_with("$JS")
-                        || (r.contains(".EMBER_prod_EVENTS") && !r.contains("STREAM")))),
+                        || r == "$JS.API.INFO"
+                        || (r.contains(".EMBER_prod_EVENTS") && !r.contains("STREAM"))
+                        || (r.contains(".OBJ_EMBER_prod_OBJECTS")
+                            && !["CREATE", "UPDATE", "PURGE", "DELETE"]
+                                .iter()
+                                .any(|call| r.contains(&format!("STREAM.{call}")))))),
                 "{role:?}: {p:?}"
             );
             // An executor writes only the chunks of its own results, never a result.

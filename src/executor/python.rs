@@ -86,9 +86,10 @@ impl PythonPool {
         function: &str,
         args: &str,
         map: bool,
+        files: Value,
         timeout: Option<Duration>,
     ) -> (TaskResult, Option<Value>) {
-        let work = self.call(context, function, args, map);
+        let work = self.call(context, function, args, map, files);
         match timeout {
             None => work.await,
             // A worker still running when the time is up is dropped with the call: killed.
@@ -110,6 +111,7 @@ impl PythonPool {
         function: &str,
         args: &str,
         map: bool,
+        files: Value,
     ) -> (TaskResult, Option<Value>) {
         let Ok(_slot) = self.slots.acquire().await else {
             return (Err("the python worker pool is closed".into()), None);
@@ -121,7 +123,7 @@ impl PythonPool {
                 Err(e) => return (Err(e), None),
             },
         };
-        let request = json!({
+        let mut request = json!({
             "function": function,
             "args": args,
             "map": map,
@@ -133,6 +135,10 @@ impl PythonPool {
             // Set in the worker's environment for this call only, as a command task gets them.
             "resources": context.resources,
         });
+        // The files of what the task names in the object store, if it names any.
+        if let (Value::Object(request), Value::Object(files)) = (&mut request, files) {
+            request.extend(files);
+        }
         match worker.call(&request).await {
             Ok(answer) => {
                 self.idle

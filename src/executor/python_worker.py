@@ -15,9 +15,16 @@ then that many bytes of JSON.
 
 A request whose function cannot be unpickled because a module it needs is not importable here
 answers {"error": ..., "type": "ModuleNotFoundError", "unimportable": <module name>}.
+
+Objects: a request may carry `function_path` or `args_path` instead of `function` or `args`
+(a file holding the raw pickle, fetched from the cluster's object store by the executor), and
+`objects`, {<reference>: <file>}: the values the pickles refer to by persistent id
+("ember-object", <reference>), each file a pickle, loaded once per worker and shared
+read-only by later calls.
 """
 
 import base64
+import io
 import json
 import os
 import pickle
@@ -37,6 +44,11 @@ except ImportError:  # plain pickle still runs functions defined in importable m
 # Unpickled functions by their pickle: a map's many tasks share one.
 FUNCTIONS = {}
 FUNCTIONS_KEPT = 64
+# Values of objects by reference, loaded once: a broadcast value serves every later call.
+VALUES = {}
+VALUES_KEPT = 16
+# The files of the objects the current call names.
+OBJECT_FILES = {}
 # What a task sees of itself, as a command task does.
 ENVIRONMENT = (
     ("job_id", "EMBER_JOB_ID"),
@@ -98,10 +110,45 @@ def failure(error, what):
     }
 
 
+class Unpickler(pickle.Unpickler):
+    """Loads the objects a pickle refers to by persistent id from the files the executor
+    fetched."""
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "ember-object"):
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        return load_object(pid[1])
+
+
+def load_object(reference):
+    value = VALUES.get(reference)
+    if value is None:
+        path = OBJECT_FILES.get(reference)
+        if path is None:
+            raise pickle.UnpicklingError(
+                f"object {reference} is not among the objects the task names"
+            )
+        with open(path, "rb") as file:
+            value = Unpickler(file).load()
+        if len(VALUES) >= VALUES_KEPT:
+            VALUES.clear()
+        VALUES[reference] = value
+    return value
+
+
+def pickled(request, field):
+    """The raw pickle of `field` (function or args): inline in base64, or in a file."""
+    path = request.get(field + "_path")
+    if path:
+        with open(path, "rb") as file:
+            return file.read()
+    return base64.b64decode(request[field])
+
+
 def unpickle(data, what):
     """Loads a pickle; an ImportError says which module this interpreter lacks."""
     try:
-        return pickle.loads(base64.b64decode(data)), None
+        return Unpickler(io.BytesIO(data)).load(), None
     except ImportError as error:
         module = getattr(error, "name", None) or str(error)
         answer = failure(error, f"could not unpickle the task's {what}")
@@ -155,16 +202,18 @@ def restore(saved):
 
 
 def run(request):
-    key = request["function"]
+    OBJECT_FILES.clear()
+    OBJECT_FILES.update(request.get("objects") or {})
+    key = request.get("function_path") or request["function"]
     function = FUNCTIONS.get(key)
     if function is None:
-        function, answer = unpickle(key, "function")
+        function, answer = unpickle(pickled(request, "function"), "function")
         if answer is not None:
             return answer
         if len(FUNCTIONS) >= FUNCTIONS_KEPT:
             FUNCTIONS.clear()
         FUNCTIONS[key] = function
-    args, answer = unpickle(request["args"], "arguments")
+    args, answer = unpickle(pickled(request, "args"), "arguments")
     if answer is not None:
         return answer
     for field, variable in ENVIRONMENT:

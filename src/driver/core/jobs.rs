@@ -614,6 +614,26 @@ pub(super) fn validate_job(
                 crate::objects::check_task_path("output pattern", pattern)?;
             }
         }
+        if let TaskSpec::Python {
+            function,
+            args,
+            function_object,
+            args_object,
+            ..
+        } = spec
+        {
+            for (what, inline, object) in [
+                ("function", function, function_object),
+                ("args", args, args_object),
+            ] {
+                if inline.is_empty() == object.is_none() {
+                    return Err(format!(
+                        "a python task needs its `{what}` either inline or as `{what}_object`, \
+                         not both nor neither"
+                    ));
+                }
+            }
+        }
     }
     let limit = max_bytes.saturating_sub(1024);
     let size = crate::protocol::encode(submit).len();
