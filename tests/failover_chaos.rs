@@ -199,6 +199,8 @@ struct Verdict {
     doubled: Vec<(String, u32, String)>,
     /// Tasks that ran more than once (under different identities).
     rerun: usize,
+    /// Their runs' identities ("attempt term", in the order they started): (job, index, runs).
+    reruns: Vec<(String, u32, Vec<String>)>,
     runs: usize,
 }
 
@@ -240,6 +242,10 @@ async fn judge(api: &EmberClient, jobs: &[(String, u64)], tasks: u32, dir: &Path
             let identities: Vec<&str> = lines.lines().collect();
             verdict.runs += identities.len();
             verdict.rerun += usize::from(identities.len() > 1);
+            if identities.len() > 1 {
+                let runs = identities.iter().map(|i| i.to_string()).collect();
+                verdict.reruns.push((tag.clone(), index, runs));
+            }
             let mut seen = BTreeSet::new();
             for identity in identities {
                 if !seen.insert(identity) {
@@ -387,6 +393,8 @@ async fn a_leader_killed_mid_job_runs_no_task_twice() {
     assert_eq!(
         (verdict.runs, verdict.rerun),
         (tasks as usize, 0),
-        "every task ran once: the runs the killed leader had launched were adopted"
+        "every task ran once: the runs the killed leader had launched were adopted; ran again \
+         (job, index, [\"attempt term\" of each run]): {:?}",
+        verdict.reruns
     );
 }

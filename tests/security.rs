@@ -73,6 +73,19 @@ impl Secure {
         Self::start_with(name, |_| {}, "")
     }
 
+    /// A locked-down cluster on a server with JetStream, in a store that goes with the
+    /// returned directory (bound before the cluster, so dropped after it).
+    fn start_with_jetstream(name: &str) -> (TempDir, Self) {
+        let store =
+            TempDir(std::env::temp_dir().join(format!("ember-js-{}", uuid::Uuid::new_v4())));
+        let jetstream = format!(
+            "\njetstream {{ store_dir: {:?} }}\n",
+            store.0.display().to_string()
+        );
+        let secure = Self::start_with(name, |_| {}, &jetstream);
+        (store, secure)
+    }
+
     fn start_with(name: &str, edit: impl FnOnce(&mut Vec<User>), extra: &str) -> Self {
         let cluster = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let subjects = Subjects::new(&cluster).expect("valid cluster");
@@ -767,12 +780,7 @@ async fn the_whole_cluster_runs_a_job_with_least_privilege() {
 
 #[tokio::test]
 async fn the_driver_journals_with_least_privilege_and_no_one_else_can_write_the_journal() {
-    let store = TempDir(std::env::temp_dir().join(format!("ember-js-{}", uuid::Uuid::new_v4())));
-    let jetstream = format!(
-        "\njetstream {{ store_dir: {:?} }}\n",
-        store.0.display().to_string()
-    );
-    let secure = Secure::start_with("journal", |_| {}, &jetstream);
+    let (_store, secure) = Secure::start_with_jetstream("journal");
     let driver = secure
         .start_driver_with(ember::driver::JournalMode::On)
         .await;
@@ -824,12 +832,7 @@ async fn the_driver_journals_with_least_privilege_and_no_one_else_can_write_the_
 #[tokio::test]
 async fn clients_and_executors_use_the_object_store_and_only_the_driver_may_purge_it() {
     use ember::objects::ObjectRef;
-    let store = TempDir(std::env::temp_dir().join(format!("ember-js-{}", uuid::Uuid::new_v4())));
-    let jetstream = format!(
-        "\njetstream {{ store_dir: {:?} }}\n",
-        store.0.display().to_string()
-    );
-    let secure = Secure::start_with("objects", |_| {}, &jetstream);
+    let (_store, secure) = Secure::start_with_jetstream("objects");
     let _driver = secure
         .start_driver_with(ember::driver::JournalMode::On)
         .await;
@@ -932,12 +935,7 @@ async fn nkey_users_log_in_with_a_seed_file() {
 
 #[tokio::test]
 async fn a_listener_reads_the_event_history_and_cannot_delete_or_write_it() {
-    let store = TempDir(std::env::temp_dir().join(format!("ember-js-{}", uuid::Uuid::new_v4())));
-    let jetstream = format!(
-        "\njetstream {{ store_dir: {:?} }}\n",
-        store.0.display().to_string()
-    );
-    let secure = Secure::start_with("history", |_| {}, &jetstream);
+    let (_store, secure) = Secure::start_with_jetstream("history");
     let _driver = secure
         .start_driver_with(ember::driver::JournalMode::On)
         .await;
