@@ -475,3 +475,53 @@ async fn ember_submit_puts_an_input_file_and_keeps_the_outputs() {
     assert_eq!(objects.get_bytes(&sorted).await.unwrap(), b"a\nb\nc\n");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_full_cache_lets_the_least_recently_used_object_go_and_fetches_it_again() {
+    use ember::protocol::JobState;
+    let cluster = TestCluster::start_with_jetstream("objects-evict");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let metrics = std::sync::Arc::new(ember::metrics::ExecutorMetrics::new());
+    let data_dir = tempdir("objects-evict-exec");
+    let (exec_metrics, dir) = (metrics.clone(), data_dir.clone());
+    let _executor = cluster
+        .executor_configured(
+            "exec-1",
+            1,
+            ember::executor::Handlers::builtin(),
+            move |c| {
+                c.metrics = exec_metrics;
+                c.data_dir = dir;
+                // Room for one of the two objects, not both.
+                c.object_cache_bytes = 1 << 20;
+            },
+        )
+        .await;
+    let api = cluster.api(cluster.client().await);
+    let a = objects.put_bytes(content(700_000, 8)).await.unwrap().object;
+    let b = objects.put_bytes(content(700_000, 9)).await.unwrap().object;
+    // a, b, then a again: b's fetch lets a go (no task holds it then), so a is fetched twice.
+    for object in [&a, &b, &a] {
+        let job = command_job(1, "test -s in.bin", &[("in.bin", object)], &[]);
+        let summary = within(Duration::from_secs(60), api.run_job(job, |_| {}))
+            .await
+            .expect("the job runs");
+        assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    }
+    let text = ember::metrics::Scrape::encode(metrics.as_ref());
+    assert_eq!(
+        metric(&text, "ember_executor_object_fetches_total"),
+        3.0,
+        "{text}"
+    );
+    let cached: Vec<_> = std::fs::read_dir(data_dir.join("objects"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        cached,
+        vec![a.to_string()],
+        "only the last object read is kept"
+    );
+    let _ = std::fs::remove_dir_all(&data_dir);
+}

@@ -100,6 +100,44 @@ fn invalid_jobs_are_refused() {
             },
             "a command task needs a non-empty argv".into(),
         ),
+        (
+            "a python task with neither function nor function_object",
+            SubmitJob {
+                speculation: None,
+                tasks: vec![TaskSpec::Python {
+                    function: String::new(),
+                    args: "gAR9lC4=".into(),
+                    map: false,
+                    timeout_ms: None,
+                    function_object: None,
+                    args_object: None,
+                    objects: Vec::new(),
+                }],
+                ..job(1, 1, 4)
+            },
+            "a python task needs its `function` either inline or as `function_object`, not \
+             both nor neither"
+                .into(),
+        ),
+        (
+            "a python task with args both inline and as an object",
+            SubmitJob {
+                speculation: None,
+                tasks: vec![TaskSpec::Python {
+                    function: "gAR9lC4=".into(),
+                    args: "gAR9lC4=".into(),
+                    map: false,
+                    timeout_ms: None,
+                    function_object: None,
+                    args_object: Some(crate::objects::ObjectRef::of(b"args")),
+                    objects: Vec::new(),
+                }],
+                ..job(1, 1, 4)
+            },
+            "a python task needs its `args` either inline or as `args_object`, not both nor \
+             neither"
+                .into(),
+        ),
     ];
     for (what, submission, expected) in cases {
         let reply = unchanged(&mut core, |core| {
