@@ -525,3 +525,33 @@ async fn a_full_cache_lets_the_least_recently_used_object_go_and_fetches_it_agai
     );
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+#[tokio::test]
+async fn objects_outlive_a_driver_restart_and_the_next_driver_runs_jobs_that_name_them() {
+    use ember::protocol::JobState;
+    let cluster = TestCluster::start_with_jetstream("objects-restart");
+    let (driver, objects) = store_of(&cluster, 0).await;
+    let data = content(CHUNK_BYTES + 9, 10);
+    let put = objects.put_bytes(data.clone()).await.unwrap();
+    driver.stop().await.expect("the driver stops cleanly");
+
+    // A new driver finds the store as it was, and takes jobs that name its objects.
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    assert_eq!(objects.get_bytes(&put.object).await.unwrap(), data.to_vec());
+    let again = objects.put_bytes(data.clone()).await.unwrap();
+    assert!(
+        !again.sent,
+        "the restart kept the object: nothing is sent again"
+    );
+    let _executor = cluster
+        .executor_configured("exec-1", 2, ember::executor::Handlers::builtin(), |c| {
+            c.data_dir = tempdir("objects-restart-exec");
+        })
+        .await;
+    let api = cluster.api(cluster.client().await);
+    let job = command_job(2, "test -s in.bin", &[("in.bin", &put.object)], &[]);
+    let summary = within(Duration::from_secs(60), api.run_job(job, |_| {}))
+        .await
+        .expect("the job runs");
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+}

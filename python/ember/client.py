@@ -93,13 +93,19 @@ def python_task(fn, args=(), kwargs=None, *, timeout=None):
     return spec
 
 
-def command_task(argv, *, env=None, cwd=None, timeout=None):
-    """The spec of one command task (`argv` runs without a shell)."""
+def command_task(argv, *, env=None, cwd=None, timeout=None, inputs=None, outputs=None):
+    """The spec of one command task (`argv` runs without a shell). `inputs` maps paths in
+    its directory to objects (ObjectRefs, or their hex) it finds there, read-only; `outputs`
+    lists patterns of the files it leaves that go into the store, named in its result."""
     if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError("argv must be a non-empty list of strings, e.g. ['echo', 'hi']")
     spec = {"kind": "command", "argv": list(argv), "env": dict(env or {})}
     if cwd is not None:
         spec["cwd"] = str(cwd)
+    if inputs:
+        spec["inputs"] = {str(name): str(ref) for name, ref in inputs.items()}
+    if outputs:
+        spec["outputs"] = [str(pattern) for pattern in outputs]
     ms = _timeout_ms(timeout)
     if ms is not None:
         spec["timeout_ms"] = ms
@@ -359,10 +365,15 @@ class Client:
             first = False
             await asyncio.sleep(0.2)
 
-    async def submit_commands(self, argv, *, tasks=1, timeout=None, env=None, cwd=None, **job):
+    async def submit_commands(
+        self, argv, *, tasks=1, timeout=None, env=None, cwd=None, inputs=None, outputs=None,
+        **job,
+    ):
         """A job of `tasks` runs of one command, as `ember submit --tasks N -- argv...` does;
-        $EMBER_TASK_INDEX tells them apart."""
-        spec = command_task(argv, env=env, cwd=cwd, timeout=timeout)
+        $EMBER_TASK_INDEX tells them apart. `inputs` and `outputs` as for `command_task`."""
+        spec = command_task(
+            argv, env=env, cwd=cwd, timeout=timeout, inputs=inputs, outputs=outputs
+        )
         job.setdefault("name", argv[0])
         return await self.submit_job([spec], repeat=tasks, **job)
 

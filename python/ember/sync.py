@@ -80,6 +80,9 @@ class SyncClient:
     def get(self, ref):
         return self._run(self.client.get(ref))
 
+    def get_bytes(self, ref):
+        return self._run(self.client.get_bytes(ref))
+
     def submit_job(self, tasks, **options):
         return SyncJob(self, self._run(self.client.submit_job(tasks, **options)))
 

@@ -63,3 +63,15 @@ def test_a_closure_over_50_mib_is_fetched_once_per_executor():
             assert metric(url, "ember_executor_object_fetched_bytes_total") > 50 * 2**20
     finally:
         cluster.stop()
+
+
+def test_a_command_reads_an_input_put_from_python_and_its_output_comes_back(client):
+    words = client.put_bytes(b"b\na\nc\n")
+    job = client.submit_commands(
+        ["sh", "-c", "sort words.txt > sorted.txt"],
+        tasks=2,
+        inputs={"words.txt": words},
+        outputs=["sorted.txt"],
+    )
+    for result in job.results(timeout=60):
+        assert client.get_bytes(result["outputs"]["sorted.txt"]) == b"a\nb\nc\n"
