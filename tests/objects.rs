@@ -242,6 +242,19 @@ async fn ember_put_prints_a_reference_that_ember_objects_reads() {
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "hello\n");
     let stdout = cluster.cli_stdout(&["objects", "get", lines[1], "-"]).await;
     assert_eq!(stdout, "hello\n");
+    // `ember status` says what the store holds.
+    let status = cluster.cli_stdout(&["status", "--json"]).await;
+    let status: serde_json::Value = serde_json::from_str(&status).expect("json");
+    let stored = status["objects"]["bytes"]
+        .as_u64()
+        .expect("the store's bytes");
+    assert!(stored > (CHUNK_BYTES * 2) as u64, "{status}");
+    assert!(status["objects"]["max_bytes"].is_null(), "{status}");
+    let screen = cluster.cli_stdout(&["status"]).await;
+    assert!(
+        screen.contains(&format!("objects    {stored} bytes stored, no limit")),
+        "{screen}"
+    );
 
     let missing = ObjectRef::of(b"no such thing");
     let output = cluster

@@ -57,6 +57,9 @@ pub struct Status {
     pub tasks_ended: u64,
     /// Tasks ended per second since the previous look, if there was one.
     pub tasks_per_second: Option<f64>,
+    /// What the cluster's object store holds, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects: Option<crate::objects::Usage>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -78,6 +81,11 @@ pub struct Previous {
 /// second since then.
 pub async fn fetch(client: &EmberClient, previous: Option<Previous>) -> anyhow::Result<Status> {
     let (snapshot, jobs) = tokio::try_join!(client.executors(), client.jobs())?;
+    // A cluster without a store (no journal), or a user without its rights, shows none.
+    let objects = match client.objects().await {
+        Ok(store) => store.usage().await.ok(),
+        Err(_) => None,
+    };
     let at = Instant::now();
     let mut counts = JobCounts::default();
     for job in &jobs {
@@ -111,6 +119,7 @@ pub async fn fetch(client: &EmberClient, previous: Option<Previous>) -> anyhow::
             .collect(),
         tasks_ended,
         tasks_per_second,
+        objects,
     })
 }
 
@@ -154,6 +163,12 @@ pub fn render(status: &Status, cluster: &str) -> String {
         .tasks_per_second
         .map_or("-".to_string(), |r| format!("{r:.1}"));
     let _ = writeln!(out, "tasks/s    {rate}");
+    if let Some(usage) = &status.objects {
+        let limit = usage
+            .max_bytes
+            .map_or("no limit".to_string(), |m| format!("of at most {m}"));
+        let _ = writeln!(out, "objects    {} bytes stored, {limit}", usage.bytes);
+    }
     for job in &status.running {
         let _ = writeln!(out, "{}", job_line(job));
     }

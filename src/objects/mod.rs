@@ -11,7 +11,7 @@
 pub mod cache;
 mod store;
 
-pub use store::{ObjectStat, Objects, ObjectsError, Put, CHUNK_BYTES};
+pub use store::{ObjectStat, Objects, ObjectsError, Put, Usage, CHUNK_BYTES};
 
 use serde::{Deserialize, Serialize};
 

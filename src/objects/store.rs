@@ -80,6 +80,15 @@ pub struct ObjectStat {
     pub put_ms: Option<u64>,
 }
 
+/// How much a store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    /// The bytes of its stream: chunks and metadata.
+    pub bytes: u64,
+    /// Its limit (`--objects-max-bytes`), if it has one.
+    pub max_bytes: Option<u64>,
+}
+
 /// The object store of one cluster.
 #[derive(Clone)]
 pub struct Objects {
@@ -148,6 +157,20 @@ impl Objects {
             stream,
             bucket,
             limit,
+        })
+    }
+
+    /// How much the store holds now.
+    pub async fn usage(&self) -> Result<Usage, ObjectsError> {
+        let mut stream = self
+            .context
+            .get_stream(&self.stream)
+            .await
+            .map_err(ObjectsError::store)?;
+        let info = stream.info().await.map_err(ObjectsError::store)?;
+        Ok(Usage {
+            bytes: info.state.bytes,
+            max_bytes: self.limit,
         })
     }
 
