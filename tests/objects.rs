@@ -31,6 +31,38 @@ async fn store_of(
     (driver, objects)
 }
 
+/// An executor "exec-1" of `cores` in this process, with metrics and a data directory of its
+/// own (and a cache of `cache_bytes`, if given): it, its metrics, and the directory.
+async fn executor(
+    cluster: &TestCluster,
+    name: &str,
+    cores: u32,
+    cache_bytes: Option<u64>,
+) -> (
+    common::Running<Result<(), ember::executor::ExecutorError>>,
+    std::sync::Arc<ember::metrics::ExecutorMetrics>,
+    std::path::PathBuf,
+) {
+    let metrics = std::sync::Arc::new(ember::metrics::ExecutorMetrics::new());
+    let data_dir = tempdir(&format!("{name}-exec"));
+    let (counted, dir) = (metrics.clone(), data_dir.clone());
+    let running = cluster
+        .executor_configured(
+            "exec-1",
+            cores,
+            ember::executor::Handlers::builtin(),
+            move |c| {
+                c.metrics = counted;
+                c.data_dir = dir;
+                if let Some(bytes) = cache_bytes {
+                    c.object_cache_bytes = bytes;
+                }
+            },
+        )
+        .await;
+    (running, metrics, data_dir)
+}
+
 /// How many messages the store's stream holds.
 async fn messages(cluster: &TestCluster) -> u64 {
     let jetstream = async_nats::jetstream::new(cluster.client().await);
@@ -320,21 +352,7 @@ async fn commands_read_their_inputs_fetched_once_and_their_outputs_come_back_as_
     use ember::protocol::{JobState, TaskState};
     let cluster = TestCluster::start_with_jetstream("objects-commands");
     let (_driver, objects) = store_of(&cluster, 0).await;
-    let metrics = std::sync::Arc::new(ember::metrics::ExecutorMetrics::new());
-    let data_dir = tempdir("objects-commands-exec");
-    let exec_metrics = metrics.clone();
-    let dir = data_dir.clone();
-    let _executor = cluster
-        .executor_configured(
-            "exec-1",
-            4,
-            ember::executor::Handlers::builtin(),
-            move |c| {
-                c.metrics = exec_metrics;
-                c.data_dir = dir;
-            },
-        )
-        .await;
+    let (_executor, metrics, data_dir) = executor(&cluster, "objects-commands", 4, None).await;
     let api = cluster.api(cluster.client().await);
     let data = content(CHUNK_BYTES * 3, 7);
     let data_ref = objects.put_bytes(data.clone()).await.unwrap().object;
@@ -494,22 +512,9 @@ async fn a_full_cache_lets_the_least_recently_used_object_go_and_fetches_it_agai
     use ember::protocol::JobState;
     let cluster = TestCluster::start_with_jetstream("objects-evict");
     let (_driver, objects) = store_of(&cluster, 0).await;
-    let metrics = std::sync::Arc::new(ember::metrics::ExecutorMetrics::new());
-    let data_dir = tempdir("objects-evict-exec");
-    let (exec_metrics, dir) = (metrics.clone(), data_dir.clone());
-    let _executor = cluster
-        .executor_configured(
-            "exec-1",
-            1,
-            ember::executor::Handlers::builtin(),
-            move |c| {
-                c.metrics = exec_metrics;
-                c.data_dir = dir;
-                // Room for one of the two objects, not both.
-                c.object_cache_bytes = 1 << 20;
-            },
-        )
-        .await;
+    // Room for one of the two objects, not both.
+    let (_executor, metrics, data_dir) =
+        executor(&cluster, "objects-evict", 1, Some(1 << 20)).await;
     let api = cluster.api(cluster.client().await);
     let a = objects.put_bytes(content(700_000, 8)).await.unwrap().object;
     let b = objects.put_bytes(content(700_000, 9)).await.unwrap().object;
@@ -567,4 +572,53 @@ async fn objects_outlive_a_driver_restart_and_the_next_driver_runs_jobs_that_nam
         .await
         .expect("the job runs");
     assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+}
+
+#[tokio::test]
+async fn a_task_whose_input_does_not_match_its_name_fails_saying_so() {
+    use ember::protocol::{JobState, TaskState};
+    let cluster = TestCluster::start_with_jetstream("objects-spoiled");
+    let (_driver, _objects) = store_of(&cluster, 0).await;
+    let (_executor, metrics, data_dir) = executor(&cluster, "objects-spoiled", 1, None).await;
+    // A writer that broke the rules: metadata named for one content, chunks of another.
+    let named = ObjectRef::of(b"what the name says");
+    let store = async_nats::jetstream::new(cluster.client().await)
+        .get_object_store(cluster.subjects.objects_bucket())
+        .await
+        .unwrap();
+    let mut wrong: &[u8] = b"something else entirely";
+    store
+        .put(named.as_str(), &mut wrong)
+        .await
+        .expect("a raw put");
+    let api = cluster.api(cluster.client().await);
+    let mut job = command_job(1, "cat in.bin", &[("in.bin", &named)], &[]);
+    job.max_failures = 2;
+    let summary = within(Duration::from_secs(60), api.run_job(job, |_| {}))
+        .await
+        .expect("the job ends");
+    assert_eq!(summary.state, JobState::Failed, "{summary:?}");
+    let outcome = &api.results(summary.job_id).await.unwrap()[0];
+    assert_eq!(outcome.state, TaskState::Failed);
+    let error = outcome.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains(&format!("could not fetch object {named}")),
+        "{error}"
+    );
+    assert!(error.contains("do not match its name"), "{error}");
+    // Each attempt tried the store again: a failed fetch is not kept.
+    let text = ember::metrics::Scrape::encode(metrics.as_ref());
+    assert_eq!(
+        metric(&text, "ember_executor_object_cache_misses_total"),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "ember_executor_object_fetches_total"),
+        0.0,
+        "{text}"
+    );
+    let cached = std::fs::read_dir(data_dir.join("objects")).unwrap().count();
+    assert_eq!(cached, 0, "nothing of the spoiled object is kept");
+    let _ = std::fs::remove_dir_all(&data_dir);
 }

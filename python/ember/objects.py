@@ -135,8 +135,8 @@ class Store:
         nuid = uuid.uuid4().hex
         chunk_subject = f"$O.{self.bucket}.C.{nuid}"
         chunks = 0
+        pending = []
         try:
-            pending = []
             for start in range(0, len(data), CHUNK_BYTES):
                 chunk = data[start : start + CHUNK_BYTES]
                 pending.append(asyncio.ensure_future(self.js.publish(chunk_subject, chunk)))
@@ -160,7 +160,7 @@ class Store:
                 self._meta_subject(ref), json.dumps(meta).encode(), headers=headers
             )
         except nats.js.errors.APIError as error:
-            await self._purge(chunk_subject)
+            await self._abandon(pending, chunk_subject)
             if error.err_code == _WRONG_LAST_SEQUENCE:
                 # Another writer's metadata came first: the object is there.
                 return ObjectRef(ref, len(data))
@@ -171,9 +171,17 @@ class Store:
                 ) from error
             raise
         except BaseException:
-            await self._purge(chunk_subject)
+            await self._abandon(pending, chunk_subject)
             raise
         return ObjectRef(ref, len(data))
+
+    async def _abandon(self, pending, chunk_subject):
+        """A put given up: the chunk publishes still waiting are cancelled, and the chunks sent
+        purged."""
+        for publish in pending:
+            publish.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self._purge(chunk_subject)
 
     async def _purge(self, chunk_subject):
         try:

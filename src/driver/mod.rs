@@ -3,6 +3,7 @@
 
 pub mod actor;
 mod admission;
+pub(crate) mod chain;
 mod coalesce;
 pub mod config;
 pub mod core;

@@ -3,7 +3,7 @@
 
 use super::machine::{Run, Started};
 use super::python::PythonPool;
-use super::staging::{run_staged, ObjectAccess};
+use super::staging::{fetch_pickles, run_staged, ObjectAccess};
 use super::tasks::{sleep_duration, Handler, Handlers, TaskContext, TaskResult};
 use crate::ids::TaskId;
 use crate::metrics::ExecutorMetrics;
@@ -234,50 +234,6 @@ impl Runner {
         self.metrics.ran(started.elapsed());
         Started::Ended(end)
     }
-}
-
-/// The objects a python task names, on disk for its worker: the files of its function and
-/// args when they come as objects, and of the values their pickles refer to, as the worker
-/// reads them (`function_path`, `args_path`, `objects`); and the holds that keep them there
-/// until the call ends.
-async fn fetch_pickles(
-    access: Option<&ObjectAccess>,
-    spec: &TaskSpec,
-) -> Result<(Value, Vec<crate::objects::cache::Held>), String> {
-    let TaskSpec::Python {
-        function_object,
-        args_object,
-        ..
-    } = spec
-    else {
-        return Ok((Value::Null, Vec::new()));
-    };
-    let named: Vec<_> = spec.objects().collect();
-    if named.is_empty() {
-        return Ok((Value::Null, Vec::new()));
-    }
-    let Some(access) = access else {
-        return Err("this executor cannot reach the object store".into());
-    };
-    let held = futures::future::join_all(named.iter().map(|o| access.hold(o))).await;
-    let held: Vec<_> = held.into_iter().collect::<Result<_, _>>()?;
-    let path_of = |object: &crate::objects::ObjectRef| {
-        let at = named.iter().position(|n| *n == object)?;
-        Some(held[at].path().to_string_lossy().into_owned())
-    };
-    let mut files = serde_json::json!({
-        "objects": named
-            .iter()
-            .map(|o| (o.to_string(), serde_json::json!(path_of(o))))
-            .collect::<serde_json::Map<_, _>>(),
-    });
-    if let Some(object) = function_object {
-        files["function_path"] = serde_json::json!(path_of(object));
-    }
-    if let Some(object) = args_object {
-        files["args_path"] = serde_json::json!(path_of(object));
-    }
-    Ok((files, held))
 }
 
 fn status(

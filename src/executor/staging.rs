@@ -6,6 +6,7 @@ use super::command::run_command;
 use super::tasks::{TaskContext, TaskResult};
 use crate::objects::cache::{Cache, Held};
 use crate::objects::{ObjectRef, Objects};
+use crate::protocol::TaskSpec;
 use crate::subjects::Subjects;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -66,6 +67,13 @@ impl ObjectAccess {
             .map_err(|e| e.to_string())
     }
 
+    /// Each of `objects` on disk, fetched at once, held until the holds are dropped; the
+    /// first failure if any cannot be.
+    pub async fn hold_all(&self, objects: &[&ObjectRef]) -> Result<Vec<Held>, String> {
+        let held = futures::future::join_all(objects.iter().map(|o| self.hold(o))).await;
+        held.into_iter().collect()
+    }
+
     /// `object` on disk, held until the hold is dropped.
     pub async fn hold(&self, object: &ObjectRef) -> Result<Held, String> {
         let store = self.store().await?;
@@ -74,6 +82,49 @@ impl ObjectAccess {
             .await
             .map_err(|e| format!("could not fetch object {object}: {e}"))
     }
+}
+
+/// The objects a python task names, on disk for its worker: the files of its function and
+/// args when they come as objects, and of the values their pickles refer to, as the worker
+/// reads them (`function_path`, `args_path`, `objects`); and the holds that keep them there
+/// until the call ends.
+pub(crate) async fn fetch_pickles(
+    access: Option<&ObjectAccess>,
+    spec: &TaskSpec,
+) -> Result<(Value, Vec<Held>), String> {
+    let TaskSpec::Python {
+        function_object,
+        args_object,
+        ..
+    } = spec
+    else {
+        return Ok((Value::Null, Vec::new()));
+    };
+    let named: Vec<_> = spec.objects().collect();
+    if named.is_empty() {
+        return Ok((Value::Null, Vec::new()));
+    }
+    let Some(access) = access else {
+        return Err("this executor cannot reach the object store".into());
+    };
+    let held = access.hold_all(&named).await?;
+    let path_of = |object: &ObjectRef| {
+        let at = named.iter().position(|n| *n == object)?;
+        Some(held[at].path().to_string_lossy().into_owned())
+    };
+    let mut files = serde_json::json!({
+        "objects": named
+            .iter()
+            .map(|o| (o.to_string(), serde_json::json!(path_of(o))))
+            .collect::<serde_json::Map<_, _>>(),
+    });
+    if let Some(object) = function_object {
+        files["function_path"] = serde_json::json!(path_of(object));
+    }
+    if let Some(object) = args_object {
+        files["args_path"] = serde_json::json!(path_of(object));
+    }
+    Ok((files, held))
 }
 
 /// A command's working directory with its inputs in place.
@@ -191,10 +242,9 @@ pub(crate) async fn stage(
         own,
         held: Vec::with_capacity(inputs.len()),
     };
-    let fetches = inputs.values().map(|object| access.hold(object));
-    let held = futures::future::join_all(fetches).await;
+    let objects: Vec<_> = inputs.values().collect();
+    let held = access.hold_all(&objects).await?;
     for ((name, object), held) in inputs.iter().zip(held) {
-        let held = held?;
         let dir = staged
             .dir
             .as_ref()

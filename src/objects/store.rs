@@ -505,9 +505,7 @@ impl Objects {
     fn publish_error(&self, error: impl std::fmt::Display) -> ObjectsError {
         let text = error.to_string();
         match self.limit {
-            Some(limit) if text.contains("maximum bytes") || text.contains("resources") => {
-                ObjectsError::Full { limit }
-            }
+            Some(limit) if text.contains("maximum bytes") => ObjectsError::Full { limit },
             _ => ObjectsError::store(text),
         }
     }

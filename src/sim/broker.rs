@@ -5,10 +5,10 @@
 //! As JetStream does, the journal stores a deposed leader's write that expects exactly the
 //! sequence its successor's mark took (the write before it, expecting an older one, refused);
 //! a restoring leader skips it, and any write stored off its leader's turn, by the rule
-//! `driver::journal` replays with. The journal checks an invariant of its own: no write is
+//! `driver::chain` that the journal replays with. The journal checks an invariant of its own: no write is
 //! stored from an epoch newer than the newest mark, nor out of turn from an older one.
 
-use crate::driver::journal::{Writer, Writers};
+use crate::driver::chain::{Writer, Writers};
 use crate::protocol::JournalRecord;
 
 /// The lease key: its revision counts every write, as a KV key's does.
