@@ -66,6 +66,16 @@ def test_a_remote_exception_carries_its_traceback(client):
     assert "Remote traceback" in str(raised.value)
 
 
+def test_a_result_past_the_jobs_limit_fails_its_task_naming_the_limit(client):
+    # 100 MiB of result against the driver's default --max-job-result-bytes of 64 MiB: the
+    # task fails for good (one attempt), rather than succeed without its value.
+    future = client.submit(bytes, 100 << 20)
+    with pytest.raises(ember.TaskError, match=r"over job \d+'s limit.*--max-job-result-bytes"):
+        future.result(timeout=120)
+    outcomes = future.job.outcomes()
+    assert [o["state"] for o in outcomes] == ["FAILED"]
+
+
 def test_a_module_the_executor_cannot_import_is_named(client):
     sys.path.insert(0, str(Path(__file__).parent / "unimportable"))
     try:

@@ -159,8 +159,8 @@ pub struct DriverArgs {
           value_parser = parse_bytes)]
     pub max_result_bytes: u64,
     /// Hold at most this many bytes of one job's task results (Spark's
-    /// spark.driver.maxResultSize): results past it are refused, with a note in the task's
-    /// error, and the job runs on.
+    /// spark.driver.maxResultSize): a task whose result would pass it fails, for good, with
+    /// an error that names this limit.
     #[arg(long, env = "EMBER_MAX_JOB_RESULT_BYTES",
           default_value = show_bytes(DEFAULT_MAX_JOB_RESULT_BYTES),
           value_parser = parse_bytes)]

@@ -218,7 +218,7 @@ impl Core {
             let live = record.attempts.checked_sub(1) == Some(attempt)
                 && record.status == super::jobs::TaskStatus::Running;
             if live {
-                let (end, _) = self.end_attempt(job_id, index, id, &update, now);
+                let (end, _) = self.end_attempt(job_id, index, id, &update, true, now);
                 ends.entry(job_id).or_default().push(end);
             } else if self.jobs[&job_id].speculation.is_some() {
                 if let Some((end, _)) = self.other_attempt_ended(job_id, index, id, &update, now) {

@@ -7,7 +7,7 @@ use super::jobs::TaskStatus;
 use super::ReplayError;
 use super::{Core, Effect};
 use crate::ids::JobId;
-use crate::protocol::{ApiReply, JobSummary, JournalRecord, ResultChunks};
+use crate::protocol::{ApiReply, JobSummary, JournalRecord, ResultChunks, StatusUpdate};
 use serde_json::Value;
 
 /// Finished jobs a driver keeps unless told otherwise (Spark's `spark.ui.retainedJobs`).
@@ -105,6 +105,42 @@ impl Core {
             }
             self.result_bytes -= job.result_bytes;
         }
+    }
+
+    /// Why the result a FINISHED `update` brings for task `index` cannot be kept, if it
+    /// cannot: it would take the job past its cap, or it is in chunks and no results bucket
+    /// holds them. Such a task fails with this reason rather than succeed without its result.
+    pub(super) fn result_refusal(
+        &self,
+        job_id: JobId,
+        index: u32,
+        update: &StatusUpdate,
+    ) -> Option<String> {
+        let job = self.jobs.get(&job_id)?;
+        let size = match (&update.result, update.result_chunks) {
+            (_, Some(_)) if !self.config.results_bucket => {
+                return Some(format!(
+                    "the task's result of {} bytes cannot be kept: a result too large for one \
+                     message is kept only by a driver with a results bucket (a JetStream \
+                     journal)",
+                    update.result_chunks.map_or(0, |c| c.bytes)
+                ))
+            }
+            (_, Some(chunks)) => chunks.bytes,
+            (Some(result), None) if !result.is_null() => json_size(result),
+            _ => return None,
+        };
+        // What an earlier attempt of the task left (a failed command's output) is replaced.
+        let held = job.results.get(&index).map_or(0, json_size);
+        let cap = self.config.retention.job_result_bytes;
+        (job.result_bytes - held + size > cap).then(|| {
+            format!(
+                "the task's result of {size} bytes is over job {job_id}'s limit: its \
+                 results may take {} in all (--max-job-result-bytes), {} taken already",
+                mib(cap),
+                job.result_bytes - held
+            )
+        })
     }
 
     /// Keeps the result an executor stored in the results bucket in chunks as task `index`'s,

@@ -348,7 +348,7 @@ impl Core {
             );
             copy_takes_the_record(job, index, &other, first.clone(), first_attempt);
             let task_id = job.first_task + u64::from(index);
-            let ended = self.end_attempt(job_id, index, from, update, now);
+            let ended = self.end_attempt(job_id, index, from, update, true, now);
             self.send_kill(first, task_id, first_attempt, LOST_THE_RACE.into());
             return Some(ended);
         }

@@ -214,7 +214,21 @@ impl Core {
                     Applied::Ended(job_id, end, abort)
                 }));
         }
-        let (end, abort) = self.end_attempt(job_id, index, from, update, now);
+        if update.state == TaskState::Finished {
+            if let Some(reason) = self.result_refusal(job_id, index, update) {
+                // Run again, it would make the same result: the task fails for good.
+                let failed = StatusUpdate {
+                    state: TaskState::Failed,
+                    error: Some(reason),
+                    result: None,
+                    result_chunks: None,
+                    ..update.clone()
+                };
+                let (end, abort) = self.end_attempt(job_id, index, from, &failed, false, now);
+                return Ok(Applied::Ended(job_id, end, abort));
+            }
+        }
+        let (end, abort) = self.end_attempt(job_id, index, from, update, true, now);
         Ok(Applied::Ended(job_id, end, abort))
     }
 
@@ -230,13 +244,15 @@ impl Core {
     }
 
     /// Ends the live attempt of task `index`: frees its cores and records the outcome. Returns
-    /// the event entry, and the reason the job must fail if the task used up its attempts.
+    /// the event entry, and the reason the job must fail if the task used up its attempts
+    /// (or failed where running again cannot help: `retry` false).
     pub(super) fn end_attempt(
         &mut self,
         job_id: JobId,
         index: u32,
         from: &ExecutorId,
         update: &StatusUpdate,
+        retry: bool,
         now: u64,
     ) -> (TaskEnded, Option<String>) {
         let mut error = self.clipped_error(update);
@@ -290,7 +306,7 @@ impl Core {
                 record.failures += 1;
                 let message = error.get_or_insert_with(|| "task failed".into()).clone();
                 job.errors.insert(index, message.clone());
-                if record.failures >= job.max_failures {
+                if !retry || record.failures >= job.max_failures {
                     record.status = TaskStatus::Failed;
                     job.failed += 1;
                     abort = Some(format!(

@@ -806,12 +806,12 @@ fn check_job_tasks(core: &Core, job: &super::Job) {
                 "task {task_id} runs on {executor} but the executor does not know it"
             );
         }
-        // A task fails when it has used up its attempts, or when no executor may run it
-        // (exclusion on failure).
-        let unschedulable = job
-            .reason
-            .as_deref()
-            .is_some_and(|r| r.contains("cannot run anywhere"));
+        // A task fails when it has used up its attempts, when no executor may run it
+        // (exclusion on failure), or when its result cannot be kept (running it again would
+        // make the same result).
+        let unschedulable = job.reason.as_deref().is_some_and(|r| {
+            r.contains("cannot run anywhere") || r.contains("the task's result of")
+        });
         if record.status == TaskStatus::Failed && !unschedulable {
             assert_eq!(record.failures, job.max_failures, "task {task_id}");
         }

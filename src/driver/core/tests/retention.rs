@@ -168,21 +168,47 @@ fn finish_all(core: &mut Core, tasks: u32, size: usize, journal: &mut Vec<Journa
 }
 
 #[test]
-fn results_past_a_jobs_cap_are_refused_with_a_note_and_the_job_succeeds() {
+fn a_result_past_its_jobs_cap_fails_its_task_for_good_naming_the_limit() {
     let mut core = core_retaining(10);
     core.config.retention.job_result_bytes = 100;
     add(&mut core, "e1", 1, 0);
-    let job_id = finish_all(&mut core, 3, 40, &mut Vec::new());
-    let kept: Vec<bool> = (0..3)
-        .map(|i| outcome(&mut core, job_id, i).result.is_some())
-        .collect();
-    assert_eq!(kept, [true, true, false]);
-    let note = outcome(&mut core, job_id, 2).error.unwrap();
-    assert!(
-        note.contains("refused") && note.contains("--max-job-result-bytes"),
-        "{note}"
+    let mut journal = Vec::new();
+    let job_id = submit(&mut core, job(3, 1, 4), 0);
+    let mut launched = launches(&take_journal(&mut core, &mut journal));
+    let mut ended = Vec::new();
+    while let Some((_, tasks)) = launched.pop() {
+        for (task_id, _, attempt) in tasks {
+            let update = finished_with(task_id, attempt, Value::String("r".repeat(38)));
+            assert_eq!(status(&mut core, "e1", vec![update], 1), (1, vec![]));
+            launched.extend(launches(&take_journal(&mut core, &mut journal)));
+            ended.push(attempt);
+        }
+    }
+    // Three attempts in all: the one refused is not run again, though four are allowed.
+    assert_eq!(ended, [0, 0, 0]);
+    let job = summary(&mut core, job_id);
+    assert_eq!(
+        (job.state, job.succeeded, job.failed),
+        (JobState::Failed, 2, 1)
     );
+    let refused = outcome(&mut core, job_id, 2);
+    assert_eq!((refused.state, refused.result), (TaskState::Failed, None));
+    let error = refused.error.unwrap();
+    assert!(
+        error.contains("result of 40 bytes")
+            && error.contains("--max-job-result-bytes")
+            && error.contains("80 taken already"),
+        "{error}"
+    );
+    assert!(job
+        .reason
+        .unwrap_or_default()
+        .contains("--max-job-result-bytes"));
     check_invariants(&core);
+    // A restored driver holds the same ends.
+    let mut restored = restored_keeping(&journal, 1, 10);
+    assert_eq!(summary(&mut restored, job_id).state, JobState::Failed);
+    assert_eq!(outcome(&mut restored, job_id, 2).state, TaskState::Failed);
 }
 
 #[test]
@@ -294,21 +320,33 @@ fn a_result_in_chunks_is_kept_by_its_place_journaled_and_restored() {
 }
 
 #[test]
-fn a_result_in_chunks_past_the_jobs_cap_or_without_a_bucket_is_refused_with_a_note() {
+fn a_result_in_chunks_past_the_jobs_cap_or_without_a_bucket_fails_its_task() {
     for bucket in [true, false] {
         let mut core = journaled_core(0);
         core.config.results_bucket = bucket;
         core.config.retention.job_result_bytes = 1_000_000;
-        let (job_id, _, _) = finish_in_chunks(&mut core, &mut Vec::new());
+        add(&mut core, "e1", 1, 0);
+        let job_id = submit(&mut core, job(1, 1, 4), 0);
+        let (task_id, _, attempt) = launches(&core.take_effects())[0].1[0];
+        status(
+            &mut core,
+            "e1",
+            vec![finished_in_chunks(task_id, attempt, CHUNKS)],
+            1,
+        );
         let refused = outcome(&mut core, job_id, 0);
-        assert_eq!(refused.result_chunks, None);
-        let note = refused.error.unwrap_or_default();
+        assert_eq!(
+            (refused.state, refused.result_chunks),
+            (TaskState::Failed, None)
+        );
+        let error = refused.error.unwrap_or_default();
         let expected = if bucket {
             "--max-job-result-bytes"
         } else {
             "only by a driver with a results bucket"
         };
-        assert!(note.contains(expected), "{note}");
+        assert!(error.contains(expected), "{error}");
+        assert_eq!(summary(&mut core, job_id).state, JobState::Failed);
         check_invariants(&core);
     }
 }
