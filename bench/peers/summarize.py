@@ -131,3 +131,33 @@ if slot_files:
         errs = [r.get("error") for r in runs if r.get("error")]
         print(f"- {name} W2 per run tasks/s {per}; load1 before runs {loads}; "
               f"cpu_busy {busy}; errors {errs}")
+
+# W4 broadcast: one object read by many tasks on 2 workers x 2 slots (results/<peer>_w4.json
+# from `--only w4`, or the w4 part of results/<peer>.json).
+w4rows = []
+for peer, label in (("ray", "Ray core (ray.put, one node)"),
+                    ("dask", "Dask distributed (scatter broadcast=True)")):
+    res = load(peer + "_w4") or load(peer)
+    if res and res.get("w4"):
+        w4rows.append((peer, label, res))
+if w4rows:
+    print()
+    hdr = ["peer", "version", "object x reads", "seconds (put + tasks)", "GB/s", "runs s"]
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "---|" * len(hdr))
+    for peer, label, res in w4rows:
+        w = res["w4"]
+        runs = [r.get("total_s") for r in w["runs"]]
+        ver = res["versions"].get("distributed" if peer == "dask" else "ray")
+        print(f"| {label} | {ver} | {w['object_bytes'] >> 20} MiB x {w['tasks']} | "
+              f"{s(w['median_total_s'], '', 3)} ({s(w['median_put_s'], '', 3)} + "
+              f"{s(w['median_tasks_s'], '', 3)}) | {s(w['median_gbps'], '', 1)} | {runs} |")
+    print()
+    for peer, label, res in w4rows:
+        runs = res["w4"]["runs"]
+        loads = [(r.get("load_before") or {}).get("load1") for r in runs]
+        busy = [(r.get("load_before") or {}).get("cpu_busy_1s") for r in runs]
+        rust = [(r.get("load_before") or {}).get("rustc_procs") for r in runs]
+        errs = [r.get("error") for r in runs if r.get("error")]
+        print(f"- {peer} W4: load1 before runs {loads}; cpu_busy {busy}; rustc procs {rust}; "
+              f"errors {errs}")
