@@ -20,7 +20,9 @@ Objects: a request may carry `function_path` or `args_path` instead of `function
 (a file holding the raw pickle, fetched from the cluster's object store by the executor), and
 `objects`, {<reference>: <file>}: the values the pickles refer to by persistent id
 ("ember-object", <reference>), each file a pickle, loaded once per worker and shared
-read-only by later calls.
+read-only by later calls. A map's items may come in groups: ("ember-item", <reference>,
+<position>) is the chunk at that position of the object's value, a list of the chunks'
+pickles; the list is loaded once, as any object is, and the chunk unpickled for each call.
 """
 
 import base64
@@ -115,9 +117,41 @@ class Unpickler(pickle.Unpickler):
     fetched."""
 
     def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "ember-object"):
-            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
-        return load_object(pid[1])
+        kind = pid[0] if isinstance(pid, tuple) and pid else None
+        if kind == "ember-object" and len(pid) == 2:
+            return load_object(pid[1])
+        if kind == "ember-item":
+            return load_item(pid)
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def load_item(pid):
+    """The chunk of a map's items that ("ember-item", <reference>, <position>) names. The
+    group's list of pickles is shared; the chunk is unpickled afresh, so that each attempt
+    gets its own copy, as it does of inline arguments."""
+    if not (
+        len(pid) == 3
+        and isinstance(pid[1], str)
+        and type(pid[2]) is int
+        and pid[2] >= 0
+    ):
+        raise pickle.UnpicklingError(
+            f"malformed persistent id {pid!r}: an item is "
+            f"('ember-item', <reference>, <position>)"
+        )
+    _, reference, position = pid
+    group = load_object(reference)
+    if not isinstance(group, list) or position >= len(group):
+        raise pickle.UnpicklingError(
+            f"object {reference} holds no group of map items with a position {position}"
+        )
+    chunk = group[position]
+    if not isinstance(chunk, bytes):
+        raise pickle.UnpicklingError(
+            f"object {reference} holds no group of map items: its element {position} is of "
+            f"type {type(chunk).__name__}, not a pickle"
+        )
+    return Unpickler(io.BytesIO(chunk)).load()
 
 
 def load_object(reference):
