@@ -45,6 +45,9 @@ REQUEST_TIMEOUT = 10.0
 FAILOVER_PATIENCE = 30.0
 # What Ember keeps free under the server's max_payload for framing.
 PAYLOAD_HEADROOM = 4096
+# What a driver with a journal keeps free besides, for a job's record (driver/core/jobs.rs): a
+# map laid out to fit is taken by any driver.
+JOURNAL_ROOM = 1024
 # How often a wait asks for the job's progress when no JobEnd event has come, in seconds.
 POLL_INTERVAL = 1.0
 # How often the progress bar is brought up to date, in seconds.
@@ -61,6 +64,10 @@ _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 def _b64(data):
     return base64.b64encode(data).decode("ascii")
+
+
+def _encode(message):
+    return json.dumps(message, separators=(",", ":")).encode()
 
 
 def _pickle(value):
@@ -239,7 +246,7 @@ class Client:
         """Sends one api request (a dict with "type") and returns the driver's answer; an
         `Error` answer raises `DriverError` with the driver's message."""
         subject = f"{self.prefix}.driver.api"
-        payload = json.dumps(message, separators=(",", ":")).encode()
+        payload = _encode(message)
         limit = self.nc.max_payload - PAYLOAD_HEADROOM
         if len(payload) > limit:
             raise RequestTooLarge(
@@ -336,19 +343,23 @@ class Client:
         again: while the driver answers `Unavailable`, or no driver answers after one did, it is
         sent again for up to 30 s, and a driver that took it already answers with its job."""
         await self._ensure_watch()
-        request = {
-            "type": "SubmitJob",
-            "name": name or "",
-            "tasks": list(tasks),
-            "repeat": repeat,
-            "max_failures": max_failures,
-            "cpus_per_task": cpus_per_task,
-            "submission_id": submission_id or uuid.uuid4().hex,
-        }
-        if resources:
-            request["resources"] = dict(resources)
+        request = _job_request(
+            tasks,
+            repeat=repeat,
+            name=name,
+            max_failures=max_failures,
+            cpus_per_task=cpus_per_task,
+            resources=resources,
+            submission_id=submission_id,
+        )
         answer = await self._through_failover(lambda: self._expect(request, "JobAccepted"))
         return Job(self, answer["job_id"])
+
+    def _task_room(self, **job):
+        """The bytes a SubmitJob with `job`'s options leaves for its task list: the server's
+        max_payload less PAYLOAD_HEADROOM and JOURNAL_ROOM, less the rest of the request."""
+        rest = len(_encode(_job_request([], **job))) - len("[]")
+        return self.nc.max_payload - PAYLOAD_HEADROOM - JOURNAL_ROOM - rest
 
     async def _through_failover(self, attempt):
         """Awaits `attempt()` again every 0.2 s for up to 30 s while the driver answers
@@ -465,7 +476,12 @@ class Client:
         """Runs `fn` on each item of `iterable` as one job, `chunksize` items per task (by
         default about four tasks per core of the cluster); returns its `Job`, whose
         `results()` are the values in the order of the items. `timeout` bounds each task;
-        `resources` is what each task holds, as in `submit_with`."""
+        `resources` is what each task holds, as in `submit_with`.
+
+        A task's items travel inline in the request, or in the object store when their pickle
+        is over 64 KiB, or, when inline they would make the request pass the server's
+        max_payload, in the store in groups (`objects.MapTasks`). A map of more tasks than
+        one request can name even so raises `RequestTooLarge` with the chunksize to use."""
         items = list(iterable)
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
@@ -474,23 +490,21 @@ class Client:
             chunksize = max(1, math.ceil(len(items) / (TASKS_PER_CORE * max(cores, 1))))
         if not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"chunksize must be a positive integer; got {chunksize!r}")
+        base = {"kind": "python", "map": True}
         ms = _timeout_ms(timeout)
+        if ms is not None:
+            base["timeout_ms"] = ms
         # The function's pickle, inline or as an object, is made once for every task.
-        function = await self._pickled({}, "function", _objects.dumps(fn))
-        specs = []
-        for start in range(0, len(items), chunksize):
-            spec = {"kind": "python", "map": True, **function}
-            spec["objects"] = list(function.get("objects", []))
-            if ms is not None:
-                spec["timeout_ms"] = ms
-            await self._pickled(spec, "args", _objects.dumps(items[start : start + chunksize]))
-            specs.append(spec)
-        if not specs:
+        pickled = _objects.dumps(fn)
+        function = await self._pickled({}, "function", pickled)
+        if not items:
             return Job(self, None, python="map")
-        return await self._submit(
-            specs, name=name or _name_of(fn), max_failures=max_failures,
-            resources=resources, python="map"
+        job = {"name": name or _name_of(fn), "max_failures": max_failures, "resources": resources}
+        tasks = _objects.MapTasks(
+            self._objects(), base, function, pickled[0], self._task_room(**job)
         )
+        specs = await tasks.specs(items, chunksize)
+        return await self._submit(specs, python="map", **job)
 
     async def _total_cores(self):
         answer = await self._expect({"type": "ListExecutors", "limit": 0}, "Executors")
@@ -653,6 +667,31 @@ class Client:
                 await subscription.unsubscribe()
             except Exception:
                 pass
+
+
+def _job_request(
+    tasks,
+    *,
+    repeat=1,
+    name="",
+    max_failures=DEFAULT_MAX_FAILURES,
+    cpus_per_task=1,
+    resources=None,
+    submission_id=None,
+):
+    """A SubmitJob request (docs/protocol.md)."""
+    request = {
+        "type": "SubmitJob",
+        "name": name or "",
+        "tasks": list(tasks),
+        "repeat": repeat,
+        "max_failures": max_failures,
+        "cpus_per_task": cpus_per_task,
+        "submission_id": submission_id or uuid.uuid4().hex,
+    }
+    if resources:
+        request["resources"] = dict(resources)
+    return request
 
 
 def _name_of(fn):

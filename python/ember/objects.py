@@ -14,13 +14,15 @@ import datetime
 import hashlib
 import io
 import json
+import math
+import pickle
 import re
 import uuid
 
 import cloudpickle
 import nats.js.errors
 
-from .errors import EmberError
+from .errors import EmberError, RequestTooLarge
 
 # The size of an object's chunks, as the Object Store's own default.
 CHUNK_BYTES = 128 * 1024
@@ -29,6 +31,12 @@ CHUNKS_IN_FLIGHT = 32
 # A function or arguments whose pickle is larger than this go into the store, and the task
 # carries a reference instead.
 BY_REFERENCE_BYTES = 64 * 1024
+# A map's chunks that go into the store together, because inline they would make the request
+# pass max_payload, make objects of up to about this size (`MapTasks`). Each executor fetches
+# every group that holds one of its tasks, and each worker keeps a few groups loaded: a few MiB
+# keeps both small, while the cost of an object (a lookup by the driver at submit, a fetch by
+# each executor) is paid once for some 64 chunks or more, each being at most 64 KiB.
+ITEM_GROUP_BYTES = 4 * 2**20
 # JetStream's error code for a publish whose expected last sequence did not hold.
 _WRONG_LAST_SEQUENCE = 10071
 # ... and for a stream that does not exist.
@@ -86,6 +94,31 @@ def dumps(value):
     pickler = _Pickler(buffer)
     pickler.dump(value)
     return buffer.getvalue(), pickler.refs
+
+
+class _Item:
+    """Stands for one chunk of a group of a map's items in the pickle that names it."""
+
+    __slots__ = ("group", "position")
+
+    def __init__(self, group, position):
+        self.group = group
+        self.position = position
+
+
+class _ItemPickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, _Item):
+            return ("ember-item", obj.group, obj.position)
+        return None
+
+
+def item_pickle(group, position):
+    """A task's arguments that are the `position`-th chunk of the group object `group` (its
+    hex): nothing but the persistent id ("ember-item", group, position), some 100 bytes."""
+    buffer = io.BytesIO()
+    _ItemPickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(_Item(group, position))
+    return buffer.getvalue()
 
 
 class Store:
@@ -204,3 +237,170 @@ class Store:
                 f"object {ref} read back as {got}: its stored bytes do not match its name"
             )
         return data
+
+
+# A reference's size in the request: a layout is measured before anything is put.
+_PLACEHOLDER = "0" * 64
+
+
+def _b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def _encoded_size(value):
+    """The bytes `value` takes in a request, encoded as `Client.request` encodes it."""
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+class MapTasks:
+    """The python task specs of one map, one chunk of items each, laid out to fit in one
+    SubmitJob request.
+
+    A chunk's pickle goes inline in its task's `args`, or into the store by itself when it is
+    over BY_REFERENCE_BYTES (`args_object`). When the task list would still take more than
+    `room` bytes of the request, the function goes into the store (when its reference is the
+    smaller), and then so do the chunks that take less room named than inline: in groups of
+    about ITEM_GROUP_BYTES, each an object holding the list of its chunks' pickles, each such
+    task's `args` the pickle of the persistent id ("ember-item", group, position) and its
+    `objects` naming the group. A group holds pickles rather than values so that a worker
+    unpickles its own chunk only, with the objects its own task names, and each attempt gets
+    a fresh copy, as inline args give. A map of too many tasks even so is refused before
+    anything is put, with a chunksize that would fit.
+    """
+
+    def __init__(self, store, base, function, function_data, room):
+        self.store = store
+        # The fields of every spec (kind, map, timeout_ms); the function's, as
+        # `Client._pickled` made them, and its pickle.
+        self.base = base
+        self.function = function
+        self.function_data = function_data
+        self.room = room
+
+    async def specs(self, items, chunksize):
+        """The specs of the tasks of `items`, `chunksize` of them each."""
+        count = math.ceil(len(items) / chunksize)
+        function = self._smallest_function()
+        least = _encoded_size(self._spec(function, {"args": ""}, [])) + 1
+        if count * least + 1 > self.room:
+            raise self._too_many(len(items), chunksize, self._grouped_cost(function, count))
+        entries = []
+        for start in range(0, len(items), chunksize):
+            data, refs = dumps(items[start : start + chunksize])
+            if len(data) > BY_REFERENCE_BYTES:
+                entries.append(("args_object", (await self.store.put_bytes(data)).ref, refs))
+            else:
+                entries.append(("args", data, refs))
+        if self._fits(entries, self.function):
+            return self._specs(entries, self.function)
+        if function is not self.function and self._fits(entries, function):
+            return self._specs(entries, await self._put_function(function))
+        entries, groups = self._grouped(entries, function)
+        size = self._size(self._specs(entries, function))
+        if size > self.room:
+            raise self._too_many(len(items), chunksize, math.ceil((size - 1) / count))
+        function = await self._put_function(function)
+        refs = []
+        for group in groups:
+            data = pickle.dumps(group, protocol=cloudpickle.DEFAULT_PROTOCOL)
+            refs.append((await self.store.put_bytes(data)).ref)
+        return self._specs(entries, function, refs)
+
+    def _smallest_function(self):
+        """The function's fields with the function in the store (its reference a placeholder
+        until it is put) if that takes less room; else as they are."""
+        if "function" not in self.function:
+            return self.function
+        named = {key: value for key, value in self.function.items() if key != "function"}
+        named["function_object"] = _PLACEHOLDER
+        return min(self.function, named, key=_encoded_size)
+
+    async def _put_function(self, function):
+        if function.get("function_object") != _PLACEHOLDER:
+            return function
+        ref = (await self.store.put_bytes(self.function_data)).ref
+        return {**function, "function_object": ref}
+
+    def _grouped(self, entries, function):
+        """`entries` with the inline chunks that take less room named than inline moved into
+        groups (in task order, so that neighbouring tasks share one), and the groups, each a
+        list of chunk pickles."""
+        moved, groups, group, size = [], [], [], 0
+        for entry in entries:
+            form, data, refs = entry
+            if form == "args" and self._smaller_named(function, data, refs, len(entries)):
+                if group and size + len(data) > ITEM_GROUP_BYTES:
+                    groups.append(group)
+                    group, size = [], 0
+                entry = ("item", (len(groups), len(group)), refs)
+                group.append(data)
+                size += len(data)
+            moved.append(entry)
+        if group:
+            groups.append(group)
+        return moved, groups
+
+    def _smaller_named(self, function, data, refs, position):
+        """Whether a task takes less room with its chunk `data` in a group (at `position` at
+        most) than inline."""
+        named = self._specs([("item", (0, position), refs)], function)[0]
+        inline = self._spec(function, {"args": _b64(data)}, refs)
+        return _encoded_size(named) < _encoded_size(inline)
+
+    def _grouped_cost(self, function, count):
+        """The most room a task takes with its chunk in a group."""
+        spec = self._specs([("item", (0, count - 1), [])], function)[0]
+        return _encoded_size(spec) + 1
+
+    def _spec(self, function, args, refs):
+        """One task's spec: `args` its args field, `refs` the objects its pickles name."""
+        spec = {**self.base, **function, **args}
+        named = list(function.get("objects", []))
+        named += [ref for ref in refs if ref not in named]
+        if named:
+            spec["objects"] = named
+        return spec
+
+    def _specs(self, entries, function, groups=None):
+        """The specs of `entries`, each ("args", pickle, refs), ("args_object", ref, refs) or
+        ("item", (group, position), refs); with no `groups` yet, their references are
+        placeholders."""
+        specs = []
+        for form, value, refs in entries:
+            if form == "item":
+                group, position = value
+                group = _PLACEHOLDER if groups is None else groups[group]
+                args, refs = {"args": _b64(item_pickle(group, position))}, refs + [group]
+            elif form == "args":
+                args = {"args": _b64(value)}
+            else:
+                args = {"args_object": value}
+            specs.append(self._spec(function, args, refs))
+        return specs
+
+    def _fits(self, entries, function):
+        return self._size(self._specs(entries, function)) <= self.room
+
+    @staticmethod
+    def _size(specs):
+        """The bytes of a task list of `specs` in the request."""
+        return sum(_encoded_size(spec) for spec in specs) + len(specs) + 1
+
+    def _too_many(self, items, chunksize, per_task):
+        count = math.ceil(items / chunksize)
+        fit = (self.room - 1) // per_task
+        if fit < 1:
+            return RequestTooLarge(
+                f"one task of this map takes {per_task} bytes of the request, more than the "
+                f"{self.room} bytes the server's max_payload leaves for tasks: raise "
+                f"max_payload in nats.conf"
+            )
+        needed = math.ceil(items / fit)
+        return RequestTooLarge(
+            f"a map of {count} tasks ({items} items, chunksize {chunksize}) does not fit in "
+            f"one request, even with its items in the object store: each task takes some "
+            f"{per_task} bytes of it, and the server's max_payload leaves room for {fit} "
+            f"tasks. Use a chunksize of at least {needed} (about {needed / chunksize:.3g} "
+            f"times larger), leave chunksize out to size tasks by the cluster's cores, or "
+            f"raise max_payload in nats.conf"
+        )
