@@ -415,6 +415,28 @@ pub enum ApiRequest {
     ReleaseExecutor {
         executor_id: ExecutorId,
     },
+    /// Which kept jobs refer to each of `objects` (at most [`MAX_OBJECTS_ASKED`]).
+    ObjectUses {
+        objects: Vec<crate::objects::ObjectRef>,
+    },
+    /// Delete `object` from the store now, if no kept job refers to it.
+    DeleteObject {
+        object: crate::objects::ObjectRef,
+    },
+}
+
+/// The most objects one `ObjectUses` may ask about.
+pub const MAX_OBJECTS_ASKED: usize = 256;
+/// The most job ids an `ObjectUse` lists (`jobs_count` counts them all).
+pub const MAX_OBJECT_JOBS_LISTED: usize = 32;
+
+/// Which kept jobs refer to one object: the first [`MAX_OBJECT_JOBS_LISTED`] of them, and how
+/// many in all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectUse {
+    pub object: crate::objects::ObjectRef,
+    pub jobs: Vec<JobId>,
+    pub jobs_count: u32,
 }
 
 fn default_page() -> u32 {
@@ -505,6 +527,15 @@ pub enum ApiReply {
     /// How many executors were told to stop.
     Stopping {
         executors: u32,
+    },
+    /// The answer to `ObjectUses`, one entry per object asked about, in its order.
+    ObjectUses {
+        uses: Vec<ObjectUse>,
+    },
+    /// The answer to `DeleteObject`: whether the store held it.
+    ObjectDeleted {
+        object: crate::objects::ObjectRef,
+        deleted: bool,
     },
     Error {
         message: String,

@@ -622,3 +622,168 @@ async fn a_task_whose_input_does_not_match_its_name_fails_saying_so() {
     assert_eq!(cached, 0, "nothing of the spoiled object is kept");
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+/// A driver that keeps one finished job and sweeps objects unused for a second.
+async fn sweeping_driver(
+    cluster: &TestCluster,
+) -> common::Running<Result<(), ember::driver::DriverError>> {
+    cluster
+        .driver_configured(|config| {
+            config.journal = ember::driver::journal::JournalMode::On;
+            config.objects_max_age = Duration::from_secs(1);
+            config.retention.jobs = 1;
+        })
+        .await
+}
+
+/// The kept jobs that use `object`, as the driver says.
+async fn users(api: &ember::client::EmberClient, object: &ObjectRef) -> Vec<u64> {
+    let asked = ember::protocol::ApiRequest::ObjectUses {
+        objects: vec![object.clone()],
+    };
+    match api.call(&asked).await.expect("ObjectUses") {
+        ember::protocol::ApiReply::ObjectUses { uses } => uses[0].jobs.clone(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Waits until the store holds `object` no more.
+async fn deleted(objects: &Objects, object: &ObjectRef) {
+    common::eventually(Duration::from_secs(20), "the object's deletion", || async {
+        objects.stat(object).await.unwrap().is_none().then_some(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn objects_live_while_a_kept_job_uses_them_through_a_restart_and_go_after_max_age() {
+    use ember::protocol::{ApiRequest, JobState};
+    let cluster = TestCluster::start_with_jetstream("objects-retention");
+    let driver = sweeping_driver(&cluster).await;
+    let (_executor, _, data_dir) = executor(&cluster, "objects-retention", 2, None).await;
+    let api = cluster.api(cluster.client().await);
+    let objects = common::eventually(Duration::from_secs(20), "the store", || async {
+        api.objects().await.ok()
+    })
+    .await;
+    let input = objects.put_bytes(content(1000, 1)).await.unwrap().object;
+    let unused = objects.put_bytes(content(1000, 2)).await.unwrap().object;
+
+    let job = command_job(
+        1,
+        "cp in.bin out.bin && echo x >> out.bin",
+        &[("in.bin", &input)],
+        &["out.bin"],
+    );
+    let first = within(Duration::from_secs(60), api.run_job(job, |_| {}))
+        .await
+        .expect("the job runs");
+    assert_eq!(first.state, JobState::Succeeded, "{first:?}");
+    let outcome = &api.results(first.job_id).await.unwrap()[0];
+    let output = ObjectRef::parse(
+        outcome.result.as_ref().unwrap()["outputs"]["out.bin"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(users(&api, &input).await, [first.job_id]);
+    assert_eq!(
+        users(&api, &output).await,
+        [first.job_id],
+        "an output is the job's too"
+    );
+    assert!(users(&api, &unused).await.is_empty());
+
+    // What no kept job uses goes once it is a second old; what job 1 uses stays, and may not
+    // be deleted by hand either.
+    deleted(&objects, &unused).await;
+    let refused = api
+        .call(&ApiRequest::DeleteObject {
+            object: input.clone(),
+        })
+        .await
+        .expect_err("the input is in use");
+    assert!(
+        refused
+            .to_string()
+            .contains(&format!("used by kept job {}", first.job_id)),
+        "{refused}"
+    );
+
+    // A new driver knows what job 1 uses from the journal, outputs included.
+    driver.stop().await.expect("the driver stops cleanly");
+    let _driver = sweeping_driver(&cluster).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for object in [&input, &output] {
+        assert!(
+            objects.stat(object).await.unwrap().is_some(),
+            "{object} was deleted"
+        );
+    }
+    let api = cluster.api(cluster.client().await);
+    assert_eq!(users(&api, &output).await, [first.job_id]);
+
+    // Job 1 is forgotten once job 2 ends (one finished job is kept): its objects go too.
+    let second = within(
+        Duration::from_secs(60),
+        api.run_job(common::noops(1), |_| {}),
+    )
+    .await
+    .expect("the second job runs");
+    assert_eq!(second.state, JobState::Succeeded);
+    deleted(&objects, &input).await;
+    deleted(&objects, &output).await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+#[tokio::test]
+async fn a_put_that_died_leaves_nothing_after_the_sweeps_and_rm_deletes_an_unused_object() {
+    use ember::protocol::{ApiReply, ApiRequest};
+    let cluster = TestCluster::start_with_jetstream("objects-sweep");
+    let _driver = sweeping_driver(&cluster).await;
+    let api = cluster.api(cluster.client().await);
+    let objects = common::eventually(Duration::from_secs(20), "the store", || async {
+        api.objects().await.ok()
+    })
+    .await;
+    // What a put killed half-way leaves: chunks under a subject no metadata names.
+    let jetstream = async_nats::jetstream::new(cluster.client().await);
+    let subject = format!("$O.{}.C.deadbeef", cluster.subjects.objects_bucket());
+    for chunk in 0..3u8 {
+        let ack = jetstream
+            .publish(subject.clone(), content(CHUNK_BYTES, chunk))
+            .await
+            .unwrap();
+        ack.await.expect("the chunk is stored");
+    }
+    assert_eq!(messages(&cluster).await, 3);
+    common::eventually(
+        Duration::from_secs(20),
+        "the dead put's chunks purged",
+        || async { (messages(&cluster).await == 0).then_some(()) },
+    )
+    .await;
+
+    // `DeleteObject` deletes an object no kept job uses, and says whether it was there.
+    let object = objects.put_bytes(content(100, 3)).await.unwrap().object;
+    let delete = ApiRequest::DeleteObject {
+        object: object.clone(),
+    };
+    let answer = api.call(&delete).await.expect("deleted");
+    assert_eq!(
+        answer,
+        ApiReply::ObjectDeleted {
+            object: object.clone(),
+            deleted: true
+        }
+    );
+    assert!(objects.stat(&object).await.unwrap().is_none());
+    let again = api.call(&delete).await.expect("answered");
+    assert_eq!(
+        again,
+        ApiReply::ObjectDeleted {
+            object,
+            deleted: false
+        }
+    );
+}

@@ -498,6 +498,7 @@ fn task_events_and_records_of_a_term() {
                 error: None,
                 in_bucket: false,
                 result_chunks: None,
+                objects: Vec::new(),
             }],
             term: 12,
         },
@@ -1484,6 +1485,7 @@ fn results_in_chunks() {
             error: None,
             in_bucket: false,
             result_chunks: Some(chunks),
+            objects: Vec::new(),
         },
         json!({"task_id": 104, "attempt": 0, "executor_id": "exec-1", "state": "FINISHED", "result_chunks": {"count": 3, "bytes": 2500000}}),
     );
@@ -2796,6 +2798,7 @@ fn journal_records() {
                 error: None,
                 in_bucket: false,
                 result_chunks: None,
+                objects: Vec::new(),
             }],
             term: 0,
         },
@@ -2811,6 +2814,7 @@ fn journal_records() {
         error: None,
         in_bucket: false,
         result_chunks: None,
+        objects: Vec::new(),
     };
     let in_bucket = JournaledTask {
         task_id: 103,
@@ -2824,6 +2828,21 @@ fn journal_records() {
             term: 0,
         },
         json!({"type":"TasksEnded","time_ms":1700000000130u64,"tasks":[[102,1,"exec-2"],{"task_id":103,"attempt":1,"executor_id":"exec-2","state":"FINISHED","in_bucket":true}]}),
+    );
+    // A finish whose result names objects (a command's outputs) is an object that lists them.
+    let output = ember::objects::ObjectRef::of(b"out");
+    golden(
+        &JournalRecord::TasksEnded {
+            time_ms: 1_700_000_000_135,
+            tasks: vec![JournaledTask {
+                task_id: 104,
+                in_bucket: true,
+                objects: vec![output.clone()],
+                ..plain.clone()
+            }],
+            term: 0,
+        },
+        json!({"type":"TasksEnded","time_ms":1700000000135u64,"tasks":[{"task_id":104,"attempt":1,"executor_id":"exec-2","state":"FINISHED","in_bucket":true,"objects":[output.as_str()]}]}),
     );
     // Plain finishes of consecutive ids, one attempt and one executor, go as a run.
     let run: Vec<_> = (110..113)

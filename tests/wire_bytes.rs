@@ -566,6 +566,7 @@ fn outcome(task_id: u64, executor: &str) -> JournaledTask {
         error: None,
         in_bucket: false,
         result_chunks: None,
+        objects: Vec::new(),
     }
 }
 

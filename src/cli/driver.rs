@@ -23,7 +23,7 @@ use crate::driver::journal::DEFAULT_REPLAY_TIMEOUT;
 use crate::driver::lease::DEFAULT_LEASE;
 use crate::driver::results::{DEFAULT_RESULTS_MAX_AGE, DEFAULT_RESULTS_MAX_BYTES};
 use crate::driver::{DriverConfig, JournalMode, Replicas};
-use crate::objects::DEFAULT_OBJECTS_MAX_BYTES;
+use crate::objects::{DEFAULT_OBJECTS_MAX_AGE, DEFAULT_OBJECTS_MAX_BYTES};
 use crate::{
     DEFAULT_EXECUTOR_TIMEOUT, DEFAULT_JOURNAL_MAX_AGE, DEFAULT_NO_EXECUTORS_TIMEOUT,
     DEFAULT_REVIVE_INTERVAL, DEFAULT_SNAPSHOT_AFTER,
@@ -185,6 +185,12 @@ pub struct DriverArgs {
           default_value = super::show_limit(DEFAULT_OBJECTS_MAX_BYTES),
           value_parser = super::parse_limit)]
     pub objects_max_bytes: u64,
+    /// The leader deletes an object once no kept job has used it for this long and it was
+    /// put at least this long ago (the chunks of a put that died, once they are this old).
+    #[arg(long, env = "EMBER_OBJECTS_MAX_AGE",
+          default_value = show_duration(DEFAULT_OBJECTS_MAX_AGE),
+          value_parser = parse_age)]
+    pub objects_max_age: Duration,
     /// With a journal, every event also goes to the cluster's events stream in JetStream
     /// (EMBER_<cluster>_EVENTS), which `ember events --since` reads; it keeps each this long.
     #[arg(long, env = "EMBER_EVENTS_MAX_AGE", default_value = show_duration(DEFAULT_EVENTS_MAX_AGE),

@@ -2,9 +2,12 @@
 
 use crate::client::EmberClient;
 use crate::objects::{ObjectRef, ObjectStat};
-use crate::text::format_time;
+use crate::protocol::{ApiReply, ApiRequest, ObjectUse, MAX_OBJECTS_ASKED};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde_json::json;
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct PutArgs {
@@ -16,7 +19,8 @@ pub struct PutArgs {
 
 #[derive(clap::Subcommand)]
 pub enum ObjectsCommand {
-    /// List the objects the store holds, with their size and when each was put.
+    /// List the objects the store holds: size, age (since its put) and the kept jobs that
+    /// use each (an object no kept job uses is deleted after the driver's --objects-max-age).
     Ls {
         /// Print `{"objects": [...]}` instead of a table.
         #[arg(long)]
@@ -29,6 +33,13 @@ pub enum ObjectsCommand {
         /// Print it as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Delete objects now. The driver refuses to delete one a kept job uses; exits 1 if any
+    /// was refused.
+    Rm {
+        /// The objects' references.
+        #[arg(required = true)]
+        objects: Vec<ObjectRef>,
     },
     /// Write an object's content to a file (checked against its reference), or to stdout
     /// with `-`.
@@ -62,21 +73,42 @@ pub async fn objects(client: &EmberClient, command: &ObjectsCommand) -> anyhow::
     match command {
         ObjectsCommand::Ls { json } => {
             let stats = objects.list().await?;
-            if *json {
-                println!("{}", serde_json::json!({ "objects": stats }));
-            } else {
-                println!("{}", table(&stats));
-            }
+            show(
+                client,
+                &stats,
+                *json,
+                |described| json!({ "objects": described }),
+            )
+            .await?;
         }
         ObjectsCommand::Stat { object, json } => {
             let Some(stat) = objects.stat(object).await? else {
                 eprintln!("object {object} not found");
                 return Ok(false);
             };
-            match json {
-                true => println!("{}", serde_json::to_string(&stat)?),
-                false => println!("{}", table(&[stat])),
+            show(client, &[stat], *json, |mut described| described.remove(0)).await?;
+        }
+        ObjectsCommand::Rm { objects } => {
+            let mut all_done = true;
+            for object in objects {
+                match client
+                    .call(&ApiRequest::DeleteObject {
+                        object: object.clone(),
+                    })
+                    .await
+                {
+                    Ok(ApiReply::ObjectDeleted { deleted: true, .. }) => {
+                        println!("{object}: deleted")
+                    }
+                    Ok(ApiReply::ObjectDeleted { .. }) => println!("{object}: not there"),
+                    Ok(other) => anyhow::bail!("unexpected answer from the driver: {other:?}"),
+                    Err(error) => {
+                        eprintln!("{object}: {error}");
+                        all_done = false;
+                    }
+                }
             }
+            return Ok(all_done);
         }
         ObjectsCommand::Get { object, to } if to.as_os_str() == "-" => {
             use std::io::Write;
@@ -91,17 +123,83 @@ pub async fn objects(client: &EmberClient, command: &ObjectsCommand) -> anyhow::
     Ok(true)
 }
 
-fn table(stats: &[ObjectStat]) -> Table {
+/// Prints `stats` with the kept jobs that use each, as the driver says, in a table or as the
+/// JSON `wrap` makes of the objects described (each stat with `jobs` and `jobs_count`; both
+/// left out when no driver answers, which a warning says).
+async fn show(
+    client: &EmberClient,
+    stats: &[ObjectStat],
+    as_json: bool,
+    wrap: impl FnOnce(Vec<serde_json::Value>) -> serde_json::Value,
+) -> anyhow::Result<()> {
+    let uses = match uses(client, stats).await {
+        Ok(uses) => Some(uses),
+        Err(error) => {
+            eprintln!("warning: which kept jobs use each object is not shown: {error}");
+            None
+        }
+    };
+    let used = |object: &ObjectRef| uses.as_ref().and_then(|u| u.get(object));
+    if as_json {
+        let described = stats
+            .iter()
+            .map(|stat| {
+                let mut value = serde_json::to_value(stat).unwrap_or_default();
+                if let Some(u) = used(&stat.object) {
+                    value["jobs"] = json!(u.jobs);
+                    value["jobs_count"] = json!(u.jobs_count);
+                }
+                value
+            })
+            .collect();
+        println!("{}", wrap(described));
+        return Ok(());
+    }
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
-    table.set_header(["object", "bytes", "chunks", "put at"]);
+    table.set_header(["object", "bytes", "age", "kept jobs using it"]);
+    let now = crate::now_ms();
     for stat in stats {
+        let age = stat.put_ms.map(|put| {
+            let secs = now.saturating_sub(put) / 1000;
+            humantime::format_duration(Duration::from_secs(secs)).to_string()
+        });
+        let jobs = match used(&stat.object) {
+            None => "?".to_string(),
+            Some(u) if u.jobs_count == 0 => "none".to_string(),
+            Some(u) => {
+                let mut listed: Vec<String> = u.jobs.iter().map(u64::to_string).collect();
+                if u.jobs_count as usize > u.jobs.len() {
+                    listed.push(format!("+{}", u.jobs_count as usize - u.jobs.len()));
+                }
+                listed.join(" ")
+            }
+        };
         table.add_row([
             stat.object.to_string(),
             stat.size.to_string(),
-            stat.chunks.to_string(),
-            stat.put_ms.map(format_time).unwrap_or_default(),
+            age.unwrap_or_default(),
+            jobs,
         ]);
     }
-    table
+    println!("{table}");
+    Ok(())
+}
+
+/// Which kept jobs use each of `stats`' objects, asked of the driver a page at a time.
+async fn uses(
+    client: &EmberClient,
+    stats: &[ObjectStat],
+) -> anyhow::Result<HashMap<ObjectRef, ObjectUse>> {
+    let mut uses = HashMap::new();
+    for page in stats.chunks(MAX_OBJECTS_ASKED) {
+        let objects = page.iter().map(|s| s.object.clone()).collect();
+        match client.call(&ApiRequest::ObjectUses { objects }).await? {
+            ApiReply::ObjectUses { uses: answered } => {
+                uses.extend(answered.into_iter().map(|u| (u.object.clone(), u)))
+            }
+            other => anyhow::bail!("unexpected answer from the driver: {other:?}"),
+        }
+    }
+    Ok(uses)
 }

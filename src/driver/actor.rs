@@ -101,6 +101,7 @@ async fn lead(
     let mut revive = interval(config.revive_interval);
     let mut allocate = interval(ALLOCATE_INTERVAL);
     let mut speculate = interval(crate::driver::core::SPECULATION_INTERVAL);
+    let mut sweep = interval(super::objects::sweep_interval(config.objects_max_age));
     // One timer for the task events, moved only when what waits changes, rather than a new
     // one each time round the loop.
     let events_due = tokio::time::sleep(Duration::ZERO);
@@ -157,6 +158,10 @@ async fn lead(
             }
             _ = speculate.tick(), if core.speculating() => {
                 core.speculate(now_ms());
+                None
+            }
+            _ = sweep.tick(), if shell.sweeper.is_some() => {
+                shell.on_sweep(&core);
                 None
             }
             _ = &mut events_due, if due.is_some() => {

@@ -39,6 +39,8 @@ pub struct DriverConfig {
     pub results_max_bytes: u64,
     /// The most bytes the object store holds (with a journal); 0: no limit of its own.
     pub objects_max_bytes: u64,
+    /// How long an object outlives its put and the last kept job that used it.
+    pub objects_max_age: Duration,
     /// How long, and up to how many bytes, the events stream keeps events (with a journal).
     pub events_max_age: Duration,
     pub events_max_bytes: u64,
@@ -77,6 +79,7 @@ impl DriverConfig {
             results_max_age: super::results::DEFAULT_RESULTS_MAX_AGE,
             results_max_bytes: super::results::DEFAULT_RESULTS_MAX_BYTES,
             objects_max_bytes: crate::objects::DEFAULT_OBJECTS_MAX_BYTES,
+            objects_max_age: crate::objects::DEFAULT_OBJECTS_MAX_AGE,
             events_max_age: super::history::DEFAULT_EVENTS_MAX_AGE,
             events_max_bytes: super::history::DEFAULT_EVENTS_MAX_BYTES,
             lease: super::lease::DEFAULT_LEASE,

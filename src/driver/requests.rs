@@ -99,6 +99,9 @@ impl Shell {
             return None;
         }
         let (answer, request) = match decode::<ApiRequest>(&message.payload, self.limit) {
+            Ok(ApiRequest::DeleteObject { object }) => {
+                return self.on_delete_object(core, object, request);
+            }
             Ok(decoded) => {
                 let (decoded, request) = self.checks.check(decoded, request)?;
                 (core.answer(decoded, now_ms()), request)
@@ -110,6 +113,48 @@ impl Shell {
             }
         };
         Some(self.api_output(answer, Box::new(request)))
+    }
+
+    /// `DeleteObject`: refused while a kept job uses the object, or a submission named it a
+    /// moment ago; else deleted off the loop and answered once it is.
+    fn on_delete_object(
+        &self,
+        core: &Core,
+        object: crate::objects::ObjectRef,
+        request: async_nats::service::Request,
+    ) -> Option<Output> {
+        let refusal = match self.checks.store() {
+            None => Some(super::objects::NO_STORE.to_string()),
+            Some(_) => core.delete_refusal(&object),
+        }
+        .or_else(|| {
+            self.checks.named_lately(&object).then(|| {
+                format!("object {object} was named by a submission a moment ago: try again later")
+            })
+        });
+        if let Some(message) = refusal {
+            return Some(self.api_output(
+                Answer::Reply(ApiReply::Error { message }),
+                Box::new(request),
+            ));
+        }
+        let store = self.checks.store().cloned()?;
+        self.answer_off_loop(Box::new(request), async move {
+            match store.delete(&object).await {
+                Ok(deleted) => ApiReply::ObjectDeleted { object, deleted },
+                Err(error) => ApiReply::Error {
+                    message: format!("could not delete object {object}: {error}"),
+                },
+            }
+        });
+        None
+    }
+
+    /// The leader sweeps the object store, sparing what the kept jobs use.
+    pub(super) fn on_sweep(&self, core: &Core) {
+        if let Some(sweeper) = &self.sweeper {
+            sweeper.sweep(core.object_uses().into_keys().collect());
+        }
     }
 
     /// A submission whose objects were looked for in the store, answered now.

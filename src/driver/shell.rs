@@ -54,6 +54,8 @@ pub(super) struct Shell {
     pub(super) results: Option<ResultsBucket>,
     /// What looks for the objects a submission names, in the store a journal comes with.
     pub(super) checks: super::objects::Checks,
+    /// The leader's sweeps of the object store, if there is one.
+    pub(super) sweeper: Option<super::objects::Sweeper>,
     /// What stores the events in the cluster's events stream, with a journal.
     pub(super) history: Option<History>,
     /// Where the events handed to `history` stand against the journal.

@@ -237,6 +237,7 @@ mod tests {
             error: None,
             in_bucket: false,
             result_chunks: None,
+            objects: Vec::new(),
         });
         vec![
             submitted,

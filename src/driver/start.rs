@@ -241,7 +241,13 @@ pub(super) async fn start(
         )
     });
     let stamps = Stamps::new(journal.as_ref().and_then(Journal::mark).unwrap_or(0));
+    let sweeper = checks.sweeper(
+        config.objects_max_age,
+        tenure.as_ref().map(|t| t.guard().clone()),
+        config.metrics.objects.clone(),
+    );
     let shell = Shell {
+        sweeper,
         history,
         stamps,
         headers: tenure

@@ -49,8 +49,18 @@ pub struct DriverMetrics {
     pub journal: JournalWrites,
     /// Slow-consumer events of the driver's NATS connection.
     pub slow_consumers: Counter,
+    /// The object store as the leader's last sweep found it, and what its sweeps deleted.
+    pub objects: ObjectGauges,
     /// Where a scrape asks the leading actor for the metrics, if a driver leads.
     actor: Mutex<Option<mpsc::Sender<ScrapeRequest>>>,
+}
+
+/// The object store, as the leader's sweeps see it.
+#[derive(Debug, Default, Clone)]
+pub struct ObjectGauges {
+    pub objects: Gauge,
+    pub bytes: Gauge,
+    pub deleted: Counter,
 }
 
 /// The terminal states of an attempt, as their labels; [`end_index`] finds a state's place.
@@ -153,6 +163,7 @@ impl DriverMetrics {
             offer_rounds: Counter::default(),
             journal: JournalWrites::default(),
             slow_consumers: Counter::default(),
+            objects: ObjectGauges::default(),
             actor: Mutex::new(None),
             registry: Registry::with_prefix("ember_driver"),
         };
@@ -244,6 +255,22 @@ impl DriverMetrics {
             "journal_write_retries",
             "Journal writes that failed and were tried again",
             self.journal.retries.clone(),
+        );
+        r.register(
+            "objects",
+            "Objects in the cluster's object store, as the leader's last sweep found them",
+            self.objects.objects.clone(),
+        );
+        r.register_with_unit(
+            "objects",
+            "Bytes of the objects in the cluster's object store, as the leader's last sweep found them",
+            Unit::Bytes,
+            self.objects.bytes.clone(),
+        );
+        r.register(
+            "objects_deleted",
+            "Objects the leader's sweeps deleted (no kept job used them for --objects-max-age), and orphan chunks of puts that died",
+            self.objects.deleted.clone(),
         );
         r.register(
             "slow_consumers",

@@ -7,7 +7,9 @@
 mod driver;
 mod executor;
 
-pub use driver::{CoreGauges, DriverMetrics, JournalWrites, RequestKind, ScrapeRequest};
+pub use driver::{
+    CoreGauges, DriverMetrics, JournalWrites, ObjectGauges, RequestKind, ScrapeRequest,
+};
 pub use executor::ExecutorMetrics;
 
 use futures::future::BoxFuture;

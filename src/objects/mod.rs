@@ -15,6 +15,10 @@ pub use store::{ObjectStat, Objects, ObjectsError, Put, Usage, CHUNK_BYTES};
 
 use serde::{Deserialize, Serialize};
 
+/// How long an object outlives its put and the last kept job that used it, unless told
+/// otherwise.
+pub const DEFAULT_OBJECTS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// How many bytes the object store holds unless told otherwise: no limit of its own.
 pub const DEFAULT_OBJECTS_MAX_BYTES: u64 = 0;
 use sha2::{Digest, Sha256};

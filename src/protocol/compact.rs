@@ -14,6 +14,7 @@ use super::event::{ExecutorTasks, TaskEnded, TaskStarted};
 use super::journal::JournaledTask;
 use super::{ResultChunks, StatusUpdate, TaskState};
 use crate::ids::{ExecutorId, TaskId};
+use crate::objects::ObjectRef;
 use serde::de::{
     self, value::MapAccessDeserializer, DeserializeOwned, Deserializer, Expected, IgnoredAny,
     MapAccess, SeqAccess, Visitor,
@@ -345,6 +346,7 @@ impl JournaledTask {
             && self.error.is_none()
             && !self.in_bucket
             && self.result_chunks.is_none()
+            && self.objects.is_empty()
     }
 }
 
@@ -363,6 +365,8 @@ struct JournaledObject<I, R, E> {
     in_bucket: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     result_chunks: Option<ResultChunks>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    objects: Vec<ObjectRef>,
 }
 
 impl Serialize for JournaledTask {
@@ -379,6 +383,7 @@ impl Serialize for JournaledTask {
             error: self.error.as_ref(),
             in_bucket: self.in_bucket,
             result_chunks: self.result_chunks,
+            objects: self.objects.clone(),
         }
         .serialize(serializer)
     }
@@ -401,6 +406,7 @@ impl From<JournaledObject<ExecutorId, Value, String>> for JournaledTask {
             error: o.error,
             in_bucket: o.in_bucket,
             result_chunks: o.result_chunks,
+            objects: o.objects,
         }
     }
 }
@@ -433,6 +439,7 @@ impl JournaledTask {
             error: None,
             in_bucket: false,
             result_chunks: None,
+            objects: Vec::new(),
         }
     }
 }

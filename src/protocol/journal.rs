@@ -93,6 +93,8 @@ pub struct JournaledTask {
     pub in_bucket: bool,
     /// A result the executor stored in the results bucket in chunks.
     pub result_chunks: Option<super::ResultChunks>,
+    /// The objects its result names (a command's outputs): kept while its job is.
+    pub objects: Vec<crate::objects::ObjectRef>,
 }
 
 impl Batch for JournalRecord {

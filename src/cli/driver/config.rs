@@ -61,6 +61,7 @@ impl DriverArgs {
             results_max_age: self.results_max_age,
             results_max_bytes: self.results_max_bytes,
             objects_max_bytes: self.objects_max_bytes,
+            objects_max_age: self.objects_max_age,
             events_max_age: self.events_max_age,
             events_max_bytes: self.events_max_bytes,
             lease: self.lease,

@@ -614,6 +614,7 @@ impl Core {
                 error: Some(error.clone()),
                 in_bucket: job.in_bucket(index),
                 result_chunks: job.chunked.get(&index).copied(),
+                objects: job.outputs_of(index),
             };
             let term = self.config.term;
             self.journal(|| JournalRecord::TasksEnded {

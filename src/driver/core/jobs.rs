@@ -4,6 +4,7 @@ use super::tasks::Tasks;
 pub use super::tasks::{TaskStatus, NO_DURATION};
 use super::Core;
 use crate::ids::{ExecutorId, JobId, TaskId};
+use crate::objects::ObjectRef;
 use crate::protocol::{
     ApiReply, Event, JobState, JobSummary, JournalRecord, ResultChunks, ResultsPage, SubmitJob,
     TaskOutcome, TaskSpec, TaskState,
@@ -52,6 +53,8 @@ pub struct Job {
     /// Results the executors stored in the results bucket in chunks, each by its task's
     /// final attempt (whose executor and attempt name the chunks).
     pub chunked: HashMap<u32, ResultChunks, IdHasher>,
+    /// The objects tasks' results name (commands' outputs), by task: kept while the job is.
+    pub outputs: HashMap<u32, Vec<ObjectRef>, IdHasher>,
     pub errors: HashMap<u32, String, IdHasher>,
     pub state: JobState,
     pub succeeded: u32,
@@ -91,6 +94,7 @@ impl Job {
             results_dropped: false,
             in_bucket: Vec::new(),
             chunked: HashMap::default(),
+            outputs: HashMap::default(),
             errors: HashMap::default(),
             state: JobState::Running,
             succeeded: 0,
@@ -172,6 +176,17 @@ impl Job {
         self.results = HashMap::default();
         self.result_bytes = 0;
         self.results_dropped = true;
+    }
+
+    /// The objects task `index`'s result names.
+    pub fn outputs_of(&self, index: u32) -> Vec<ObjectRef> {
+        self.outputs.get(&index).cloned().unwrap_or_default()
+    }
+
+    /// Every object the job refers to: those its tasks name, and those their results do.
+    pub fn objects(&self) -> impl Iterator<Item = &ObjectRef> {
+        let named = self.specs.iter().flat_map(|spec| spec.objects());
+        named.chain(self.outputs.values().flatten())
     }
 
     /// The spec of task `index`.

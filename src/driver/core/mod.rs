@@ -11,6 +11,7 @@ mod exclusion;
 mod gate;
 mod jobs;
 mod liveness;
+mod objects;
 mod offers;
 mod placement;
 mod pools;
@@ -269,6 +270,8 @@ impl Core {
             ApiRequest::StopExecutor { executor_id } => self.on_stop_executors(Some(executor_id)),
             ApiRequest::StopAllExecutors => self.on_stop_executors(None),
             ApiRequest::ReleaseExecutor { executor_id } => self.on_release_executor(executor_id),
+            ApiRequest::ObjectUses { objects } => self.object_uses_of(&objects),
+            ApiRequest::DeleteObject { object } => self.refuse_delete(&object),
         }
     }
 

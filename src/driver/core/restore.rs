@@ -281,6 +281,9 @@ fn settle(
         job.chunked.insert(index, chunks);
         job.result_bytes += chunks.bytes;
     }
+    if !task.objects.is_empty() {
+        job.outputs.insert(index, task.objects);
+    }
     Ok(task.result)
 }
 

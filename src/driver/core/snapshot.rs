@@ -81,6 +81,7 @@ impl Core {
                     error: job.errors.get(&index).cloned(),
                     in_bucket: job.in_bucket(index),
                     result_chunks: job.chunked.get(&index).copied(),
+                    objects: job.outputs_of(index),
                 })
             });
             let mut settled = settled.peekable();

@@ -338,6 +338,7 @@ impl Core {
                 now,
             );
         }
+        self.keep_outputs(job_id, index, update.result.as_ref());
         self.keep_result(job_id, index, result, false);
         if let Some(chunks) = update.result_chunks {
             self.keep_chunks(job_id, index, chunks);
@@ -384,6 +385,7 @@ impl Core {
             error: job.errors.get(&end.index).cloned(),
             in_bucket: job.in_bucket(end.index),
             result_chunks: job.chunked.get(&end.index).copied(),
+            objects: job.outputs_of(end.index),
         })
     }
 

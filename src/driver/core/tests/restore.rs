@@ -79,6 +79,7 @@ fn outcome_of(task_id: TaskId, state: TaskState) -> JournaledTask {
         error: None,
         in_bucket: false,
         result_chunks: None,
+        objects: Vec::new(),
     }
 }
 
