@@ -10,10 +10,13 @@
 //!   with many registered executors.
 //! - **python**: Python functions submitted from Python through the `ember` package, with
 //!   `--python`.
+//! - **broadcast**: one large object read by many command tasks on 2 executors of 2 cores,
+//!   fetched once per executor, beside two bare concurrent gets of it (`broadcast.rs`).
 //! - **wide**: many executors of one core (in this process) and many jobs queued at once: the
 //!   scheduler's cost per task and per offer round when it has much to choose from.
 
 mod bare;
+mod broadcast;
 mod broker;
 mod procs;
 mod python;
@@ -64,6 +67,12 @@ pub struct BenchArgs {
     #[arg(long, default_value = "fifo", value_name = "fifo|fair",
           value_parser = crate::driver::core::SchedulingMode::parse)]
     pub wide_scheduling: crate::driver::core::SchedulingMode,
+    /// MiB of the object in the broadcast workload; 0 skips it.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(0..=4096))]
+    pub broadcast_mib: u32,
+    /// Tasks that read the broadcast object.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub broadcast_tasks: u32,
     /// A Python interpreter with the `ember` package installed (`pip install ./python`): adds
     /// the Python workload, `client.map` of a no-op and `submit().result()` round trips on 2
     /// executors of 1 and of 8 Python workers, submitted from Python.
@@ -161,6 +170,8 @@ impl BenchArgs {
             soak_retain: 2,
             soak_noop_tasks: 2_000,
             soak_command_tasks: 20,
+            broadcast_mib: self.broadcast_mib.min(16),
+            broadcast_tasks: self.broadcast_tasks.min(8),
             ..self.clone()
         }
     }
@@ -191,6 +202,9 @@ pub struct Report {
     /// Many executors of one core and many queued jobs, with the journal as `journal` says.
     #[serde(default)]
     pub wide: Option<wide::Wide>,
+    /// One large object read by many tasks.
+    #[serde(default)]
+    pub broadcast: Option<broadcast::Broadcast>,
     /// Python functions from Python, with `--python`.
     #[serde(default)]
     pub python: Option<Vec<python::PythonRow>>,
@@ -580,6 +594,23 @@ fn print_table(report: &Report) {
             format!(
                 "driver CPU {:.1} us a task, {:.1} us an offer round ({} rounds)",
                 w.driver_cpu_us_per_task, w.driver_cpu_us_per_round, w.offer_rounds
+            ),
+        ]);
+    }
+    if let Some(b) = &report.broadcast {
+        table.add_row([
+            format!(
+                "broadcast: {} MiB read by {} tasks, 2 x 2 cores",
+                b.object_bytes >> 20,
+                b.tasks
+            ),
+            format!(
+                "{:.3} s from submit to the last result ({:.1} GB/s read); put {:.3} s; fetches per executor {}-{}",
+                b.run_s, b.gbps, b.put_s, b.fetches_min, b.fetches_max
+            ),
+            format!(
+                "2 bare concurrent gets {:.3} s: {:.2}x",
+                b.bare_gets_s, b.ratio
             ),
         ]);
     }

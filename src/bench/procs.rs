@@ -105,17 +105,19 @@ impl Cluster {
 
     pub fn add_executors(&mut self, n: u32, cores: u32) -> anyhow::Result<()> {
         for i in 0..n {
-            let mut executor = Command::new(sibling("ember-executor")?);
-            executor
-                .args(["--nats-url", &self.server.url(), "--cluster", &self.cluster])
-                .args([
-                    "--executor-id",
-                    &format!("bench-{i}"),
-                    "--cores",
-                    &cores.to_string(),
-                ]);
-            self.executors.push(watched(executor)?);
+            self.add_executor(&format!("bench-{i}"), cores, &[])?;
         }
+        Ok(())
+    }
+
+    /// Starts executor `id` of `cores`, with `args` besides.
+    pub fn add_executor(&mut self, id: &str, cores: u32, args: &[String]) -> anyhow::Result<()> {
+        let mut executor = Command::new(sibling("ember-executor")?);
+        executor
+            .args(["--nats-url", &self.server.url(), "--cluster", &self.cluster])
+            .args(["--executor-id", id, "--cores", &cores.to_string()])
+            .args(args);
+        self.executors.push(watched(executor)?);
         Ok(())
     }
 }

@@ -99,6 +99,13 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
         );
         report.soak = Some(super::soak::run(args).await?);
     }
+    if args.broadcast_mib > 0 {
+        eprintln!(
+            "bench: broadcast, {} MiB read by {} tasks on 2 x 2 cores",
+            args.broadcast_mib, args.broadcast_tasks
+        );
+        report.broadcast = Some(super::broadcast::run(args).await?);
+    }
     if let Some(python) = &args.python {
         eprintln!(
             "bench: Python functions from Python, under {}",

@@ -1,0 +1,200 @@
+//! The broadcast workload: one large object read by many tasks on 2 executors of 2 cores, as
+//! Spark's broadcast variables, Ray's `ray.put` and Dask's `scatter(broadcast=True)` are used.
+//! Each task is a command that names the object as an input and checks its size; the object is
+//! fetched once per executor and linked into each task's directory from the cache. Beside it,
+//! the limit: two concurrent gets of the same object, over two connections, by a bare async-nats
+//! client, from the first request to the last byte.
+
+use super::procs::Cluster;
+use super::workloads::{connect, wait_for_executors};
+use super::BenchArgs;
+use crate::objects::ObjectRef;
+use crate::protocol::{JobState, SubmitJob, TaskSpec};
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(600);
+/// Executors, and cores each, as the peers' 2 workers of 2 slots.
+const EXECUTORS: u32 = 2;
+const CORES: u32 = 2;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Broadcast {
+    pub object_bytes: u64,
+    pub tasks: u32,
+    /// `ember put` of the object (the client hashes it and sends its chunks).
+    pub put_s: f64,
+    /// From the submission to the job's last result.
+    pub run_s: f64,
+    /// The object's bytes times the tasks that read it, over `run_s`, in GB/s.
+    pub gbps: f64,
+    /// The fetches of the object by each executor: the fewest and the most (1 and 1).
+    pub fetches_min: u64,
+    pub fetches_max: u64,
+    /// Two concurrent gets of the object from two connections, bare async-nats.
+    pub bare_gets_s: f64,
+    /// `run_s / bare_gets_s`.
+    pub ratio: f64,
+}
+
+pub async fn run(args: &BenchArgs) -> anyhow::Result<Broadcast> {
+    let bytes = args.broadcast_mib as usize * (1 << 20);
+    let tasks = args.broadcast_tasks;
+    let mut cluster = Cluster::start("broadcast", true)?;
+    let data = tempdir()?;
+    let mut ports = Vec::new();
+    for i in 0..EXECUTORS {
+        let port = free_port()?;
+        let dir = data.join(format!("exec-{i}"));
+        let extra = [
+            "--metrics-addr".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--data-dir".into(),
+            dir.display().to_string(),
+        ];
+        cluster.add_executor(&format!("bench-{i}"), CORES, &extra)?;
+        ports.push(port);
+    }
+    let measured = measure(&cluster, bytes, tasks, &ports).await;
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&data);
+    measured
+}
+
+async fn measure(
+    cluster: &Cluster,
+    bytes: usize,
+    tasks: u32,
+    ports: &[u16],
+) -> anyhow::Result<Broadcast> {
+    let api = connect(cluster).await?;
+    wait_for_executors(&api, u64::from(EXECUTORS)).await?;
+    let objects = api.objects().await?;
+    // Content no earlier run stored: the put sends every chunk.
+    let mut content = vec![0u8; bytes];
+    let seed = uuid::Uuid::new_v4().as_u128();
+    for (i, byte) in content.iter_mut().enumerate() {
+        *byte = (i as u128).wrapping_mul(seed | 1).to_le_bytes()[(i / 7) % 16];
+    }
+    let content = bytes::Bytes::from(content);
+    let started = Instant::now();
+    let put = objects.put_bytes(content.clone()).await?;
+    let put_s = started.elapsed().as_secs_f64();
+    anyhow::ensure!(put.sent, "the object was stored already");
+
+    let started = Instant::now();
+    let summary = tokio::time::timeout(
+        LIMIT,
+        api.run_job(readers(&put.object, bytes, tasks), |_| {}),
+    )
+    .await??;
+    let run_s = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        summary.state == JobState::Succeeded,
+        "the broadcast job did not succeed: {summary:?}"
+    );
+    let mut fetches = Vec::new();
+    for port in ports {
+        fetches.push(fetches_of(*port).await?);
+    }
+    let bare_gets_s =
+        bare_gets(&cluster.server.url(), &cluster.cluster, &put.object, bytes).await?;
+    Ok(Broadcast {
+        object_bytes: bytes as u64,
+        tasks,
+        put_s,
+        run_s,
+        gbps: bytes as f64 * f64::from(tasks) / run_s / 1e9,
+        fetches_min: fetches.iter().copied().min().unwrap_or(0),
+        fetches_max: fetches.iter().copied().max().unwrap_or(0),
+        bare_gets_s,
+        ratio: run_s / bare_gets_s,
+    })
+}
+
+/// `tasks` commands that each find the object in their directory, whole.
+fn readers(object: &ObjectRef, bytes: usize, tasks: u32) -> SubmitJob {
+    let script = format!("test \"$(wc -c < data.bin)\" -eq {bytes}");
+    SubmitJob {
+        name: "broadcast".into(),
+        tasks: vec![TaskSpec::Command {
+            argv: vec!["sh".into(), "-c".into(), script],
+            env: Default::default(),
+            cwd: None,
+            timeout_ms: None,
+            inputs: [("data.bin".to_string(), object.clone())].into(),
+            outputs: Vec::new(),
+        }],
+        repeat: tasks,
+        ..super::noops(1)
+    }
+}
+
+/// The object fetches an executor's metrics count.
+async fn fetches_of(port: u16) -> anyhow::Result<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    let count = text.lines().find_map(|line| {
+        line.strip_prefix("ember_executor_object_fetches_total ")?
+            .trim()
+            .parse::<f64>()
+            .ok()
+    });
+    count
+        .map(|n| n as u64)
+        .ok_or_else(|| anyhow::anyhow!("no object fetches in the metrics on port {port}"))
+}
+
+/// Two gets of `object` at once, each on a connection of its own, with async-nats alone: from
+/// the first request to the last byte.
+async fn bare_gets(
+    url: &str,
+    cluster: &str,
+    object: &ObjectRef,
+    bytes: usize,
+) -> anyhow::Result<f64> {
+    let subjects = crate::subjects::Subjects::new(cluster).map_err(anyhow::Error::msg)?;
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        let client = async_nats::connect(url).await?;
+        let jetstream = async_nats::jetstream::new(client);
+        stores.push(
+            jetstream
+                .get_object_store(subjects.objects_bucket())
+                .await?,
+        );
+    }
+    let started = Instant::now();
+    let gets = stores.iter().map(|store| async move {
+        use tokio::io::AsyncReadExt;
+        let mut reader = store.get(object.as_str()).await?;
+        let mut read = Vec::with_capacity(bytes);
+        reader.read_to_end(&mut read).await?;
+        anyhow::ensure!(read.len() == bytes, "a bare get read {} bytes", read.len());
+        Ok(())
+    });
+    for got in futures::future::join_all(gets).await {
+        got?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn tempdir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "ember-bench-broadcast-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
