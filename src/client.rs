@@ -5,7 +5,7 @@ use crate::epoch::{self, Newest};
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
     decode, encode, ApiReply, ApiRequest, Event, ExecutorsSnapshot, JobState, JobSummary,
-    ResultChunks, SubmitJob, TaskOutcome,
+    ResultObject, SubmitJob, TaskOutcome,
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
@@ -317,8 +317,8 @@ impl EmberClient {
         }
     }
 
-    /// Every task's outcome, in index order, fetched page by page; a result stored in chunks
-    /// is read a chunk at a time and put back together.
+    /// Every task's outcome, in index order, fetched page by page; a result too large for one
+    /// message is read from the object store into `result` (its `result_object` stays).
     pub async fn results(&self, job_id: JobId) -> Result<Vec<TaskOutcome>, ClientError> {
         let mut all = Vec::new();
         let mut offset = 0;
@@ -332,11 +332,11 @@ impl EmberClient {
                 return Err(ClientError::Unexpected("not a page of results".into()));
             };
             for mut outcome in page.results {
-                if let Some(chunks) = outcome.result_chunks {
-                    match self.chunked_result(job_id, outcome.index, chunks).await {
+                if let Some(object) = &outcome.result_object {
+                    match self.result_from_store(object).await {
                         Ok(result) => outcome.result = Some(result),
-                        // One result out of reach (expired from the bucket, say) says so in
-                        // its outcome rather than failing the whole read.
+                        // One result out of reach says so in its outcome rather than failing
+                        // the whole read.
                         Err(error) => outcome.error = Some(error.to_string()),
                     }
                 }
@@ -349,38 +349,23 @@ impl EmberClient {
         }
     }
 
-    /// Task `index`'s result, read a chunk at a time (`GetResultChunk`) and decoded.
-    pub async fn chunked_result(
+    /// A result its executor put in the object store, read (checked against its name) and
+    /// decoded.
+    pub async fn result_from_store(
         &self,
-        job_id: JobId,
-        index: u32,
-        chunks: ResultChunks,
+        object: &ResultObject,
     ) -> Result<serde_json::Value, ClientError> {
-        use base64::Engine as _;
-        let mut json = Vec::with_capacity(usize::try_from(chunks.bytes).unwrap_or(0));
-        for chunk in 0..chunks.count {
-            let request = ApiRequest::GetResultChunk {
-                job_id,
-                index,
-                chunk,
-            };
-            let ApiReply::ResultChunk { data, .. } = self.call(&request).await? else {
-                return Err(ClientError::Unexpected("not a chunk of a result".into()));
-            };
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(data)
-                .map_err(|e| ClientError::Unexpected(format!("a chunk not in base64: {e}")))?;
-            json.extend_from_slice(&bytes);
-        }
-        if json.len() as u64 != chunks.bytes {
-            return Err(ClientError::Unexpected(format!(
-                "the result's chunks hold {} bytes, not the {} its outcome gives",
-                json.len(),
-                chunks.bytes
-            )));
-        }
+        let unexpected = |e: String| ClientError::Unexpected(e);
+        let store = self
+            .objects()
+            .await
+            .map_err(|e| unexpected(e.to_string()))?;
+        let json = store
+            .get_bytes(&object.object)
+            .await
+            .map_err(|e| unexpected(format!("could not read the result: {e}")))?;
         serde_json::from_slice(&json)
-            .map_err(|e| ClientError::Unexpected(format!("the result's chunks are not JSON: {e}")))
+            .map_err(|e| unexpected(format!("the result's object is not JSON: {e}")))
     }
 
     /// A job's summary, asked again while no driver answers (a standby taking over from a

@@ -397,13 +397,6 @@ pub enum ApiRequest {
         #[serde(default = "default_page")]
         limit: u32,
     },
-    /// Chunk `chunk` (from 0) of task `index`'s result, one its outcome gave as
-    /// `result_chunks`.
-    GetResultChunk {
-        job_id: JobId,
-        index: u32,
-        chunk: u32,
-    },
     /// Decommission one executor.
     StopExecutor {
         executor_id: ExecutorId,
@@ -515,15 +508,6 @@ pub enum ApiReply {
         pools: Vec<PoolSummary>,
     },
     Results(ResultsPage),
-    /// Chunk `chunk` of `chunks` of a task's result: `data` is its bytes in base64 (standard
-    /// alphabet, padded); the chunks joined in order are the result's JSON text.
-    ResultChunk {
-        job_id: JobId,
-        index: u32,
-        chunk: u32,
-        chunks: u32,
-        data: String,
-    },
     /// How many executors were told to stop.
     Stopping {
         executors: u32,
@@ -726,10 +710,10 @@ pub struct TaskOutcome {
     pub result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Instead of `result`: a result too large for one message, to be read a chunk at a time
-    /// with `GetResultChunk`.
+    /// Instead of `result`: a result too large for one message, in the object store (the
+    /// object holds its JSON text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result_chunks: Option<ResultChunks>,
+    pub result_object: Option<ResultObject>,
     /// When the current (or last) attempt started, if this driver launched it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_ms: Option<u64>,
@@ -806,16 +790,16 @@ pub struct StatusUpdate {
     pub state: TaskState,
     pub result: Option<Value>,
     pub error: Option<String>,
-    /// Instead of `result`: the result was too large for one message, and the executor
-    /// stored it in the results bucket in chunks.
-    pub result_chunks: Option<ResultChunks>,
+    /// Instead of `result`: the result was too large for one message, and the executor put
+    /// its JSON text in the object store.
+    pub result_object: Option<ResultObject>,
 }
 
-/// A result stored in the results bucket in chunks, because it would not fit in one message:
-/// the JSON text of the result, cut into `count` pieces, `bytes` in all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResultChunks {
-    pub count: u32,
+/// A result stored in the object store, because it would not fit in one message: the object
+/// holds the result's JSON text, `bytes` of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultObject {
+    pub object: crate::objects::ObjectRef,
     pub bytes: u64,
 }
 

@@ -112,17 +112,6 @@ impl Subjects {
         format!("EMBER_{cluster}_OBJECTS")
     }
 
-    /// The subject that stores `key` in the results bucket.
-    pub fn results_key(&self, key: &str) -> String {
-        format!("$KV.{}.{key}", self.results_bucket())
-    }
-
-    /// What an executor may write into the results bucket: the chunks of its own tasks'
-    /// results, under `chunks.<executor_id>.`.
-    pub fn result_chunks_of(&self, id: &ExecutorId) -> String {
-        self.results_key(&format!("chunks.{id}.>"))
-    }
-
     /// The key-value bucket that holds the drivers' leader lease: `EMBER_<cluster>_LEADER`.
     pub fn leader_bucket(&self) -> String {
         let cluster = self.prefix.trim_start_matches("ember.");
@@ -189,12 +178,6 @@ impl Subjects {
     pub fn executor_id_of(subject: &str) -> &str {
         subject.rsplit('.').next().unwrap_or_default()
     }
-}
-
-/// The key in the results bucket of chunk `chunk` (from 0) of the result of `attempt` of task
-/// `task_id`, which executor `executor` ran: `chunks.<executor>.<task_id>.<attempt>.<chunk>`.
-pub fn result_chunk_key(executor: &ExecutorId, task_id: u64, attempt: u32, chunk: u32) -> String {
-    format!("chunks.{executor}.{task_id}.{attempt}.{chunk}")
 }
 
 #[cfg(test)]

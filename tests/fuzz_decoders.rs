@@ -247,7 +247,7 @@ const HOT: &[&str] = &[
     r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[[42,0],[18446744073709551615,4294967295],[0,1]],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
     r#"{"type":"StatusAck","accepted":3,"refused":[],"launch":[{"job_id":2,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null},"tasks":[[44,3,0],[45,4,1]]},{"job_id":3,"cpus":4294967295,"spec":{"kind":"command","argv":["true"],"env":{},"cwd":null,"timeout_ms":null},"tasks":[[46,0,9]]}]}"#,
     r#"{"type":"LaunchTasks","tasks":[{"job_id":18446744073709551615,"cpus":2,"spec":{"kind":"handler","name":"echo","arg":{"value":[1,"x"]}},"tasks":[[7,0,0]]}],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
-    r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[[42,0],{"task_id":43,"attempt":1,"state":"FAILED","result":{"exit_code":3},"error":"boom"},{"task_id":44,"attempt":0,"state":"FINISHED","result_chunks":{"count":2,"bytes":2000000}}]}"#,
+    r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[[42,0],{"task_id":43,"attempt":1,"state":"FAILED","result":{"exit_code":3},"error":"boom"},{"task_id":44,"attempt":0,"state":"FINISHED","result_object":{"object":"abababababababababababababababababababababababababababababababab","bytes":2000000}}]}"#,
     r#"{"type":"StatusAck","accepted":1,"refused":[{"task_id":43,"attempt":1,"reason":"stale"}],"launch":[{"job_id":2,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null},"resources":{"gpu":["0","1"]},"tasks":[[44,3,0]]}]}"#,
 ];
 

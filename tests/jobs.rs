@@ -317,7 +317,7 @@ async fn a_status_from_the_wrong_executor_is_refused() {
             state: TaskState::Finished,
             result: Some(json!("forged")),
             error: None,
-            result_chunks: None,
+            result_object: None,
         }],
         driver_instance: None,
     };
@@ -768,7 +768,7 @@ async fn two_clusters_on_one_server_each_with_an_executor_x0_keep_to_their_own()
 /// it error, was acknowledged and its records dropped for being a little larger still.
 #[tokio::test]
 async fn a_huge_error_is_cut_so_that_the_journal_stores_the_failure() {
-    use ember::protocol::ResultChunks;
+    use ember::protocol::ResultObject;
     let dir = std::env::temp_dir().join(format!("ember-clip-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("small.conf");
@@ -788,8 +788,8 @@ async fn a_huge_error_is_cut_so_that_the_journal_stores_the_failure() {
         state: TaskState::Failed,
         result: None,
         error: Some(String::new()),
-        result_chunks: Some(ResultChunks {
-            count: 9,
+        result_object: Some(ResultObject {
+            object: ember::objects::ObjectRef::parse(&"ab".repeat(32)).unwrap(),
             bytes: 999_999,
         }),
     })

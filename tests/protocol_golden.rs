@@ -497,7 +497,7 @@ fn task_events_and_records_of_a_term() {
                 result: None,
                 error: None,
                 in_bucket: false,
-                result_chunks: None,
+                result_object: None,
                 objects: Vec::new(),
             }],
             term: 12,
@@ -1423,12 +1423,13 @@ fn api_get_results() {
     );
 }
 
-/// A result too large for one message: its outcome says where its chunks are, and each
-/// chunk comes back in base64.
+/// A result too large for one message: its status, outcome and journal entry name the object
+/// that holds it; and the object requests.
 #[test]
-fn results_in_chunks() {
-    let chunks = ResultChunks {
-        count: 3,
+fn result_objects_and_object_requests() {
+    let object = ember::objects::ObjectRef::parse(&"ab".repeat(32)).unwrap();
+    let chunks = ResultObject {
+        object: object.clone(),
         bytes: 2_500_000,
     };
     golden(
@@ -1438,9 +1439,9 @@ fn results_in_chunks() {
             state: TaskState::Finished,
             result: None,
             error: None,
-            result_chunks: Some(chunks),
+            result_object: Some(chunks.clone()),
         },
-        json!({"task_id": 42, "attempt": 0, "state": "FINISHED", "result_chunks": {"count": 3, "bytes": 2500000}}),
+        json!({"task_id": 42, "attempt": 0, "state": "FINISHED", "result_object": {"object": "abababababababababababababababababababababababababababababababab", "bytes": 2500000}}),
     );
     golden(
         &TaskOutcome {
@@ -1451,29 +1452,40 @@ fn results_in_chunks() {
             executor_id: Some(exec("exec-1")),
             result: None,
             error: None,
-            result_chunks: Some(chunks),
+            result_object: Some(chunks.clone()),
             started_ms: None,
             duration_ms: None,
         },
-        json!({"index": 0, "task_id": 42, "state": "FINISHED", "attempts": 1, "executor_id": "exec-1", "result_chunks": {"count": 3, "bytes": 2500000}}),
+        json!({"index": 0, "task_id": 42, "state": "FINISHED", "attempts": 1, "executor_id": "exec-1", "result_object": {"object": "abababababababababababababababababababababababababababababababab", "bytes": 2500000}}),
     );
     golden(
-        &ApiRequest::GetResultChunk {
-            job_id: 7,
-            index: 0,
-            chunk: 2,
+        &ApiRequest::ObjectUses {
+            objects: vec![object.clone()],
         },
-        json!({"type": "GetResultChunk", "job_id": 7, "index": 0, "chunk": 2}),
+        json!({"type": "ObjectUses", "objects": [object.as_str()]}),
     );
     golden(
-        &ApiReply::ResultChunk {
-            job_id: 7,
-            index: 0,
-            chunk: 2,
-            chunks: 3,
-            data: "ImhpIg==".into(),
+        &ApiReply::ObjectUses {
+            uses: vec![ember::protocol::ObjectUse {
+                object: object.clone(),
+                jobs: vec![7, 9],
+                jobs_count: 2,
+            }],
         },
-        json!({"type": "ResultChunk", "job_id": 7, "index": 0, "chunk": 2, "chunks": 3, "data": "ImhpIg=="}),
+        json!({"type": "ObjectUses", "uses": [{"object": object.as_str(), "jobs": [7, 9], "jobs_count": 2}]}),
+    );
+    golden(
+        &ApiRequest::DeleteObject {
+            object: object.clone(),
+        },
+        json!({"type": "DeleteObject", "object": object.as_str()}),
+    );
+    golden(
+        &ApiReply::ObjectDeleted {
+            object: object.clone(),
+            deleted: true,
+        },
+        json!({"type": "ObjectDeleted", "object": object.as_str(), "deleted": true}),
     );
     golden(
         &JournaledTask {
@@ -1484,10 +1496,10 @@ fn results_in_chunks() {
             result: None,
             error: None,
             in_bucket: false,
-            result_chunks: Some(chunks),
+            result_object: Some(chunks),
             objects: Vec::new(),
         },
-        json!({"task_id": 104, "attempt": 0, "executor_id": "exec-1", "state": "FINISHED", "result_chunks": {"count": 3, "bytes": 2500000}}),
+        json!({"task_id": 104, "attempt": 0, "executor_id": "exec-1", "state": "FINISHED", "result_object": {"object": "abababababababababababababababababababababababababababababababab", "bytes": 2500000}}),
     );
 }
 
@@ -1947,7 +1959,7 @@ fn api_reply_results() {
                 executor_id: Some(exec("exec-1")),
                 result: Some(json!({"exit_code": 0, "stdout": "0\n", "stderr": ""})),
                 error: None,
-                result_chunks: None,
+                result_object: None,
                 started_ms: Some(1_700_000_000_000),
                 duration_ms: Some(120),
             },
@@ -1959,7 +1971,7 @@ fn api_reply_results() {
                 executor_id: Some(exec("exec-2")),
                 result: None,
                 error: Some("boom".into()),
-                result_chunks: None,
+                result_object: None,
                 started_ms: None,
                 duration_ms: None,
             },
@@ -1971,7 +1983,7 @@ fn api_reply_results() {
                 executor_id: None,
                 result: None,
                 error: None,
-                result_chunks: None,
+                result_object: None,
                 started_ms: None,
                 duration_ms: None,
             },
@@ -2478,7 +2490,7 @@ fn status_updates() {
                 state: TaskState::Running,
                 result: None,
                 error: None,
-                result_chunks: None,
+                result_object: None,
             },
             StatusUpdate {
                 task_id: 42,
@@ -2486,7 +2498,7 @@ fn status_updates() {
                 state: TaskState::Finished,
                 result: Some(json!("hi")),
                 error: None,
-                result_chunks: None,
+                result_object: None,
             },
             StatusUpdate {
                 task_id: 43,
@@ -2494,7 +2506,7 @@ fn status_updates() {
                 state: TaskState::Failed,
                 result: Some(json!({"exit_code": 3, "stdout": "", "stderr": "bad\n"})),
                 error: Some("exited with code 3: bad".into()),
-                result_chunks: None,
+                result_object: None,
             },
         ],
         driver_instance: Some(driver_instance()),
@@ -2526,7 +2538,7 @@ fn status_updates() {
         state: TaskState::Finished,
         result: None,
         error: None,
-        result_chunks: None,
+        result_object: None,
     };
     golden(
         &StatusRequest::StatusUpdates {
@@ -2560,7 +2572,7 @@ fn status_updates() {
                 state: TaskState::Killed,
                 result: None,
                 error: None,
-                result_chunks: None,
+                result_object: None,
             }],
             driver_instance: None,
         },
@@ -2797,7 +2809,7 @@ fn journal_records() {
                 result: Some(json!("ok")),
                 error: None,
                 in_bucket: false,
-                result_chunks: None,
+                result_object: None,
                 objects: Vec::new(),
             }],
             term: 0,
@@ -2813,7 +2825,7 @@ fn journal_records() {
         result: None,
         error: None,
         in_bucket: false,
-        result_chunks: None,
+        result_object: None,
         objects: Vec::new(),
     };
     let in_bucket = JournaledTask {

@@ -268,11 +268,11 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
 }
 
 #[tokio::test]
-async fn a_result_larger_than_max_payload_is_stored_in_chunks_and_comes_back_whole() {
-    let cluster = TestCluster::start_with_jetstream("results-chunks");
+async fn a_result_larger_than_max_payload_is_an_object_of_its_job_and_comes_back_whole() {
+    let cluster = TestCluster::start_with_jetstream("results-objects");
     let first = cluster.driver().await;
     // 2.5 MiB of text with escapes and characters past ASCII, on a server whose max_payload
-    // is 1 MiB: each result takes several messages, some chunks cut inside a character.
+    // is 1 MiB: each result is put in the object store, in chunks cut inside characters.
     let big = format!("{}\"\\\n ü €", "ü€x".repeat(400 * 1024));
     let mut handlers = Handlers::builtin();
     let made = big.clone();
@@ -292,10 +292,9 @@ async fn a_result_larger_than_max_payload_is_stored_in_chunks_and_comes_back_who
     let check = |results: Vec<ember::protocol::TaskOutcome>| {
         assert_eq!(results.len(), 2);
         for outcome in results {
-            let chunks = outcome.result_chunks.expect("stored in chunks");
-            assert!(chunks.count >= 3, "{chunks:?}");
+            let object = outcome.result_object.expect("put in the object store");
             assert_eq!(
-                chunks.bytes,
+                object.bytes,
                 serde_json::to_vec(&json!(big)).unwrap().len() as u64
             );
             assert_eq!(
@@ -307,20 +306,22 @@ async fn a_result_larger_than_max_payload_is_stored_in_chunks_and_comes_back_who
         }
     };
     check(api.results(job.job_id).await.unwrap());
-    // A chunk past the last is refused, and says how many there are.
-    let error = api
-        .call(&ember::protocol::ApiRequest::GetResultChunk {
-            job_id: job.job_id,
-            index: 0,
-            chunk: 99,
+    // The two tasks made the same bytes: one object, which the job keeps.
+    let outcomes = api.results(job.job_id).await.unwrap();
+    let object = outcomes[0].result_object.clone().unwrap().object;
+    let uses = api
+        .call(&ember::protocol::ApiRequest::ObjectUses {
+            objects: vec![object.clone()],
         })
         .await
-        .unwrap_err()
-        .to_string();
-    assert!(error.contains("there is no chunk 99"), "{error}");
+        .unwrap();
+    let ember::protocol::ApiReply::ObjectUses { uses } = uses else {
+        panic!("unexpected {uses:?}");
+    };
+    assert_eq!(uses[0].jobs, [job.job_id]);
     first.stop().await.unwrap();
 
-    // The next driver restores the chunks' place from the journal.
+    // The next driver restores the reference from the journal.
     let _next = cluster.driver().await;
     check(results_from_the_next_driver(&api, job.job_id).await);
 }

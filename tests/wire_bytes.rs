@@ -51,7 +51,7 @@ fn updates() -> Vec<StatusUpdate> {
         state: TaskState::Finished,
         result: None,
         error: None,
-        result_chunks: None,
+        result_object: None,
     };
     vec![
         finished(42, 0),
@@ -65,8 +65,8 @@ fn updates() -> Vec<StatusUpdate> {
             ..finished(44, 2)
         },
         StatusUpdate {
-            result_chunks: Some(ResultChunks {
-                count: 3,
+            result_object: Some(ResultObject {
+                object: ember::objects::ObjectRef::parse(&"ab".repeat(32)).unwrap(),
                 bytes: 2_500_000,
             }),
             ..finished(45, 0)
@@ -103,7 +103,7 @@ fn batches() -> Vec<(StatusRequest, &'static str)> {
         ),
         (
             batch(updates(), driver()),
-            r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[[42,0],{"task_id":43,"attempt":1,"state":"FINISHED","result":{"exit_code":0,"out":"a \"b\"\n"}},{"task_id":44,"attempt":2,"state":"FAILED","error":"boom: é\u0001"},{"task_id":45,"attempt":0,"state":"FINISHED","result_chunks":{"count":3,"bytes":2500000}},{"task_id":46,"attempt":0,"state":"KILLED"},[18446744073709551615,4294967295],[0,0]],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
+            r#"{"type":"StatusUpdates","executor_id":"exec-1","updates":[[42,0],{"task_id":43,"attempt":1,"state":"FINISHED","result":{"exit_code":0,"out":"a \"b\"\n"}},{"task_id":44,"attempt":2,"state":"FAILED","error":"boom: é\u0001"},{"task_id":45,"attempt":0,"state":"FINISHED","result_object":{"object":"abababababababababababababababababababababababababababababababab","bytes":2500000}},{"task_id":46,"attempt":0,"state":"KILLED"},[18446744073709551615,4294967295],[0,0]],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
         ),
     ]
 }
@@ -565,7 +565,7 @@ fn outcome(task_id: u64, executor: &str) -> JournaledTask {
         result: None,
         error: None,
         in_bucket: false,
-        result_chunks: None,
+        result_object: None,
         objects: Vec::new(),
     }
 }
@@ -590,8 +590,8 @@ fn tasks_ended() {
             },
             JournaledTask {
                 in_bucket: true,
-                result_chunks: Some(ResultChunks {
-                    count: 2,
+                result_object: Some(ResultObject {
+                    object: ember::objects::ObjectRef::parse(&"ab".repeat(32)).unwrap(),
                     bytes: 1_500_000,
                 }),
                 ..outcome(46, "exec-2")
@@ -606,11 +606,11 @@ fn tasks_ended() {
     };
     pin(
         &record(0),
-        r#"{"type":"TasksEnded","time_ms":5000,"tasks":[[40,0,"exec-1",3],[43,0,"exec-2"],{"task_id":44,"attempt":0,"executor_id":"exec-2","state":"FINISHED","result":{"exit_code":0}},{"task_id":45,"attempt":3,"executor_id":"exec-2","state":"FAILED","error":"boom"},{"task_id":46,"attempt":0,"executor_id":"exec-2","state":"FINISHED","in_bucket":true,"result_chunks":{"count":2,"bytes":1500000}},[47,0,"exec-2"]]}"#,
+        r#"{"type":"TasksEnded","time_ms":5000,"tasks":[[40,0,"exec-1",3],[43,0,"exec-2"],{"task_id":44,"attempt":0,"executor_id":"exec-2","state":"FINISHED","result":{"exit_code":0}},{"task_id":45,"attempt":3,"executor_id":"exec-2","state":"FAILED","error":"boom"},{"task_id":46,"attempt":0,"executor_id":"exec-2","state":"FINISHED","in_bucket":true,"result_object":{"object":"abababababababababababababababababababababababababababababababab","bytes":1500000}},[47,0,"exec-2"]]}"#,
     );
     pin(
         &record(12),
-        r#"{"type":"TasksEnded","time_ms":5000,"tasks":[[40,0,"exec-1",3],[43,0,"exec-2"],{"task_id":44,"attempt":0,"executor_id":"exec-2","state":"FINISHED","result":{"exit_code":0}},{"task_id":45,"attempt":3,"executor_id":"exec-2","state":"FAILED","error":"boom"},{"task_id":46,"attempt":0,"executor_id":"exec-2","state":"FINISHED","in_bucket":true,"result_chunks":{"count":2,"bytes":1500000}},[47,0,"exec-2"]],"term":12}"#,
+        r#"{"type":"TasksEnded","time_ms":5000,"tasks":[[40,0,"exec-1",3],[43,0,"exec-2"],{"task_id":44,"attempt":0,"executor_id":"exec-2","state":"FINISHED","result":{"exit_code":0}},{"task_id":45,"attempt":3,"executor_id":"exec-2","state":"FAILED","error":"boom"},{"task_id":46,"attempt":0,"executor_id":"exec-2","state":"FINISHED","in_bucket":true,"result_object":{"object":"abababababababababababababababababababababababababababababababab","bytes":1500000}},[47,0,"exec-2"]],"term":12}"#,
     );
 }
 

@@ -764,7 +764,8 @@ class Job:
             await self.client._through_failover(lambda: self.client._expect(request, "JobKilled"))
 
     async def outcomes(self):
-        """Every task's `TaskOutcome` now, in index order, results in chunks read back."""
+        """Every task's `TaskOutcome` now, in index order; a result too large for one message
+        is read from the object store into its "result"."""
         if self.job_id is None:
             return []
         outcomes, offset = [], 0
@@ -774,28 +775,16 @@ class Job:
                 "Results",
             )
             for outcome in page["results"]:
-                if outcome.get("result_chunks"):
-                    outcome["result"] = await self._chunked(outcome)
+                if outcome.get("result_object"):
+                    outcome["result"] = await self._result_object(outcome)
                 outcomes.append(outcome)
             following = page.get("next_offset")
             offset = following if following is not None and following > offset else None
         return outcomes
 
-    async def _chunked(self, outcome):
-        count = outcome["result_chunks"]["count"]
-        data = bytearray()
-        for chunk in range(count):
-            answer = await self.client._expect(
-                {
-                    "type": "GetResultChunk",
-                    "job_id": self.job_id,
-                    "index": outcome["index"],
-                    "chunk": chunk,
-                },
-                "ResultChunk",
-            )
-            data += base64.b64decode(answer["data"])
-        return json.loads(bytes(data))
+    async def _result_object(self, outcome):
+        ref = outcome["result_object"]["object"]
+        return json.loads(await self.client._objects().get_bytes(ref))
 
     async def results(self, timeout=None):
         """Waits for the job's end and returns its results in task order: for a map, one

@@ -145,11 +145,10 @@ impl Role {
                 ..Permissions::default()
             },
             Role::Executor(id) => Permissions {
-                // Its requests to the driver, and the chunks of its own tasks' results too
-                // large for one message.
-                // And the object store: the inputs of its tasks to read, their outputs to put.
+                // Its requests to the driver, and the object store: the inputs of its tasks to
+                // read, their outputs and results too large for one message to put.
                 publish_allow: [
-                    vec![format!("{p}.driver.*.{id}"), subjects.result_chunks_of(id)],
+                    vec![format!("{p}.driver.*.{id}")],
                     object_rights(subjects, false),
                 ]
                 .concat(),
@@ -407,7 +406,7 @@ fn describe(role: &Role) -> String {
                 .into()
         }
         Role::Executor(id) => {
-            format!("executor {id}: writes only subjects ending in its id, its own results' chunks and objects, reads only its inboxes and objects")
+            format!("executor {id}: writes only subjects ending in its id and objects, reads only its inboxes and objects")
         }
         Role::Client => "clients: the driver api, replies (not executors'), events, objects".into(),
         Role::Listener => "listeners: read the events and their history, write nothing".into(),
@@ -522,15 +521,9 @@ mod tests {
     fn an_executor_may_touch_only_subjects_of_its_own_id() {
         let s = Subjects::new("prod").unwrap();
         let p = Role::Executor(id("e1")).permissions(&s, &[]);
-        assert_eq!(
-            p.publish_allow[..2],
-            [
-                "ember.prod.driver.*.e1",
-                "$KV.EMBER_prod_RESULTS.chunks.e1.>"
-            ]
-        );
-        // Beyond those, the object store alone.
-        assert!(p.publish_allow[2..]
+        assert_eq!(p.publish_allow[..1], ["ember.prod.driver.*.e1"]);
+        // Beyond that, the object store alone.
+        assert!(p.publish_allow[1..]
             .iter()
             .all(|r| r.contains("EMBER_prod_OBJECTS") || r == "$JS.API.INFO"));
         assert_eq!(p.subscribe_allow, ["ember.prod.executor.e1", "_INBOX.e1.>"]);
@@ -576,12 +569,9 @@ mod tests {
                                 .any(|call| r.contains(&format!("STREAM.{call}")))))),
                 "{role:?}: {p:?}"
             );
-            // An executor writes only the chunks of its own results, never a result.
+            // None writes the results bucket or the lease.
             assert!(
-                p.publish_allow
-                    .iter()
-                    .filter(|r| r.starts_with("$KV"))
-                    .all(|r| r == "$KV.EMBER_prod_RESULTS.chunks.e1.>"),
+                p.publish_allow.iter().all(|r| !r.starts_with("$KV")),
                 "{role:?}: {p:?}"
             );
         }

@@ -70,13 +70,6 @@ pub enum Output {
         page: crate::protocol::ResultsPage,
         indices: Vec<u32>,
     },
-    /// A `ResultChunk` answer whose data is read from the results bucket (`key`) before it is
-    /// sent.
-    Chunk {
-        reply: ReplyTo,
-        answer: crate::protocol::ApiReply,
-        key: String,
-    },
 }
 
 /// Who an output goes to, as far as the outbox cares.

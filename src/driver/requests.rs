@@ -176,7 +176,6 @@ impl Shell {
                 page,
                 indices,
             },
-            Answer::Chunk { answer, key } => Output::Chunk { reply, answer, key },
         }
     }
 
@@ -215,8 +214,6 @@ impl Shell {
                 // No bucket to read from: the page as the core has it, never no answer.
                 None => ApiReply::Results(page),
             },
-            // The page asks for no chunk.
-            Answer::Chunk { answer: reply, .. } => reply,
         };
         let _ = answer.send(web::Answer { reply, now_ms });
         None

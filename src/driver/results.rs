@@ -118,29 +118,6 @@ impl ResultsBucket {
     }
 }
 
-impl ResultsBucket {
-    /// `answer` (a `ResultChunk` with no data yet) with its chunk read from the bucket under
-    /// `key`, or an error if the bucket no longer holds it.
-    pub async fn fill_chunk(&self, mut answer: ApiReply, key: String) -> ApiReply {
-        use base64::Engine as _;
-        let ApiReply::ResultChunk { data, .. } = &mut answer else {
-            return answer;
-        };
-        match self.store.get(key).await {
-            Ok(Some(bytes)) => {
-                *data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-                answer
-            }
-            Ok(None) => ApiReply::Error {
-                message: EXPIRED.to_string(),
-            },
-            Err(error) => ApiReply::Error {
-                message: format!("could not read the result's chunk from the bucket: {error}"),
-            },
-        }
-    }
-}
-
 /// Cuts `page` after the outcomes that fit in `max_bytes` (keeping at least one), pointing
 /// `next_offset` at the first one left out.
 fn fit_page(page: &mut ResultsPage, max_bytes: usize) {
@@ -173,7 +150,7 @@ mod tests {
             executor_id: None,
             result: Some(serde_json::json!(result)),
             error: None,
-            result_chunks: None,
+            result_object: None,
             started_ms: None,
             duration_ms: None,
         }

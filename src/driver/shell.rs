@@ -166,14 +166,6 @@ impl Shell {
         }
     }
 
-    /// Reads a result's chunk from the results bucket and answers with it, off the actor's
-    /// loop as [`Shell::answer_with_results`] does.
-    pub(super) fn answer_with_chunk(&self, reply: ReplyTo, answer: ApiReply, key: String) {
-        if let Some(results) = self.results.clone() {
-            self.answer_off_loop(reply, async move { results.fill_chunk(answer, key).await });
-        }
-    }
-
     /// Sends what `reply` comes to, from a task of its own.
     pub(super) fn answer_off_loop(
         &self,
@@ -298,7 +290,6 @@ impl Shell {
                 page,
                 indices,
             } => self.answer_with_results(reply, page, indices),
-            Output::Chunk { reply, answer, key } => self.answer_with_chunk(reply, answer, key),
             // `emit` hands writes to the journal and the bucket; none reaches here.
             Output::Effect(Effect::Journal(_) | Effect::StoreResult { .. }) => {}
         }

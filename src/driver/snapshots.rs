@@ -236,7 +236,7 @@ mod tests {
             result: Some(serde_json::json!(format!("result {i}"))),
             error: None,
             in_bucket: false,
-            result_chunks: None,
+            result_object: None,
             objects: Vec::new(),
         });
         vec![

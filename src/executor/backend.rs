@@ -301,9 +301,12 @@ struct Backend {
     machine: Machine<Option<tokio::task::AbortHandle>>,
     runner: Runner,
     ends: tokio::sync::mpsc::UnboundedReceiver<super::runner::Done>,
-    /// Ends whose results were too large for a batch, once stored in chunks (or failed).
+    /// Ends whose results were too large for a batch, once put in the object store (or
+    /// failed).
     chunked: tokio::sync::mpsc::UnboundedReceiver<(Run, StatusUpdate)>,
-    stored_in_chunks: tokio::sync::mpsc::UnboundedSender<(Run, StatusUpdate)>,
+    /// The object store and this executor's cache of it.
+    objects: Arc<ObjectAccess>,
+    stored_as_objects: tokio::sync::mpsc::UnboundedSender<(Run, StatusUpdate)>,
     status_limit: usize,
     /// The machine's clock: milliseconds since this instant.
     epoch: Instant,
@@ -353,9 +356,9 @@ impl Backend {
             status_limit,
             config.metrics.clone(),
             python,
-            Some(objects),
+            Some(objects.clone()),
         );
-        let (stored_in_chunks, chunked) = tokio::sync::mpsc::unbounded_channel();
+        let (stored_as_objects, chunked) = tokio::sync::mpsc::unbounded_channel();
         let mut machine = Machine::new(
             MachineConfig {
                 executor_id: config.executor_id.clone(),
@@ -382,7 +385,8 @@ impl Backend {
             runner,
             ends,
             chunked,
-            stored_in_chunks,
+            stored_as_objects,
+            objects,
             status_limit,
             epoch: Instant::now(),
             status: None,
@@ -605,20 +609,19 @@ impl Backend {
         }
     }
 
-    /// An attempt's end: to the machine, or first into the results bucket in chunks if its
-    /// result is too large for a status batch (the attempt holds its cores meanwhile).
+    /// An attempt's end: to the machine, or first into the object store if its result is too
+    /// large for a status batch (the attempt holds its cores meanwhile).
     fn on_end(&mut self, run: Run, end: StatusUpdate) {
-        if !super::chunks::too_large(&end, self.status_limit) {
+        if !super::result_objects::too_large(&end, self.status_limit) {
             return self.machine.finish(run, end);
         }
-        let jetstream = async_nats::jetstream::new(self.client.clone());
-        let (subjects, executor) = (
-            self.config.subjects.clone(),
-            self.config.executor_id.clone(),
+        let (objects, stored, limit) = (
+            self.objects.clone(),
+            self.stored_as_objects.clone(),
+            self.status_limit,
         );
-        let (stored, limit) = (self.stored_in_chunks.clone(), self.status_limit);
         tokio::spawn(async move {
-            let end = super::chunks::store(jetstream, subjects, executor, end, limit).await;
+            let end = super::result_objects::store(&objects, end, limit).await;
             let _ = stored.send((run, end));
         });
     }

@@ -322,7 +322,7 @@ impl<H: Cancel> Machine<H> {
             state: TaskState::Running,
             result: None,
             error: None,
-            result_chunks: None,
+            result_object: None,
         });
     }
 
@@ -567,7 +567,7 @@ fn handed_back(task_id: TaskId, attempt: u32) -> StatusUpdate {
         state: TaskState::Killed,
         result: None,
         error: Some("handed back: the executor is decommissioning".into()),
-        result_chunks: None,
+        result_object: None,
     }
 }
 
@@ -578,7 +578,7 @@ fn failed_status(task_id: TaskId, attempt: u32, error: String) -> StatusUpdate {
         state: TaskState::Failed,
         result: None,
         error: Some(error),
-        result_chunks: None,
+        result_object: None,
     }
 }
 
@@ -589,7 +589,7 @@ fn killed_status(task_id: TaskId, attempt: u32) -> StatusUpdate {
         state: TaskState::Killed,
         result: None,
         error: Some("killed by the driver".into()),
-        result_chunks: None,
+        result_object: None,
     }
 }
 

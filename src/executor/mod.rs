@@ -3,11 +3,11 @@
 //! each attempt's status in batches until it is told to stop.
 
 mod backend;
-mod chunks;
 mod command;
 mod launched;
 pub mod machine;
 mod python;
+mod result_objects;
 mod runner;
 mod staging;
 mod status;

@@ -135,7 +135,7 @@ impl Runner {
                 }
                 Some(Handler::Inline(f)) => {
                     let end = status(task_id, attempt, f(&context, arg), None);
-                    if !super::chunks::too_large(&end, self.status_limit) {
+                    if !super::result_objects::too_large(&end, self.status_limit) {
                         return self.ended(started, end);
                     }
                     self.metrics.ran(started.elapsed());
@@ -249,7 +249,7 @@ fn status(
             state: TaskState::Finished,
             result: (!result.is_null()).then_some(result),
             error: None,
-            result_chunks: None,
+            result_object: None,
         },
         Err(error) => StatusUpdate {
             task_id,
@@ -257,7 +257,7 @@ fn status(
             state: TaskState::Failed,
             result: detail,
             error: Some(error),
-            result_chunks: None,
+            result_object: None,
         },
     }
 }

@@ -279,7 +279,7 @@ mod tests {
             state,
             result,
             error: (state == TaskState::Failed).then(|| "a \"quoted\"\nerror".into()),
-            result_chunks: None,
+            result_object: None,
         }
     }
 

@@ -98,6 +98,9 @@ pub struct Objects {
     bucket: String,
     /// The store's byte limit, if it has one.
     limit: Option<u64>,
+    /// The bytes of each chunk it puts: [`CHUNK_BYTES`], or less on a server whose messages
+    /// cannot hold that much.
+    chunk_bytes: usize,
 }
 
 impl Objects {
@@ -151,12 +154,19 @@ impl Objects {
             .get_object_store(&bucket)
             .await
             .map_err(ObjectsError::store)?;
+        let max_payload = context.client().server_info().max_payload;
+        let chunk_bytes = CHUNK_BYTES.min(
+            max_payload
+                .saturating_sub(crate::PAYLOAD_HEADROOM)
+                .max(1024),
+        );
         Ok(Self {
             context: context.clone(),
             store,
             stream,
             bucket,
             limit,
+            chunk_bytes,
         })
     }
 
@@ -190,8 +200,9 @@ impl Objects {
                 sent: false,
             });
         }
-        let chunks = (0..bytes.len().div_ceil(CHUNK_BYTES))
-            .map(|i| Ok(bytes.slice(i * CHUNK_BYTES..((i + 1) * CHUNK_BYTES).min(bytes.len()))));
+        let n = self.chunk_bytes;
+        let chunks = (0..bytes.len().div_ceil(n))
+            .map(|i| Ok(bytes.slice(i * n..((i + 1) * n).min(bytes.len()))));
         let (sent, _) = self
             .upload(&object, size, futures::stream::iter(chunks))
             .await?;
@@ -214,9 +225,10 @@ impl Objects {
         let file = tokio::fs::File::open(path)
             .await
             .map_err(|e| ObjectsError::io(&format!("could not open {shown}"), e))?;
-        let chunks = futures::stream::unfold(file, |mut file| async move {
-            let mut buffer = bytes::BytesMut::with_capacity(CHUNK_BYTES);
-            while buffer.len() < CHUNK_BYTES {
+        let n = self.chunk_bytes;
+        let chunks = futures::stream::unfold(file, move |mut file| async move {
+            let mut buffer = bytes::BytesMut::with_capacity(n);
+            while buffer.len() < n {
                 match file.read_buf(&mut buffer).await {
                     Ok(0) => break,
                     Ok(_) => {}
@@ -329,7 +341,7 @@ impl Objects {
             "chunks": chunks,
             "mtime": humantime::format_rfc3339_nanos(std::time::SystemTime::now()).to_string(),
             "digest": format!("SHA-256={}", base64::engine::general_purpose::URL_SAFE.encode(digest_bytes(object))),
-            "options": {"max_chunk_size": CHUNK_BYTES},
+            "options": {"max_chunk_size": self.chunk_bytes},
         });
         let publish = PublishMessage::build()
             .payload(Bytes::from(meta.to_string()))

@@ -12,7 +12,7 @@
 
 use super::event::{ExecutorTasks, TaskEnded, TaskStarted};
 use super::journal::JournaledTask;
-use super::{ResultChunks, StatusUpdate, TaskState};
+use super::{ResultObject, StatusUpdate, TaskState};
 use crate::ids::{ExecutorId, TaskId};
 use crate::objects::ObjectRef;
 use serde::de::{
@@ -107,7 +107,7 @@ impl StatusUpdate {
             state: TaskState::Finished,
             result: None,
             error: None,
-            result_chunks: None,
+            result_object: None,
         }
     }
 
@@ -116,7 +116,7 @@ impl StatusUpdate {
         self.state == TaskState::Finished
             && self.result.is_none()
             && self.error.is_none()
-            && self.result_chunks.is_none()
+            && self.result_object.is_none()
     }
 }
 
@@ -131,7 +131,7 @@ struct UpdateObject<R, E> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     error: Option<E>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    result_chunks: Option<ResultChunks>,
+    result_object: Option<ResultObject>,
 }
 
 impl Serialize for StatusUpdate {
@@ -145,7 +145,7 @@ impl Serialize for StatusUpdate {
             state: self.state,
             result: self.result.as_ref(),
             error: self.error.as_ref(),
-            result_chunks: self.result_chunks,
+            result_object: self.result_object.clone(),
         }
         .serialize(serializer)
     }
@@ -165,7 +165,7 @@ impl From<UpdateObject<Value, String>> for StatusUpdate {
             state: o.state,
             result: o.result,
             error: o.error,
-            result_chunks: o.result_chunks,
+            result_object: o.result_object,
         }
     }
 }
@@ -345,7 +345,7 @@ impl JournaledTask {
             && self.result.is_none()
             && self.error.is_none()
             && !self.in_bucket
-            && self.result_chunks.is_none()
+            && self.result_object.is_none()
             && self.objects.is_empty()
     }
 }
@@ -364,7 +364,7 @@ struct JournaledObject<I, R, E> {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     in_bucket: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    result_chunks: Option<ResultChunks>,
+    result_object: Option<ResultObject>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     objects: Vec<ObjectRef>,
 }
@@ -382,7 +382,7 @@ impl Serialize for JournaledTask {
             result: self.result.as_ref(),
             error: self.error.as_ref(),
             in_bucket: self.in_bucket,
-            result_chunks: self.result_chunks,
+            result_object: self.result_object.clone(),
             objects: self.objects.clone(),
         }
         .serialize(serializer)
@@ -405,7 +405,7 @@ impl From<JournaledObject<ExecutorId, Value, String>> for JournaledTask {
             result: o.result,
             error: o.error,
             in_bucket: o.in_bucket,
-            result_chunks: o.result_chunks,
+            result_object: o.result_object,
             objects: o.objects,
         }
     }
@@ -438,7 +438,7 @@ impl JournaledTask {
             result: None,
             error: None,
             in_bucket: false,
-            result_chunks: None,
+            result_object: None,
             objects: Vec::new(),
         }
     }

@@ -92,7 +92,7 @@ pub struct JournaledTask {
     /// Whether the result is in the cluster's results bucket rather than here.
     pub in_bucket: bool,
     /// A result the executor stored in the results bucket in chunks.
-    pub result_chunks: Option<super::ResultChunks>,
+    pub result_object: Option<super::ResultObject>,
     /// The objects its result names (a command's outputs): kept while its job is.
     pub objects: Vec<crate::objects::ObjectRef>,
 }

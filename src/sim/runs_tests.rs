@@ -35,7 +35,7 @@ fn finished(task_id: TaskId, attempts: u32, pid: Pid, result: serde_json::Value)
         executor_id: ExecutorId::parse(format!("e{pid}")).ok(),
         result: Some(result),
         error: None,
-        result_chunks: None,
+        result_object: None,
         started_ms: None,
         duration_ms: None,
     }

@@ -341,7 +341,7 @@ mod tests {
             executor_id: None,
             result: Some(result),
             error: None,
-            result_chunks: None,
+            result_object: None,
             started_ms: None,
             duration_ms: None,
         }

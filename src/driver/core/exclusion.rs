@@ -613,7 +613,7 @@ impl Core {
                 result: job.results.get(&index).cloned(),
                 error: Some(error.clone()),
                 in_bucket: job.in_bucket(index),
-                result_chunks: job.chunked.get(&index).copied(),
+                result_object: job.result_objects.get(&index).cloned(),
                 objects: job.outputs_of(index),
             };
             let term = self.config.term;

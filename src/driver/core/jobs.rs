@@ -6,7 +6,7 @@ use super::Core;
 use crate::ids::{ExecutorId, JobId, TaskId};
 use crate::objects::ObjectRef;
 use crate::protocol::{
-    ApiReply, Event, JobState, JobSummary, JournalRecord, ResultChunks, ResultsPage, SubmitJob,
+    ApiReply, Event, JobState, JobSummary, JournalRecord, ResultObject, ResultsPage, SubmitJob,
     TaskOutcome, TaskSpec, TaskState,
 };
 use crate::IdHasher;
@@ -50,9 +50,8 @@ pub struct Job {
     pub results_dropped: bool,
     /// Which tasks have their result in the results bucket, a bit each (empty until one has).
     in_bucket: Vec<u64>,
-    /// Results the executors stored in the results bucket in chunks, each by its task's
-    /// final attempt (whose executor and attempt name the chunks).
-    pub chunked: HashMap<u32, ResultChunks, IdHasher>,
+    /// Results too large for one message, which their executors put in the object store.
+    pub result_objects: HashMap<u32, ResultObject, IdHasher>,
     /// The objects tasks' results name (commands' outputs), by task: kept while the job is.
     pub outputs: HashMap<u32, Vec<ObjectRef>, IdHasher>,
     pub errors: HashMap<u32, String, IdHasher>,
@@ -93,7 +92,7 @@ impl Job {
             result_bytes: 0,
             results_dropped: false,
             in_bucket: Vec::new(),
-            chunked: HashMap::default(),
+            result_objects: HashMap::default(),
             outputs: HashMap::default(),
             errors: HashMap::default(),
             state: JobState::Running,
@@ -183,10 +182,12 @@ impl Job {
         self.outputs.get(&index).cloned().unwrap_or_default()
     }
 
-    /// Every object the job refers to: those its tasks name, and those their results do.
+    /// Every object the job refers to: those its tasks name, those their results name, and
+    /// the results too large for a message.
     pub fn objects(&self) -> impl Iterator<Item = &ObjectRef> {
         let named = self.specs.iter().flat_map(|spec| spec.objects());
-        named.chain(self.outputs.values().flatten())
+        let results = self.result_objects.values().map(|r| &r.object);
+        named.chain(self.outputs.values().flatten()).chain(results)
     }
 
     /// The spec of task `index`.
@@ -247,7 +248,7 @@ impl Job {
             executor_id: record.executor.clone(),
             result: self.results.get(&index).cloned(),
             error: self.errors.get(&index).cloned(),
-            result_chunks: self.chunked.get(&index).copied(),
+            result_object: self.result_objects.get(&index).cloned(),
             started_ms: (record.started_ms != 0).then_some(record.started_ms),
             duration_ms: (record.started_ms != 0 && record.duration_ms != NO_DURATION)
                 .then_some(u64::from(record.duration_ms)),
@@ -256,45 +257,6 @@ impl Job {
 }
 
 impl Core {
-    /// Answers `GetResultChunk` with everything but the chunk's `data`, which the shell reads
-    /// from the results bucket under [`Core::result_chunk_key`].
-    pub(super) fn result_chunk(&self, job_id: JobId, index: u32, chunk: u32) -> ApiReply {
-        let Some(job) = self.jobs.get(&job_id) else {
-            return self.no_such_job(job_id);
-        };
-        let message = match job.chunked.get(&index) {
-            None => format!("task {index} of job {job_id} has no result in chunks"),
-            Some(c) if chunk >= c.count => format!(
-                "task {index} of job {job_id} has a result of {} chunks; there is no chunk {chunk}",
-                c.count
-            ),
-            Some(c) => {
-                return ApiReply::ResultChunk {
-                    job_id,
-                    index,
-                    chunk,
-                    chunks: c.count,
-                    data: String::new(),
-                }
-            }
-        };
-        ApiReply::Error { message }
-    }
-
-    /// The key in the results bucket of chunk `chunk` of task `index`'s result, if it has
-    /// one in chunks.
-    pub(super) fn result_chunk_key(&self, job_id: JobId, index: u32, chunk: u32) -> Option<String> {
-        let job = self.jobs.get(&job_id)?;
-        job.chunked.get(&index)?;
-        let record = (index < job.len()).then(|| &job.tasks[index])?;
-        let executor = record.executor.as_ref()?;
-        let attempt = record.attempts.checked_sub(1)?;
-        let task_id = job.first_task + u64::from(index);
-        Some(crate::subjects::result_chunk_key(
-            executor, task_id, attempt, chunk,
-        ))
-    }
-
     /// The tasks of `page` whose results are in the results bucket, for the shell to read
     /// into the page before it answers.
     pub(super) fn results_in_bucket(&self, page: &ResultsPage) -> Vec<u32> {

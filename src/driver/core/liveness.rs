@@ -212,7 +212,7 @@ impl Core {
                 state: TaskState::Lost,
                 result: None,
                 error: Some(reason.to_string()),
-                result_chunks: None,
+                result_object: None,
             };
             let record = &self.jobs[&job_id].tasks[index];
             let live = record.attempts.checked_sub(1) == Some(attempt)

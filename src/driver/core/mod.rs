@@ -197,22 +197,13 @@ impl Core {
     }
 
     /// Answers one request on the driver api, and says where the answer's data comes from:
-    /// a page of results or a result's chunk held in the results bucket is read there first.
+    /// a page of results held in the results bucket is read there first.
     pub fn answer(&mut self, request: ApiRequest, now: u64) -> Answer {
         let reply = self.api(request, now);
         if !self.config.results_bucket {
             return Answer::Reply(reply);
         }
         match reply {
-            ApiReply::ResultChunk {
-                job_id,
-                index,
-                chunk,
-                ..
-            } => match self.result_chunk_key(job_id, index, chunk) {
-                Some(key) => Answer::Chunk { answer: reply, key },
-                None => Answer::Reply(reply),
-            },
             ApiReply::Results(page) => {
                 let indices = self.results_in_bucket(&page);
                 if indices.is_empty() {
@@ -262,11 +253,6 @@ impl Core {
                 }
                 None => self.no_such_job(job_id),
             },
-            ApiRequest::GetResultChunk {
-                job_id,
-                index,
-                chunk,
-            } => self.result_chunk(job_id, index, chunk),
             ApiRequest::StopExecutor { executor_id } => self.on_stop_executors(Some(executor_id)),
             ApiRequest::StopAllExecutors => self.on_stop_executors(None),
             ApiRequest::ReleaseExecutor { executor_id } => self.on_release_executor(executor_id),
@@ -362,8 +348,6 @@ pub enum Answer {
         page: ResultsPage,
         indices: Vec<u32>,
     },
-    /// A `ResultChunk` answer whose data is read from the results bucket under `key`.
-    Chunk { answer: ApiReply, key: String },
 }
 
 /// What the core counts of itself: the metrics' gauges (`ember_*` in `--metrics-addr`).

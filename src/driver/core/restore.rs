@@ -277,9 +277,9 @@ fn settle(
     if task.in_bucket {
         job.put_in_bucket(index);
     }
-    if let Some(chunks) = task.result_chunks {
-        job.chunked.insert(index, chunks);
-        job.result_bytes += chunks.bytes;
+    if let Some(object) = task.result_object {
+        job.result_bytes += object.bytes;
+        job.result_objects.insert(index, object);
     }
     if !task.objects.is_empty() {
         job.outputs.insert(index, task.objects);

@@ -7,7 +7,7 @@ use super::jobs::TaskStatus;
 use super::ReplayError;
 use super::{Core, Effect};
 use crate::ids::JobId;
-use crate::protocol::{ApiReply, JobSummary, JournalRecord, ResultChunks, StatusUpdate};
+use crate::protocol::{ApiReply, JobSummary, JournalRecord, ResultObject, StatusUpdate};
 use serde_json::Value;
 
 /// Finished jobs a driver keeps unless told otherwise (Spark's `spark.ui.retainedJobs`).
@@ -108,8 +108,8 @@ impl Core {
     }
 
     /// Why the result a FINISHED `update` brings for task `index` cannot be kept, if it
-    /// cannot: it would take the job past its cap, or it is in chunks and no results bucket
-    /// holds them. Such a task fails with this reason rather than succeed without its result.
+    /// cannot: it would take the job past its cap. Such a task fails with this reason rather
+    /// than succeed without its result.
     pub(super) fn result_refusal(
         &self,
         job_id: JobId,
@@ -117,16 +117,8 @@ impl Core {
         update: &StatusUpdate,
     ) -> Option<String> {
         let job = self.jobs.get(&job_id)?;
-        let size = match (&update.result, update.result_chunks) {
-            (_, Some(_)) if !self.config.results_bucket => {
-                return Some(format!(
-                    "the task's result of {} bytes cannot be kept: a result too large for one \
-                     message is kept only by a driver with a results bucket (a JetStream \
-                     journal)",
-                    update.result_chunks.map_or(0, |c| c.bytes)
-                ))
-            }
-            (_, Some(chunks)) => chunks.bytes,
+        let size = match (&update.result, &update.result_object) {
+            (_, Some(object)) => object.bytes,
             (Some(result), None) if !result.is_null() => json_size(result),
             _ => return None,
         };
@@ -143,12 +135,11 @@ impl Core {
         })
     }
 
-    /// Keeps the result an executor stored in the results bucket in chunks as task `index`'s,
-    /// once the task has ended for good and within the job's cap (refused with a note in the
-    /// task's error past it, or without a results bucket to read it back from).
-    pub(super) fn keep_chunks(&mut self, job_id: JobId, index: u32, chunks: ResultChunks) {
+    /// Keeps the result an executor put in the object store as task `index`'s, once the task
+    /// has ended for good and within the job's cap (refused with a note in the task's error
+    /// past it: a failed attempt's; a finished one past it has failed the task).
+    pub(super) fn keep_result_object(&mut self, job_id: JobId, index: u32, object: ResultObject) {
         let cap = self.config.retention.job_result_bytes;
-        let bucket = self.config.results_bucket;
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
@@ -159,23 +150,18 @@ impl Core {
         if !settled {
             return;
         }
-        let refused = if !bucket {
-            "a result stored in chunks is kept only by a driver with a results bucket (a \
-             JetStream journal)"
-                .to_string()
-        } else if job.result_bytes + chunks.bytes > cap {
-            format!(
+        if job.result_bytes + object.bytes > cap {
+            let refused = format!(
                 "result of {} bytes refused: job {job_id}'s results may take {} \
                  (--max-job-result-bytes)",
-                chunks.bytes,
+                object.bytes,
                 mib(cap)
-            )
-        } else {
-            job.result_bytes += chunks.bytes;
-            job.chunked.insert(index, chunks);
+            );
+            job.errors.insert(index, refused);
             return;
-        };
-        job.errors.insert(index, refused);
+        }
+        job.result_bytes += object.bytes;
+        job.result_objects.insert(index, object);
     }
 
     /// Keeps `result` as task `index`'s (none clears it): within the job's cap, or refused

@@ -80,7 +80,7 @@ impl Core {
                     result: job.results.get(&index).cloned(),
                     error: job.errors.get(&index).cloned(),
                     in_bucket: job.in_bucket(index),
-                    result_chunks: job.chunked.get(&index).copied(),
+                    result_object: job.result_objects.get(&index).cloned(),
                     objects: job.outputs_of(index),
                 })
             });

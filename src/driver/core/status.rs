@@ -221,7 +221,7 @@ impl Core {
                     state: TaskState::Failed,
                     error: Some(reason),
                     result: None,
-                    result_chunks: None,
+                    result_object: None,
                     ..update.clone()
                 };
                 let (end, abort) = self.end_attempt(job_id, index, from, &failed, false, now);
@@ -340,8 +340,8 @@ impl Core {
         }
         self.keep_outputs(job_id, index, update.result.as_ref());
         self.keep_result(job_id, index, result, false);
-        if let Some(chunks) = update.result_chunks {
-            self.keep_chunks(job_id, index, chunks);
+        if let Some(object) = update.result_object.clone() {
+            self.keep_result_object(job_id, index, object);
         }
         let job = self.jobs.get_mut(&job_id).expect("located above");
         if active && job.tasks.has_waiting() && !self.queue.contains(&job_id) {
@@ -384,7 +384,7 @@ impl Core {
             result: job.results.get(&end.index).cloned(),
             error: job.errors.get(&end.index).cloned(),
             in_bucket: job.in_bucket(end.index),
-            result_chunks: job.chunked.get(&end.index).copied(),
+            result_object: job.result_objects.get(&end.index).cloned(),
             objects: job.outputs_of(end.index),
         })
     }

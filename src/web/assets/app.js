@@ -225,7 +225,7 @@ function renderTasks(page) {
     if (typeof t.duration_ms === "number") took = duration(t.duration_ms);
     else if (t.state === "RUNNING" && typeof t.started_ms === "number") took = duration(now - t.started_ms);
     const state = t.state === "LAUNCHING" && t.attempts === 0 ? "WAITING" : t.state;
-    const result = t.result === undefined ? (t.result_chunks ? `(${t.result_chunks.bytes} bytes in chunks)` : "")
+    const result = t.result === undefined ? (t.result_object ? `(${t.result_object.bytes} bytes, object ${t.result_object.object.slice(0, 12)}…)` : "")
       : (typeof t.result === "string" ? t.result : JSON.stringify(t.result));
     return el("tr", { "data-task": String(t.index) },
       el("td", { class: "num" }, t.index),

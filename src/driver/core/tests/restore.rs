@@ -78,7 +78,7 @@ fn outcome_of(task_id: TaskId, state: TaskState) -> JournaledTask {
         result: None,
         error: None,
         in_bucket: false,
-        result_chunks: None,
+        result_object: None,
         objects: Vec::new(),
     }
 }

@@ -247,106 +247,79 @@ fn past_the_cap_of_all_results_the_oldest_finished_jobs_lose_theirs_and_say_so()
     }
 }
 
-/// 2.5 MB of result in 3 chunks.
-const CHUNKS: ResultChunks = ResultChunks {
-    count: 3,
-    bytes: 2_500_000,
-};
+/// 2.5 MB of result in the object store.
+fn big_result() -> ResultObject {
+    ResultObject {
+        object: crate::objects::ObjectRef::of(b"a large result"),
+        bytes: 2_500_000,
+    }
+}
 
-/// Launches a one-task job on "e1" and reports its finish with `CHUNKS`; returns the job, task
-/// id and attempt.
-fn finish_in_chunks(core: &mut Core, journal: &mut Vec<JournalRecord>) -> (JobId, TaskId, u32) {
+/// Launches a one-task job on "e1" and reports its finish with `big_result()`; returns the
+/// job.
+fn finish_with_an_object(core: &mut Core, journal: &mut Vec<JournalRecord>) -> JobId {
     add(core, "e1", 1, 0);
     let job_id = submit(core, job(1, 1, 4), 0);
     let (task_id, _, attempt) = launches(&take_journal(core, journal))[0].1[0];
-    let update = finished_in_chunks(task_id, attempt, CHUNKS);
+    let update = finished_with_an_object(task_id, attempt, big_result());
     status(core, "e1", vec![update], 1);
     take_journal(core, journal);
-    assert_eq!(summary(core, job_id).state, JobState::Succeeded);
-    (job_id, task_id, attempt)
+    job_id
 }
 
-/// A status whose result the executor stored in the results bucket in chunks.
-fn finished_in_chunks(task_id: TaskId, attempt: u32, chunks: ResultChunks) -> StatusUpdate {
+/// A status whose result the executor put in the object store.
+fn finished_with_an_object(task_id: TaskId, attempt: u32, object: ResultObject) -> StatusUpdate {
     StatusUpdate {
-        result_chunks: Some(chunks),
+        result_object: Some(object),
         ..finished(task_id, attempt)
     }
 }
 
 #[test]
-fn a_result_in_chunks_is_kept_by_its_place_journaled_and_restored() {
+fn a_result_object_is_kept_by_reference_journaled_restored_and_used_by_its_job() {
     let mut core = journaled_core(0);
     core.config.results_bucket = true;
     let mut journal = Vec::new();
-    let (job_id, task_id, attempt) = finish_in_chunks(&mut core, &mut journal);
-    let chunks = CHUNKS;
+    let job_id = finish_with_an_object(&mut core, &mut journal);
+    assert_eq!(summary(&mut core, job_id).state, JobState::Succeeded);
     let kept = outcome(&mut core, job_id, 0);
-    assert_eq!((kept.result_chunks, kept.result), (Some(chunks), None));
-    let chunk = |core: &mut Core, chunk| {
-        core.api(
-            ApiRequest::GetResultChunk {
-                job_id,
-                index: 0,
-                chunk,
-            },
-            2,
-        )
-    };
-    assert!(matches!(
-        chunk(&mut core, 2),
-        ApiReply::ResultChunk {
-            chunk: 2,
-            chunks: 3,
-            ..
-        }
-    ));
     assert_eq!(
-        core.result_chunk_key(job_id, 0, 2).as_deref(),
-        Some(format!("chunks.e1.{task_id}.{attempt}.2").as_str())
+        (kept.result_object, kept.result),
+        (Some(big_result()), None)
     );
-    assert!(api_error(chunk(&mut core, 3)).contains("there is no chunk 3"));
-    // The journal holds where the chunks are, and a restored driver reads them back alike.
+    // The job refers to the object, so the store keeps it while the job is kept.
+    assert_eq!(core.object_uses()[&big_result().object], [job_id]);
+    // The journal holds the reference, and a restored driver has it too.
     let mut restored = restored(&journal, 1);
-    restored.config.results_bucket = true;
     assert_eq!(
-        outcome(&mut restored, job_id, 0).result_chunks,
-        Some(chunks)
+        outcome(&mut restored, job_id, 0).result_object,
+        Some(big_result())
     );
-    assert_eq!(
-        restored.result_chunk_key(job_id, 0, 0),
-        core.result_chunk_key(job_id, 0, 0)
-    );
+    assert_eq!(restored.object_uses()[&big_result().object], [job_id]);
+    check_invariants(&restored);
 }
 
 #[test]
-fn a_result_in_chunks_past_the_jobs_cap_or_without_a_bucket_fails_its_task() {
-    for bucket in [true, false] {
-        let mut core = journaled_core(0);
-        core.config.results_bucket = bucket;
-        core.config.retention.job_result_bytes = 1_000_000;
-        add(&mut core, "e1", 1, 0);
-        let job_id = submit(&mut core, job(1, 1, 4), 0);
-        let (task_id, _, attempt) = launches(&core.take_effects())[0].1[0];
-        status(
-            &mut core,
-            "e1",
-            vec![finished_in_chunks(task_id, attempt, CHUNKS)],
-            1,
-        );
-        let refused = outcome(&mut core, job_id, 0);
-        assert_eq!(
-            (refused.state, refused.result_chunks),
-            (TaskState::Failed, None)
-        );
-        let error = refused.error.unwrap_or_default();
-        let expected = if bucket {
-            "--max-job-result-bytes"
-        } else {
-            "only by a driver with a results bucket"
-        };
-        assert!(error.contains(expected), "{error}");
-        assert_eq!(summary(&mut core, job_id).state, JobState::Failed);
-        check_invariants(&core);
-    }
+fn a_result_object_past_the_jobs_cap_fails_its_task() {
+    let mut core = journaled_core(0);
+    core.config.results_bucket = true;
+    core.config.retention.job_result_bytes = 1_000_000;
+    add(&mut core, "e1", 1, 0);
+    let job_id = submit(&mut core, job(1, 1, 4), 0);
+    let (task_id, _, attempt) = launches(&core.take_effects())[0].1[0];
+    let update = finished_with_an_object(task_id, attempt, big_result());
+    status(&mut core, "e1", vec![update], 1);
+    let refused = outcome(&mut core, job_id, 0);
+    assert_eq!(
+        (refused.state, refused.result_object),
+        (TaskState::Failed, None)
+    );
+    let error = refused.error.unwrap_or_default();
+    assert!(error.contains("--max-job-result-bytes"), "{error}");
+    assert_eq!(summary(&mut core, job_id).state, JobState::Failed);
+    assert!(
+        core.object_uses().is_empty(),
+        "a refused result is not the job's"
+    );
+    check_invariants(&core);
 }

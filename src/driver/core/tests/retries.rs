@@ -90,7 +90,7 @@ fn a_task_that_fails_twice_then_finishes_ends_finished_after_three_attempts() {
             executor_id: Some(eid("a")),
             result: Some(json!("ok")),
             error: None,
-            result_chunks: None,
+            result_object: None,
             started_ms: Some(started),
             duration_ms: Some(40 - started),
         }

@@ -58,7 +58,7 @@ fn finished_frees_cores_records_the_result_and_offers_that_executor() {
             executor_id: Some(eid("a")),
             result: Some(json!({"x": 1})),
             error: None,
-            result_chunks: None,
+            result_object: None,
             started_ms: Some(100),
             duration_ms: Some(50),
         }
