@@ -47,6 +47,15 @@ fn failover(seed: u64) -> SimConfig {
     }
 }
 
+/// The workload a seed that found a bug ran: no task names an object, so the seed replays the
+/// same steps it did then.
+fn as_found(config: SimConfig) -> SimConfig {
+    SimConfig {
+        objects: 0,
+        ..config
+    }
+}
+
 fn passes(config: SimConfig) -> Report {
     let command = config.command();
     let report = run(config, false);
@@ -154,7 +163,7 @@ fn a_deposed_leaders_write_stored_after_its_successors_mark_is_skipped() {
             },
             ..SimConfig::default()
         };
-        let report = passes(config);
+        let report = passes(as_found(config));
         assert!(
             report.skipped_writes > 0,
             "seed {seed} stored no write off its turn: {report:?}"
@@ -213,6 +222,7 @@ fn a_thousand_executors_with_default_faults() {
 fn without_faults_every_task_finishes_once() {
     let config = SimConfig {
         task_failure: 0.0,
+        fetch_failure: 0.0,
         faults: Faults::none(),
         ..small(7)
     };
@@ -245,7 +255,7 @@ fn the_replay_command_replays_the_same_configuration() {
 /// different task. Status batches and launches now say which driver instance they are for.
 #[test]
 fn a_restarted_driver_refuses_the_old_drivers_statuses() {
-    let mut config = small(553);
+    let mut config = as_found(small(553));
     config.journal = false;
     config.faults.driver_restart = 2.0;
     passes(config);
@@ -256,7 +266,7 @@ fn a_restarted_driver_refuses_the_old_drivers_statuses() {
 /// now remembers its recent launches and ignores a repeat.
 #[test]
 fn a_repeated_launch_starts_no_second_run() {
-    passes(small(1));
+    passes(as_found(small(1)));
 }
 
 /// Leader kills on an otherwise faultless cluster: every executor stays connected, so every
@@ -284,7 +294,52 @@ fn failovers_adopt_runs_without_faults_on_the_executors() {
 /// the executor registered with, and any other driver tells it to register again.
 #[test]
 fn an_executor_registered_with_another_leader_registers_again() {
-    let mut config = failover(696);
+    let mut config = as_found(failover(696));
     config.drivers = 2;
     passes(config);
+}
+
+/// Object fetches that are slow and fail one time in five, under heavy faults and, for every
+/// other seed, leader kills and pauses: no work starts before its objects are fetched on its
+/// executor, none is fetched twice there, attempts share fetches in flight, fetches fail and
+/// fail their attempts, and every job still ends.
+#[test]
+fn slow_failing_object_fetches_keep_every_invariant() {
+    let mut totals = ember::sim::fetches::Counts::default();
+    for seed in 1..=40 {
+        let config = match seed % 2 {
+            0 => small(seed),
+            _ => failover(seed),
+        };
+        let report = passes(SimConfig {
+            fetch_failure: 0.2,
+            fetch_ms: 2_000,
+            ..config
+        });
+        assert_eq!(report.jobs_ended, 4, "seed {seed}");
+        let f = &report.fetches;
+        totals.fetches += f.fetches;
+        totals.failed += f.failed;
+        totals.shared += f.shared;
+        totals.attempts_failed += f.attempts_failed;
+    }
+    assert!(totals.fetches > 1_000, "only {totals:?}");
+    assert!(totals.failed > 200, "only {totals:?}");
+    assert!(totals.shared > 500, "only {totals:?}");
+    assert!(totals.attempts_failed > 200, "only {totals:?}");
+}
+
+/// Fetches that always fail: each job that names objects ends FAILED, its reason the fetch's
+/// error, and the others succeed; nothing hangs.
+#[test]
+fn a_job_whose_fetches_always_fail_ends_failed_saying_why() {
+    for seed in 1..=5 {
+        let report = passes(SimConfig {
+            fetch_failure: 1.0,
+            ..small(seed)
+        });
+        assert_eq!(report.jobs_ended, 4, "seed {seed}");
+        assert_eq!(report.fetches.jobs_failed, 2, "seed {seed}: {report:?}");
+        assert!(report.tasks_finished >= 150, "seed {seed}: {report:?}");
+    }
 }

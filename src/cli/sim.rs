@@ -31,6 +31,17 @@ pub struct SimArgs {
     /// The chance that an attempt fails.
     #[arg(long, env = "EMBER_SIM_TASK_FAILURE", default_value_t = SimConfig::default().task_failure)]
     pub task_failure: f64,
+    /// How many objects the object jobs name between them (every job whose number is 2 or 3
+    /// in 4 names two of them); 0: no job names an object.
+    #[arg(long, env = "EMBER_SIM_OBJECTS", default_value_t = SimConfig::default().objects)]
+    pub objects: u32,
+    /// The longest an ordinary object fetch takes, in virtual ms (one in ten is slow, up to
+    /// ten times this).
+    #[arg(long, env = "EMBER_SIM_FETCH_MS", default_value_t = SimConfig::default().fetch_ms)]
+    pub fetch_ms: u64,
+    /// The chance that an object fetch fails, failing the attempts that wait on it.
+    #[arg(long, env = "EMBER_SIM_FETCH_FAILURE", default_value_t = SimConfig::default().fetch_failure)]
+    pub fetch_failure: f64,
     /// Driver processes: one leads, the others stand by (needs the journal beyond one).
     #[arg(long, env = "EMBER_SIM_DRIVERS", default_value_t = SimConfig::default().drivers)]
     pub drivers: u32,
@@ -107,6 +118,9 @@ impl SimArgs {
             jobs: self.jobs,
             task_ms: self.task_ms,
             task_failure: self.task_failure,
+            objects: self.objects,
+            fetch_ms: self.fetch_ms,
+            fetch_failure: self.fetch_failure,
             drivers: self.drivers,
             journal: self.journal,
             lease_ms: self.lease_ms,
@@ -164,8 +178,9 @@ fn summary(report: &Report, secs: f64) -> String {
     format!(
         "seed {}: {} steps, {:.1} s virtual, {} tasks finished, {} jobs ended; faults: {} \
          (dropped {}, duplicated {}, delayed {}, partitions {}, kills {}, stops {}, driver \
-         kills {}, driver pauses {}, failovers {}); writes off their turns {}; trace \
-         {:016x}; {secs:.2} s",
+         kills {}, driver pauses {}, failovers {}); writes off their turns {}; fetches {} \
+         (failed {}, shared {}; attempts failed {}, jobs failed {}); trace {:016x}; \
+         {secs:.2} s",
         report.seed,
         report.steps,
         report.virtual_ms as f64 / 1000.0,
@@ -182,6 +197,11 @@ fn summary(report: &Report, secs: f64) -> String {
         f.driver_pauses,
         report.leaderships.saturating_sub(1),
         report.skipped_writes,
+        report.fetches.fetches,
+        report.fetches.failed,
+        report.fetches.shared,
+        report.fetches.attempts_failed,
+        report.fetches.jobs_failed,
         report.trace
     )
 }

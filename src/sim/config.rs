@@ -13,6 +13,15 @@ pub struct SimConfig {
     pub task_ms: u64,
     /// The chance that an attempt fails (the driver retries it up to `max_failures`).
     pub task_failure: f64,
+    /// How many objects the workload's object jobs name between them; 0: no job names one.
+    pub objects: u32,
+    /// The longest an ordinary object fetch takes, in virtual ms (each takes 1 ms up to
+    /// this; one in ten is slow, up to ten times this).
+    pub fetch_ms: u64,
+    /// The chance that an object fetch fails (the attempts waiting on it fail with it). Like
+    /// `task_failure` it goes on after the faults stop: it is the workload's, not the
+    /// cluster's.
+    pub fetch_failure: f64,
     /// Driver processes: one leads, the others stand by (with the journal only).
     pub drivers: u32,
     /// Whether the drivers keep a journal and take a lease, as the product does by default.
@@ -107,6 +116,9 @@ impl Default for SimConfig {
             jobs: 4,
             task_ms: 2_000,
             task_failure: 0.01,
+            objects: 3,
+            fetch_ms: 1_000,
+            fetch_failure: 0.05,
             drivers: 1,
             journal: true,
             lease_ms: crate::driver::lease::DEFAULT_LEASE.as_millis() as u64,
@@ -129,6 +141,12 @@ impl SimConfig {
         if !self.journal && self.faults.driver_pause > 0.0 {
             return Err("--driver-pause needs the journal: without it there is no lease".into());
         }
+        if !(0.0..=1.0).contains(&self.fetch_failure) {
+            return Err("--fetch-failure is a chance, from 0 to 1".into());
+        }
+        if self.fetch_ms == 0 {
+            return Err("--fetch-ms must be at least 1".into());
+        }
         if self.max_held == 0 {
             return Err("--max-held must be at least 1".into());
         }
@@ -143,10 +161,10 @@ impl SimConfig {
         let f = &self.faults;
         format!(
             "ember sim --seed {} --executors {} --cores {} --tasks {} --jobs {} --task-ms {} \
-             --task-failure {} --drivers {} --journal {} --lease-ms {} --fencing {} \
-             --max-held {} --drop {} --duplicate {} --delay {} --delay-ms {} --partition {} \
-             --partition-ms {} --kill {} --restart-ms {} --stop {} --driver-restart {} \
-             --driver-pause {} --pause-ms {} --faults-for-ms {}",
+             --task-failure {} --objects {} --fetch-ms {} --fetch-failure {} --drivers {} \
+             --journal {} --lease-ms {} --fencing {} --max-held {} --drop {} --duplicate {} \
+             --delay {} --delay-ms {} --partition {} --partition-ms {} --kill {} --restart-ms {} \
+             --stop {} --driver-restart {} --driver-pause {} --pause-ms {} --faults-for-ms {}",
             self.seed,
             self.executors,
             self.cores,
@@ -154,6 +172,9 @@ impl SimConfig {
             self.jobs,
             self.task_ms,
             self.task_failure,
+            self.objects,
+            self.fetch_ms,
+            self.fetch_failure,
             self.drivers,
             self.journal,
             self.lease_ms,

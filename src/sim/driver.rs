@@ -25,8 +25,7 @@ use crate::driver::core::{Core, CoreConfig, Effect, Retention};
 use crate::driver::lease_clock::{self as lease, Hold, Key, Watch};
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, ApiRequest, JobState, JournalRecord, StatusRequest, SubmitJob, TaskOutcome, TaskSpec,
-    TaskState,
+    ApiReply, ApiRequest, JobState, JournalRecord, StatusRequest, SubmitJob, TaskOutcome, TaskState,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -406,7 +405,8 @@ impl World {
             }
             self.ledger.restored(job_id, &finished);
             if summary.state != JobState::Running {
-                self.ledger.ended_unseen(job_id);
+                let reason = summary.reason.as_deref();
+                self.ledger.ended_unseen(job_id, summary.state, reason)?;
             }
         }
         Ok(())
@@ -441,10 +441,7 @@ impl World {
                 speculation,
                 submission_id: Some(name.clone()),
                 name: name.clone(),
-                tasks: vec![TaskSpec::Handler {
-                    name: "sim".into(),
-                    arg: serde_json::Value::Null,
-                }],
+                tasks: vec![super::objects::spec_of(&self.objects, origin)],
                 repeat: tasks.max(1),
                 max_failures: crate::DEFAULT_MAX_FAILURES,
                 cpus_per_task: 1,

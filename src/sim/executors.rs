@@ -4,17 +4,19 @@
 //! nobody waits for), times requests out, runs its timers, and stands in for task work.
 
 use super::network::{Message, Pid, Reply, Request, Sender};
+use super::objects::Needs;
 use super::{Event, SimMachine, World};
 use crate::epoch::Fence;
 use crate::executor::machine::{
     Backoff, Cancel, MachineConfig, Registered, Registration, Request as Ask, Run, Started,
 };
 use crate::ids::{ExecutorId, TaskId};
+use crate::objects::ObjectRef;
 use crate::protocol::{
     ExecutorMessage, RegisterExecutor, RegisterReply, StatusRequest, StatusUpdate, TaskDescription,
     TaskState,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A simulated attempt's work: a timer, which can always be stopped.
 #[derive(Debug)]
@@ -52,6 +54,8 @@ pub struct Process {
     register: Option<u64>,
     heartbeat: Option<u64>,
     status: Option<u64>,
+    /// The objects it has fetched and is fetching, and the runs waiting on them.
+    pub cache: super::objects::Cache,
 }
 
 impl World {
@@ -90,6 +94,7 @@ impl World {
             register: None,
             heartbeat: None,
             status: None,
+            cache: Default::default(),
         });
         self.pids.insert(executor_id, pid);
         self.trace.line(now, format_args!("e{pid} starts"));
@@ -344,20 +349,27 @@ impl World {
         Ok(())
     }
 
-    /// Starts one attempt on `pid`: done at once, or a timer that ends it later. The ledger
-    /// hears of the run, if one started, under the term of the driver that launched it.
+    /// Starts one attempt on `pid`: done at once, a timer that ends it later, or, if it needs
+    /// objects not on disk, a wait for their fetches before the timer starts (a task that
+    /// names objects is a command, never done at once). The ledger hears of the run, if one
+    /// started, under the term of the driver that launched it.
     fn launch(&mut self, pid: Pid, leadership: u32, task: &TaskDescription) -> Result<(), String> {
         let now = self.queue.now();
         let ok = !self.rng.chance(self.config.task_failure);
-        let instant = self.rng.chance(INSTANT_TASKS);
+        let objects: BTreeSet<ObjectRef> = task.spec.objects().cloned().collect();
+        let instant = self.rng.chance(INSTANT_TASKS) && objects.is_empty();
         let run_for = self.rng.between(1, self.config.task_ms);
         let (queue, process) = (&mut self.queue, &mut self.procs[pid as usize]);
+        let waits = !process.cache.missing(&objects).is_empty();
         let term = process.machine.term();
         let mut started = None;
         process.machine.launch(task, |task, run| {
             started = Some(run);
             if instant {
                 return Started::Ended(end_of(pid, run, task.task_id, task.attempt, ok));
+            }
+            if waits {
+                return Started::Running(Work);
             }
             let (task_id, attempt) = (task.task_id, task.attempt);
             queue.after(
@@ -376,7 +388,21 @@ impl World {
             return Ok(());
         };
         self.ledger
-            .run_started(leadership, pid, run, task, term, now, instant)
+            .run_started(leadership, pid, run, task, term, now, instant)?;
+        if waits {
+            let needs = Needs {
+                objects,
+                ok,
+                run_for,
+            };
+            self.wait_for_objects(pid, run, task, needs);
+        } else if !objects.is_empty() {
+            // Every object is on disk: the work starts at once.
+            self.ledger
+                .fetches
+                .work_started(pid, task.task_id, &objects, now)?;
+        }
+        Ok(())
     }
 
     pub(super) fn task_done(

@@ -4,6 +4,8 @@
 //! - cores are never negative or over an executor's total, and its busy cores are its attempts;
 //! - a task ends FINISHED at most once, and a job that succeeded has every task finished once;
 //! - a job ends at most once, and every job ends once the faults stop;
+//! - no attempt's work starts before its objects are fetched on its executor, which fetches
+//!   each at most once (kept in [`super::fetches`]);
 //! - an attempt's end (other than LOST, which the driver decides) counts only from the executor
 //!   the attempt was sent to;
 //! - `ExecutorAdded` and `ExecutorRemoved` alternate for each id within one leadership,
@@ -26,6 +28,7 @@
 //! - with the journal, a failover alone never starts a second run of a task whose run is still
 //!   alive on a connected executor (judged at the end of a run).
 
+use super::fetches::Fetches;
 use super::network::{Pid, Sender};
 use super::runs::Runs;
 use crate::driver::core::Core;
@@ -50,6 +53,8 @@ struct JobEntry {
     finished: HashSet<TaskId, FixedHasher>,
     /// Whether a `JobEnd` was published for it.
     ended: bool,
+    /// Whether its failure's reason was checked, heard or learned by asking.
+    failure_checked: bool,
     /// Whether the client was told it was accepted.
     accepted: bool,
     /// Whether the listener saw it succeed, and which of its tasks finish.
@@ -92,6 +97,8 @@ pub struct Ledger {
     pub copies: u64,
     /// Every run of an attempt on an executor.
     pub runs: Runs,
+    /// Every object fetch on an executor.
+    pub fetches: Fetches,
     submissions: u64,
 }
 
@@ -109,6 +116,7 @@ impl Ledger {
             tasks_finished: 0,
             copies: 0,
             runs: Runs::new(journal),
+            fetches: Fetches::default(),
             submissions: 0,
         }
     }
@@ -176,12 +184,36 @@ impl Ledger {
         }
     }
 
-    /// The client learned by asking that job `job_id` ended.
-    pub fn ended_unseen(&mut self, job_id: JobId) {
+    /// The client learned by asking that job `job_id` ended, in `state` for `reason`.
+    pub fn ended_unseen(
+        &mut self,
+        job_id: JobId,
+        state: JobState,
+        reason: Option<&str>,
+    ) -> Result<(), String> {
         let era = self.era(self.leadership);
         if let Some(job) = self.jobs.get(&(era, job_id)) {
             self.origins_ended[job.origin] = true;
         }
+        self.check_failure(era, job_id, state, reason)
+    }
+
+    /// The reason of job `job_id`, which ended in `state`, if it failed and its reason has not
+    /// been checked yet (its end may be both heard and learned by asking).
+    fn check_failure(
+        &mut self,
+        era: u32,
+        job_id: JobId,
+        state: JobState,
+        reason: Option<&str>,
+    ) -> Result<(), String> {
+        let Some(job) = self.jobs.get_mut(&(era, job_id)) else {
+            return Ok(());
+        };
+        if state != JobState::Failed || std::mem::replace(&mut job.failure_checked, true) {
+            return Ok(());
+        }
+        self.fetches.job_failed(job_id, reason)
     }
 
     /// The workload's jobs that have not ended.
@@ -219,8 +251,14 @@ impl Ledger {
             Event::TaskEnd { job_id, .. } => event.ended().try_for_each(|(from, end)| {
                 self.task_ended(leadership, *job_id, from, end, seen, &pid_of)
             }),
-            Event::JobEnd { job_id, state, .. } => {
-                self.job_ended(leadership, *job_id, *state, seen)
+            Event::JobEnd {
+                job_id,
+                state,
+                reason,
+                ..
+            } => {
+                self.job_ended(leadership, *job_id, *state, seen)?;
+                self.check_failure(self.era(leadership), *job_id, *state, reason.as_deref())
             }
             Event::JobStart { .. }
             | Event::TaskStart { .. }

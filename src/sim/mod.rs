@@ -8,16 +8,20 @@
 //! Split by concern: [`rng`] (the seed's numbers), [`queue`] (the clock and its events),
 //! [`network`], [`broker`] (the lease key and the journal stream), [`executors`] (the executor
 //! processes), [`driver`] (the driver processes and the client), [`writes`] (a leader's journal
-//! writes, through the driver's own outbox), [`faults`] (injecting them),
-//! [`ledger`] (the invariants), [`runs`] (the runs of attempts and their invariants), [`trace`].
+//! writes, through the driver's own outbox), [`faults`] (injecting them), [`objects`] (the
+//! objects tasks name, fetched on executors before their work starts), [`ledger`] (the
+//! invariants), [`runs`] (the runs of attempts and their invariants), [`fetches`] (the
+//! fetches and their invariants), [`trace`].
 
 mod broker;
 pub mod config;
 mod driver;
 mod executors;
 mod faults;
+pub mod fetches;
 pub mod ledger;
 mod network;
+mod objects;
 mod queue;
 pub mod rng;
 mod runs;
@@ -64,6 +68,12 @@ enum Event {
     },
     HandBack {
         pid: Pid,
+    },
+    /// A fetch of `object` on `pid` ends.
+    Fetched {
+        pid: Pid,
+        object: crate::objects::ObjectRef,
+        ok: bool,
     },
     StartExecutor,
     /// Something due to driver process `node` in its `turn`.
@@ -117,6 +127,8 @@ pub struct Report {
     /// Journal writes stored off their leaders' turns (a deposed leader's after its
     /// successor's mark), which a restoring leader skips.
     pub skipped_writes: u64,
+    /// The object fetches on executors.
+    pub fetches: fetches::Counts,
     pub violation: Option<Violation>,
 }
 
@@ -139,6 +151,8 @@ struct World {
     steps: u64,
     /// When the last executor went away (removals are due a timeout later).
     last_loss: u64,
+    /// The objects the workload's tasks name.
+    objects: Vec<crate::objects::ObjectRef>,
 }
 
 /// Runs one simulation; `print_trace` prints every step.
@@ -157,6 +171,7 @@ pub fn run(config: SimConfig, print_trace: bool) -> Report {
         leaderships: world.leaderships,
         adopted: world.ledger.runs.adopted,
         skipped_writes: world.broker.skipped(),
+        fetches: world.ledger.fetches.counts.clone(),
         violation,
     }
 }
@@ -177,6 +192,7 @@ impl World {
             drivers: Vec::new(),
             broker: broker::Broker::default(),
             leaderships: 0,
+            objects: objects::workload_objects(config.seed, config.objects),
             rng: Rng::new(config.seed),
             config,
         }
@@ -201,6 +217,7 @@ impl World {
                     .ledger
                     .check_gone(gone)
                     .and_then(|()| self.ledger.check_runs())
+                    .and_then(|()| self.ledger.fetches.check())
                     .map_err(|what| self.violation(what));
             }
             if self.queue.now() > self.config.faults.for_ms + HANG_MS {
@@ -245,6 +262,7 @@ impl World {
                 ok,
             } => self.task_done(pid, run, task_id, attempt, ok),
             Event::HandBack { pid } => self.hand_back(pid),
+            Event::Fetched { pid, object, ok } => self.fetched(pid, object, ok),
             Event::StartExecutor => self.start_executor(),
             Event::Driver { node, turn, what } => self.at_driver(node, turn, what),
             Event::AtBroker { sender, turn, what } => match self.held_until(sender.node) {
