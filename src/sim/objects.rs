@@ -209,7 +209,7 @@ impl World {
                 state: TaskState::Failed,
                 result: None,
                 error: Some(fetch_error(object)),
-                result_chunks: None,
+                result_object: None,
             };
             process.machine.finish(run, end);
             return Ok(());
