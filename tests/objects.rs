@@ -504,6 +504,33 @@ async fn ember_submit_puts_an_input_file_and_keeps_the_outputs() {
         );
     }
     assert_eq!(objects.get_bytes(&sorted).await.unwrap(), b"a\nb\nc\n");
+    // `ember results --output-dir` writes each outcome and each output as files.
+    let job_id = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| {
+            v.get("job_id")?
+                .as_u64()
+                .filter(|_| v.get("state").is_some())
+        })
+        .expect("the summary line");
+    let written = dir.join("results");
+    cluster
+        .cli_stdout(&[
+            "results",
+            &job_id.to_string(),
+            "--output-dir",
+            &written.display().to_string(),
+        ])
+        .await;
+    for index in 0..2 {
+        let outcome: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(written.join(format!("{index}.json"))).unwrap())
+                .unwrap();
+        assert_eq!(outcome["state"], "FINISHED");
+        let output = std::fs::read(written.join(index.to_string()).join("sorted.txt")).unwrap();
+        assert_eq!(output, b"a\nb\nc\n");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

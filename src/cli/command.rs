@@ -3,6 +3,7 @@
 use super::creds::{creds, CredsArgs};
 use super::events::{events, EventsArgs};
 use super::objects::{objects, put, ObjectsCommand, PutArgs};
+use super::results::{results, ResultsArgs};
 use super::sim::{sim, SimArgs};
 use super::status::{status, StatusArgs};
 use super::submit::{submit, SubmitArgs};
@@ -53,6 +54,9 @@ pub enum Command {
     /// The cluster at a glance: driver, executors and cores, running jobs with their
     /// progress, tasks per second; once, or refreshed in place with --watch.
     Status(StatusArgs),
+    /// A job's task outcomes, one JSON line each; with --output-dir, its results and its
+    /// tasks' outputs written to files instead.
+    Results(ResultsArgs),
     /// List jobs with their state and counts.
     Jobs {
         /// Print the jobs as one JSON object, `{"jobs": [...]}` with a summary per job, instead
@@ -162,6 +166,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         Command::Events(args) => events(&nats, &subjects, &args, stop_or_hangup_signal()).await?,
         Command::Executors { json } => show_executors(&client, json).await?,
         Command::Jobs { json } => show_jobs(&client, json).await?,
+        Command::Results(args) => results(&client, &args).await?,
         Command::Pools { json } => show_pools(&client, json).await?,
         Command::Status(args) => {
             status(&client, &cli.nats.cluster, &args, shutdown_signal()).await?

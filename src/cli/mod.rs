@@ -9,6 +9,7 @@ pub mod durations;
 pub mod events;
 pub mod executor;
 pub mod objects;
+pub mod results;
 pub mod sim;
 pub mod speculation;
 pub mod status;
