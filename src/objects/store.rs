@@ -297,25 +297,43 @@ impl Objects {
         let mut chunks = std::pin::pin!(chunks);
         let mut acks: VecDeque<PublishAckFuture> = VecDeque::new();
         let (mut hasher, mut count) = (Hasher::default(), 0u64);
+        let mut outcome = Ok(());
         while let Some(chunk) = chunks.next().await {
-            let chunk = chunk.map_err(|e| ObjectsError::io("could not read what is put", e))?;
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    outcome = Err(ObjectsError::io("could not read what is put", e));
+                    break;
+                }
+            };
             hasher.update(&chunk);
             count += 1;
-            let ack = self
-                .context
-                .publish(subject.to_string(), chunk)
-                .await
-                .map_err(|e| self.publish_error(e))?;
-            acks.push_back(ack);
+            match self.context.publish(subject.to_string(), chunk).await {
+                Ok(ack) => acks.push_back(ack),
+                Err(e) => {
+                    outcome = Err(self.publish_error(e));
+                    break;
+                }
+            }
             if acks.len() >= CHUNKS_IN_FLIGHT {
                 let ack = acks.pop_front().expect("not empty");
-                ack.await.map_err(|e| self.publish_error(e))?;
+                if let Err(e) = ack.await {
+                    outcome = Err(self.publish_error(e));
+                    break;
+                }
             }
         }
+        // Every publish settles before an error is returned: a chunk stored after the
+        // caller's purge (into room the purge made) would outlive it.
         for ack in acks {
-            ack.await.map_err(|e| self.publish_error(e))?;
+            let settled = ack.await;
+            if let Err(e) = settled {
+                if outcome.is_ok() {
+                    outcome = Err(self.publish_error(e));
+                }
+            }
         }
-        Ok((count, hasher.finish()))
+        outcome.map(|()| (count, hasher.finish()))
     }
 
     /// Writes the metadata of `object`, whose chunks are under `nuid`, if the name has none
