@@ -7,6 +7,7 @@
 //! Go runtime's idle threads spin looking for work, on the cores the cluster needs.
 
 use std::collections::BTreeSet;
+use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,6 +37,11 @@ pub enum ServerError {
     Store(std::io::Error),
     #[error("nats-server did not accept connections on port {0} within 10s")]
     NotReady(u16),
+    #[error("nats-server exited ({status}) before it accepted connections on port {port}")]
+    Exited {
+        port: u16,
+        status: std::process::ExitStatus,
+    },
 }
 
 /// The nats-server binary to run.
@@ -82,12 +88,35 @@ pub fn server_gomaxprocs() -> String {
 fn wait_listening(port: u16) -> Result<(), ServerError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if connect_other(port).is_some() {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     Err(ServerError::NotReady(port))
+}
+
+/// A connection to `port` of 127.0.0.1 made by a listener there. Connecting in a loop to a
+/// port of the ephemeral range while nothing listens on it can connect a socket to itself (TCP
+/// simultaneous open, when the kernel picks that same port as the source), which looks like a
+/// listener and is not one.
+fn connect_other(port: u16) -> Option<TcpStream> {
+    let stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let (local, peer) = (stream.local_addr().ok()?, stream.peer_addr().ok()?);
+    (local != peer).then_some(stream)
+}
+
+/// Whether a NATS server greets a connection on `port`: the first thing it sends is `INFO`.
+fn greets(port: u16) -> bool {
+    let Some(mut stream) = connect_other(port) else {
+        return false;
+    };
+    let mut greeting = [0u8; 5];
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .is_ok()
+        && stream.read_exact(&mut greeting).is_ok()
+        && &greeting == b"INFO "
 }
 
 /// A port on 127.0.0.1 that nothing listens on right now, and that this process has not
@@ -117,7 +146,21 @@ pub struct NatsServer {
 impl NatsServer {
     /// Starts nats-server on a free loopback port with `extra` arguments (such as `-c FILE`).
     pub fn start(extra: &[&str]) -> Result<Self, ServerError> {
-        Self::start_on(free_port()?, extra)
+        Self::start_on_free_port(extra)
+    }
+
+    /// Starts nats-server on a port free when it is chosen. Another process may bind that port
+    /// before the server does (any outgoing connection may take it as its source port), and
+    /// the server then exits: it is tried again on another port, a few times.
+    fn start_on_free_port(extra: &[&str]) -> Result<Self, ServerError> {
+        let mut tries = 3;
+        loop {
+            tries -= 1;
+            match Self::start_on(free_port()?, extra) {
+                Err(ServerError::Exited { .. }) if tries > 0 => continue,
+                started => return started,
+            }
+        }
     }
 
     /// Starts nats-server on a free loopback port with JetStream on, in a fresh temporary
@@ -147,7 +190,7 @@ impl NatsServer {
             args.extend(["-c", &config_arg]);
         }
         args.extend_from_slice(extra);
-        let mut server = Self::start_on(free_port()?, &args);
+        let mut server = Self::start_on_free_port(&args);
         match &mut server {
             Ok(server) => server.store = Some(store),
             Err(_) => drop(std::fs::remove_dir_all(&store)),
@@ -170,7 +213,7 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|source| ServerError::Spawn { binary, source })?;
-        let server = Self {
+        let mut server = Self {
             child,
             port,
             store: None,
@@ -179,8 +222,20 @@ impl NatsServer {
         Ok(server)
     }
 
-    fn wait_ready(&self) -> Result<(), ServerError> {
-        wait_listening(self.port)
+    /// Waits up to 10 s for the server to greet a client, or for it to exit.
+    fn wait_ready(&mut self) -> Result<(), ServerError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let port = self.port;
+                return Err(ServerError::Exited { port, status });
+            }
+            if greets(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(ServerError::NotReady(self.port))
     }
 
     pub fn port(&self) -> u16 {
