@@ -84,18 +84,6 @@ pub fn server_gomaxprocs() -> String {
     }
 }
 
-/// Waits up to 10 s for something to accept connections on `port` of 127.0.0.1.
-fn wait_listening(port: u16) -> Result<(), ServerError> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if connect_other(port).is_some() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(ServerError::NotReady(port))
-}
-
 /// A connection to `port` of 127.0.0.1 made by a listener there. Connecting in a loop to a
 /// port of the ephemeral range while nothing listens on it can connect a socket to itself (TCP
 /// simultaneous open, when the kernel picks that same port as the source), which looks like a
@@ -271,6 +259,18 @@ impl Drop for NatsServer {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+
+    /// Waits up to 10 s for something to accept connections on `port` of 127.0.0.1.
+    fn wait_listening(port: u16) -> Result<(), ServerError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if connect_other(port).is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(ServerError::NotReady(port))
+    }
 
     /// What the server's monitoring port says of itself.
     fn varz(port: u16) -> serde_json::Value {
