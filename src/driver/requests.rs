@@ -153,7 +153,7 @@ impl Shell {
     /// The leader sweeps the object store, sparing what the kept jobs use.
     pub(super) fn on_sweep(&self, core: &Core) {
         if let Some(sweeper) = &self.sweeper {
-            sweeper.sweep(core.object_uses().into_keys().collect());
+            sweeper.sweep(core.referenced_objects());
         }
     }
 

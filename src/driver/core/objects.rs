@@ -9,7 +9,7 @@ use crate::ids::JobId;
 use crate::objects::ObjectRef;
 use crate::protocol::{ApiReply, ObjectUse, TaskSpec, MAX_OBJECTS_ASKED, MAX_OBJECT_JOBS_LISTED};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The objects a command task's `result` names: the values of its `outputs`, which its
 /// executor stored. Other tasks' results name none the driver keeps.
@@ -51,22 +51,31 @@ impl Core {
         }
     }
 
-    /// Every object a kept job refers to, with the ids of the jobs that do.
-    pub fn object_uses(&self) -> BTreeMap<ObjectRef, Vec<JobId>> {
-        let mut uses: BTreeMap<ObjectRef, Vec<JobId>> = BTreeMap::new();
+    /// Every object a kept job refers to: what the leader's sweep spares.
+    pub fn referenced_objects(&self) -> BTreeSet<ObjectRef> {
+        self.jobs
+            .values()
+            .flat_map(|job| job.objects())
+            .cloned()
+            .collect()
+    }
+
+    /// For each of `objects`, the ids of the kept jobs that refer to it, in id order.
+    pub(super) fn users_of(&self, objects: &[ObjectRef]) -> Vec<Vec<JobId>> {
+        let mut users: BTreeMap<&ObjectRef, Vec<JobId>> =
+            objects.iter().map(|o| (o, Vec::new())).collect();
         for (id, job) in &self.jobs {
             for object in job.objects() {
-                let jobs = uses.entry(object.clone()).or_default();
-                if jobs.last() != Some(id) {
-                    jobs.push(*id);
+                if let Some(jobs) = users.get_mut(object) {
+                    if jobs.last() != Some(id) {
+                        jobs.push(*id);
+                    }
                 }
             }
         }
-        uses
+        objects.iter().map(|o| users[o].clone()).collect()
     }
-}
 
-impl Core {
     /// The answer to `ObjectUses`: for each of `objects`, the kept jobs that refer to it.
     pub(super) fn object_uses_of(&self, objects: &[ObjectRef]) -> ApiReply {
         if objects.len() > MAX_OBJECTS_ASKED {
@@ -78,26 +87,13 @@ impl Core {
                 ),
             };
         }
-        let mut uses: BTreeMap<&ObjectRef, Vec<JobId>> =
-            objects.iter().map(|o| (o, Vec::new())).collect();
-        for (id, job) in &self.jobs {
-            for object in job.objects() {
-                if let Some(jobs) = uses.get_mut(object) {
-                    if jobs.last() != Some(id) {
-                        jobs.push(*id);
-                    }
-                }
-            }
-        }
         let uses = objects
             .iter()
-            .map(|object| {
-                let jobs = &uses[object];
-                ObjectUse {
-                    object: object.clone(),
-                    jobs: jobs.iter().take(MAX_OBJECT_JOBS_LISTED).copied().collect(),
-                    jobs_count: jobs.len() as u32,
-                }
+            .zip(self.users_of(objects))
+            .map(|(object, jobs)| ObjectUse {
+                object: object.clone(),
+                jobs: jobs.iter().take(MAX_OBJECT_JOBS_LISTED).copied().collect(),
+                jobs_count: jobs.len() as u32,
             })
             .collect();
         ApiReply::ObjectUses { uses }
@@ -105,22 +101,22 @@ impl Core {
 
     /// Why `object` may not be deleted: a kept job refers to it. None if it may be.
     pub fn delete_refusal(&self, object: &ObjectRef) -> Option<String> {
-        let ApiReply::ObjectUses { uses } = self.object_uses_of(std::slice::from_ref(object))
-        else {
+        let users = self.users_of(std::slice::from_ref(object)).pop()?;
+        if users.is_empty() {
             return None;
-        };
-        let used = uses.first().filter(|u| u.jobs_count > 0)?;
-        let mut jobs: Vec<String> = used.jobs.iter().map(|id| id.to_string()).collect();
-        if used.jobs_count as usize > used.jobs.len() {
-            jobs.push(format!(
-                "and {} more",
-                used.jobs_count as usize - used.jobs.len()
-            ));
+        }
+        let mut jobs: Vec<String> = users
+            .iter()
+            .take(MAX_OBJECT_JOBS_LISTED)
+            .map(JobId::to_string)
+            .collect();
+        if users.len() > MAX_OBJECT_JOBS_LISTED {
+            jobs.push(format!("and {} more", users.len() - MAX_OBJECT_JOBS_LISTED));
         }
         Some(format!(
             "object {object} is used by kept job{} {}: it is deleted once no kept job uses it \
              (--retain-jobs, --objects-max-age)",
-            if used.jobs_count == 1 { "" } else { "s" },
+            if users.len() == 1 { "" } else { "s" },
             jobs.join(", ")
         ))
     }

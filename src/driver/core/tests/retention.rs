@@ -288,14 +288,14 @@ fn a_result_object_is_kept_by_reference_journaled_restored_and_used_by_its_job()
         (Some(big_result()), None)
     );
     // The job refers to the object, so the store keeps it while the job is kept.
-    assert_eq!(core.object_uses()[&big_result().object], [job_id]);
+    assert_eq!(core.users_of(&[big_result().object]), [[job_id]]);
     // The journal holds the reference, and a restored driver has it too.
     let mut restored = restored(&journal, 1);
     assert_eq!(
         outcome(&mut restored, job_id, 0).result_object,
         Some(big_result())
     );
-    assert_eq!(restored.object_uses()[&big_result().object], [job_id]);
+    assert_eq!(restored.users_of(&[big_result().object]), [[job_id]]);
     check_invariants(&restored);
 }
 
@@ -318,7 +318,7 @@ fn a_result_object_past_the_jobs_cap_fails_its_task() {
     assert!(error.contains("--max-job-result-bytes"), "{error}");
     assert_eq!(summary(&mut core, job_id).state, JobState::Failed);
     assert!(
-        core.object_uses().is_empty(),
+        core.referenced_objects().is_empty(),
         "a refused result is not the job's"
     );
     check_invariants(&core);
