@@ -40,6 +40,15 @@ impl Default for Retention {
     }
 }
 
+/// The note a task's error gets when its result of `size` bytes is past job `job_id`'s `cap`.
+fn refused_note(size: u64, job_id: JobId, cap: u64) -> String {
+    format!(
+        "result of {size} bytes refused: job {job_id}'s results may take {} \
+         (--max-job-result-bytes)",
+        mib(cap)
+    )
+}
+
 /// The size of `value` as JSON, counted without building it.
 fn json_size(value: &Value) -> u64 {
     struct Count(u64);
@@ -117,14 +126,18 @@ impl Core {
         update: &StatusUpdate,
     ) -> Option<String> {
         let job = self.jobs.get(&job_id)?;
+        let cap = self.config.retention.job_result_bytes;
+        // An inline result came in one message: where a whole message fits, so does it, and
+        // it is not measured twice (keep_result measures what it keeps).
+        let message = (self.config.max_reply_bytes + crate::PAYLOAD_HEADROOM) as u64;
         let size = match (&update.result, &update.result_object) {
             (_, Some(object)) => object.bytes,
+            (Some(_), None) if job.result_bytes + message <= cap => return None,
             (Some(result), None) if !result.is_null() => json_size(result),
             _ => return None,
         };
         // What an earlier attempt of the task left (a failed command's output) is replaced.
         let held = job.results.get(&index).map_or(0, json_size);
-        let cap = self.config.retention.job_result_bytes;
         (job.result_bytes - held + size > cap).then(|| {
             format!(
                 "the task's result of {size} bytes is over job {job_id}'s limit: its \
@@ -151,13 +164,8 @@ impl Core {
             return;
         }
         if job.result_bytes + object.bytes > cap {
-            let refused = format!(
-                "result of {} bytes refused: job {job_id}'s results may take {} \
-                 (--max-job-result-bytes)",
-                object.bytes,
-                mib(cap)
-            );
-            job.errors.insert(index, refused);
+            job.errors
+                .insert(index, refused_note(object.bytes, job_id, cap));
             return;
         }
         job.result_bytes += object.bytes;
@@ -197,12 +205,7 @@ impl Core {
             return;
         }
         if job.result_bytes + size > cap {
-            let note = format!(
-                "result of {size} bytes refused: job {job_id}'s results may take {} \
-                 (--max-job-result-bytes)",
-                mib(cap)
-            );
-            job.errors.insert(index, note);
+            job.errors.insert(index, refused_note(size, job_id, cap));
             return;
         }
         job.result_bytes += size;
