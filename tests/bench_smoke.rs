@@ -73,6 +73,17 @@ async fn ember_bench_quick_reports_every_workload() {
     assert_eq!(report["wide"]["pools"], 0);
     assert!(report["wide"]["tasks_per_s"].as_f64().unwrap() > 0.0);
     assert!(report["wide"]["offer_rounds"].as_u64().unwrap() > 0);
+    // The broadcast workload: each executor fetched the object once, counted from its metrics
+    // endpoint, for the 8 tasks that read it.
+    let broadcast = &report["broadcast"];
+    assert_eq!(broadcast["object_bytes"], 16 << 20);
+    assert_eq!(broadcast["tasks"], 8);
+    assert_eq!(
+        (&broadcast["fetches_min"], &broadcast["fetches_max"]),
+        (&serde_json::json!(1), &serde_json::json!(1)),
+        "{broadcast}"
+    );
+    assert!(broadcast["bare_gets_s"].as_f64().unwrap() > 0.0);
     // Two runs, each reported whole; the figures above are the lower of each pair.
     let each = report["runs"].as_array().expect("every run's report");
     assert_eq!(each.len(), 2);

@@ -5,11 +5,12 @@
 //! the limit: two concurrent gets of the same object, over two connections, by a bare async-nats
 //! client, from the first request to the last byte.
 
-use super::procs::Cluster;
+use super::procs::{metric, Cluster};
 use super::workloads::{connect, wait_for_executors};
 use super::BenchArgs;
 use crate::objects::ObjectRef;
 use crate::protocol::{JobState, SubmitJob, TaskSpec};
+use crate::server::free_port;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -95,7 +96,7 @@ async fn measure(
     );
     let mut fetches = Vec::new();
     for port in ports {
-        fetches.push(fetches_of(*port).await?);
+        fetches.push(metric(*port, "ember_executor_object_fetches_total").await?);
     }
     let bare_gets_s =
         bare_gets(&cluster.server.url(), &cluster.cluster, &put.object, bytes).await?;
@@ -128,26 +129,6 @@ fn readers(object: &ObjectRef, bytes: usize, tasks: u32) -> SubmitJob {
         repeat: tasks,
         ..super::noops(1)
     }
-}
-
-/// The object fetches an executor's metrics count.
-async fn fetches_of(port: u16) -> anyhow::Result<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .await?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await?;
-    let count = text.lines().find_map(|line| {
-        line.strip_prefix("ember_executor_object_fetches_total ")?
-            .trim()
-            .parse::<f64>()
-            .ok()
-    });
-    count
-        .map(|n| n as u64)
-        .ok_or_else(|| anyhow::anyhow!("no object fetches in the metrics on port {port}"))
 }
 
 /// Two gets of `object` at once, each on a connection of its own, with async-nats alone: from
@@ -184,12 +165,6 @@ async fn bare_gets(
     Ok(started.elapsed().as_secs_f64())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn tempdir() -> anyhow::Result<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!(
         "ember-bench-broadcast-{}",
@@ -197,4 +172,26 @@ fn tempdir() -> anyhow::Result<std::path::PathBuf> {
     ));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+impl Broadcast {
+    /// Its row of `ember bench`'s table.
+    pub fn row(&self) -> [String; 3] {
+        [
+            format!(
+                "broadcast: {} MiB read by {} tasks, 2 x 2 cores",
+                self.object_bytes >> 20,
+                self.tasks
+            ),
+            format!(
+                "{:.3} s from submit to the last result ({:.1} GB/s read); put {:.3} s; fetches \
+                 per executor {}-{}",
+                self.run_s, self.gbps, self.put_s, self.fetches_min, self.fetches_max
+            ),
+            format!(
+                "2 bare concurrent gets {:.3} s: {:.2}x",
+                self.bare_gets_s, self.ratio
+            ),
+        ]
+    }
 }

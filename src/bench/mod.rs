@@ -598,21 +598,7 @@ fn print_table(report: &Report) {
         ]);
     }
     if let Some(b) = &report.broadcast {
-        table.add_row([
-            format!(
-                "broadcast: {} MiB read by {} tasks, 2 x 2 cores",
-                b.object_bytes >> 20,
-                b.tasks
-            ),
-            format!(
-                "{:.3} s from submit to the last result ({:.1} GB/s read); put {:.3} s; fetches per executor {}-{}",
-                b.run_s, b.gbps, b.put_s, b.fetches_min, b.fetches_max
-            ),
-            format!(
-                "2 bare concurrent gets {:.3} s: {:.2}x",
-                b.bare_gets_s, b.ratio
-            ),
-        ]);
+        table.add_row(b.row());
     }
     for p in report.python.iter().flatten() {
         table.add_row([

@@ -6,6 +6,7 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 /// A benchmark cluster: its processes are killed when it is dropped.
 pub struct Cluster {
@@ -206,6 +207,40 @@ pub fn machine() -> String {
         crate::server::server_gomaxprocs(),
         env!("CARGO_PKG_VERSION")
     )
+}
+
+/// The value of `name`, a metric without labels, at the metrics endpoint on `port` of the
+/// loopback interface: retried for up to 30 s while the process that serves it starts.
+pub async fn metric(port: u16, name: &str) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match scrape(port).await {
+            Ok(body) => {
+                return body
+                    .lines()
+                    .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                    .and_then(|value| value.trim().parse::<f64>().ok())
+                    .map(|value| value as u64)
+                    .ok_or_else(|| anyhow::anyhow!("no {name} in the metrics on port {port}"))
+            }
+            Err(error) if Instant::now() > deadline => {
+                anyhow::bail!("the metrics on port {port}: {error}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// The text of `/metrics` on `port` of the loopback interface.
+async fn scrape(port: u16) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: ember\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -6,19 +6,21 @@
 //! The driver's CPU time and its offer rounds (from its metrics endpoint) over that span give
 //! the cost per task and per round.
 
-use super::procs::{cpu_seconds, Cluster};
+use super::procs::{cpu_seconds, metric, Cluster};
 use super::workloads::{connect, wait_for_executors};
 use crate::driver::core::SchedulingMode;
 use crate::executor::{run, ExecutorConfig, Handlers};
 use crate::ids::ExecutorId;
 use crate::protocol::{decode, Event, JobState};
+use crate::server::free_port;
 use crate::subjects::Subjects;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The driver's count of offer rounds, read from its metrics endpoint.
+const ROUNDS: &str = "ember_driver_offer_rounds_total";
 
 /// How long the jobs may take before the workload gives up.
 const LIMIT: Duration = Duration::from_secs(600);
@@ -62,7 +64,7 @@ pub async fn run_wide(
     journal: bool,
 ) -> anyhow::Result<Wide> {
     let metrics = free_port()?;
-    let metrics_arg = metrics.to_string();
+    let metrics_arg = format!("127.0.0.1:{metrics}");
     let driver_args = [
         "--metrics-addr",
         &metrics_arg,
@@ -82,7 +84,7 @@ pub async fn run_wide(
     api.nats().flush().await?;
 
     let per_job = (tasks / jobs).max(1);
-    let rounds_before = offer_rounds(metrics).await?;
+    let rounds_before = metric(metrics, ROUNDS).await?;
     let cpu_before = cpu_seconds(cluster.driver.id());
     let started = Instant::now();
     let mut waiting = HashSet::new();
@@ -116,7 +118,7 @@ pub async fn run_wide(
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds(cluster.driver.id()) - cpu_before;
-    let offer_rounds = offer_rounds(metrics).await? - rounds_before;
+    let offer_rounds = metric(metrics, ROUNDS).await? - rounds_before;
     drop(host);
     let tasks = per_job * jobs;
     Ok(Wide {
@@ -178,41 +180,4 @@ impl Drop for Executors {
             runtime.shutdown_background();
         }
     }
-}
-
-/// A port free on the loopback interface a moment ago.
-fn free_port() -> anyhow::Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-/// The driver's `ember_driver_offer_rounds_total`, read from its metrics endpoint (retried while it
-/// starts).
-async fn offer_rounds(addr: SocketAddr) -> anyhow::Result<u64> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match scrape(addr).await {
-            Ok(body) => {
-                return body
-                    .lines()
-                    .find_map(|line| line.strip_prefix("ember_driver_offer_rounds_total "))
-                    .and_then(|value| value.trim().parse::<f64>().ok())
-                    .map(|value| value as u64)
-                    .ok_or_else(|| anyhow::anyhow!("no ember_driver_offer_rounds_total at {addr}"))
-            }
-            Err(error) if Instant::now() > deadline => {
-                anyhow::bail!("the driver's metrics at {addr}: {error}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-}
-
-async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: ember\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response)
 }
