@@ -481,7 +481,7 @@ async fn a_driver_deposed_while_its_server_is_down_leads_again_when_it_returns()
     let summary = wait_end(&api, job_id).await;
     assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
     assert_eq!(api.results(job_id).await.unwrap().len(), 40);
-    let holder = lease_holder(&cluster).await.expect("a leader");
+    let holder = cluster.lease_holder().await.expect("a leader");
     assert_eq!(Some(holder.pid), driver.id(), "the same driver leads again");
     drop((driver, executors));
     drop(cluster);
@@ -836,36 +836,6 @@ async fn a_driver_restored_from_a_snapshot_resumes_the_running_job_and_keeps_wha
     drop(executors);
 }
 
-/// Who holds the cluster's leader lease, as the key says now.
-async fn lease_holder(cluster: &TestCluster) -> Option<ember::driver::lease::Holder> {
-    holder_of(&cluster.client().await, &cluster.subjects).await
-}
-
-async fn holder_of(
-    client: &async_nats::Client,
-    subjects: &ember::subjects::Subjects,
-) -> Option<ember::driver::lease::Holder> {
-    let jetstream = async_nats::jetstream::new(client.clone());
-    let bucket = jetstream
-        .get_key_value(subjects.leader_bucket())
-        .await
-        .ok()?;
-    let entry = bucket.entry("leader").await.ok()??;
-    serde_json::from_slice(&entry.value).ok()
-}
-
-/// Waits until a driver of `drivers` holds the lease (and is not `not`), and returns its index.
-async fn leader_among(cluster: &TestCluster, drivers: &[&Child], not: Option<u32>) -> usize {
-    eventually(LIMIT, "a driver leads", || async {
-        let holder = lease_holder(cluster).await?;
-        if holder.released || Some(holder.pid) == not {
-            return None;
-        }
-        drivers.iter().position(|d| d.id() == Some(holder.pid))
-    })
-    .await
-}
-
 /// The flags of the failover tests' drivers: a 1 s lease, a journal, a quick verdict on a
 /// silent executor.
 const FAILOVER_DRIVER: [&str; 6] = [
@@ -889,7 +859,9 @@ async fn two_drivers(
     let executors = spawn_executors(cluster, 3).await;
     let api = cluster.api(cluster.client().await);
     wait_registered(&api, 3).await;
-    let leader = leader_among(cluster, &[&drivers[0], &drivers[1]], None).await;
+    let leader = cluster
+        .leader_among(&[&drivers[0], &drivers[1]], None)
+        .await;
     (drivers, executors, api, leader)
 }
 
@@ -910,7 +882,7 @@ async fn a_standby_driver_takes_over_when_the_leader_is_sigkilled_mid_job() {
     signal(&dead, Signal::SIGKILL);
     let _ = dead.wait().await;
     let killed_at = Instant::now();
-    leader_among(&cluster, &[&drivers[0]], dead_pid).await;
+    cluster.leader_among(&[&drivers[0]], dead_pid).await;
     let took_over = killed_at.elapsed();
     let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
     let done = killed_at.elapsed();
@@ -1025,7 +997,7 @@ async fn a_leader_paused_past_its_lease_is_fenced_when_it_wakes() {
     let paused = drivers.remove(leader);
     signal(&paused, Signal::SIGSTOP);
     let paused_at = Instant::now();
-    leader_among(&cluster, &[&drivers[0]], paused.id()).await;
+    cluster.leader_among(&[&drivers[0]], paused.id()).await;
     let took_over = paused_at.elapsed();
     // The new leader has the executors again and runs the job; then the old one wakes, its
     // lease long gone, with statuses and heartbeats queued for it and timers overdue.
@@ -1086,7 +1058,7 @@ async fn a_leader_paused_past_its_lease_is_fenced_when_it_wakes() {
         foreign.is_empty(),
         "writes of another leader after the mark: {foreign:?}"
     );
-    let holder = lease_holder(&cluster).await.expect("a leader");
+    let holder = cluster.lease_holder().await.expect("a leader");
     assert_eq!(
         Some(holder.pid),
         drivers[0].id(),
@@ -1127,13 +1099,19 @@ async fn ember_up_with_two_drivers_survives_a_sigkill_of_the_leader_mid_job() {
         (api.job(job_id).await.ok()?.succeeded >= 6).then_some(())
     })
     .await;
-    let leader = holder_of(&client, &subjects).await.expect("a leader").pid;
+    let leader = common::holder_of(&client, &subjects)
+        .await
+        .expect("a leader")
+        .pid;
     kill(Pid::from_raw(leader as i32), Signal::SIGKILL).unwrap();
     let killed_at = Instant::now();
     let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
     assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
     assert_eq!(summary.succeeded, 30);
-    let next = holder_of(&client, &subjects).await.expect("a leader").pid;
+    let next = common::holder_of(&client, &subjects)
+        .await
+        .expect("a leader")
+        .pid;
     assert_ne!(next, leader, "the standby leads");
     eprintln!(
         "ember up --drivers 2: the job ended SUCCEEDED {:?} after the leader's SIGKILL",
@@ -1158,7 +1136,7 @@ async fn a_rolling_restart_of_every_driver_mid_job_loses_nothing() {
         .await;
         // Each driver in turn, the leader first: SIGTERM, and a new one in its place.
         let refs: Vec<&Child> = drivers.iter().collect();
-        let leader = leader_among(&cluster, &refs, None).await;
+        let leader = cluster.leader_among(&refs, None).await;
         let mut stopping = drivers.remove(leader);
         signal(&stopping, Signal::SIGTERM);
         let exited = within(LIMIT, stopping.wait()).await.unwrap();
@@ -1221,7 +1199,7 @@ async fn losing_the_leaders_node_of_a_three_node_jetstream_cluster_loses_nothing
     // The first driver, on the node that dies, leads; the second stands by on another.
     let first = driver(0);
     eventually(LIMIT, "the first driver to lead", || async {
-        (lease_holder(&cluster).await?.pid == first.id()?).then_some(())
+        (cluster.lease_holder().await?.pid == first.id()?).then_some(())
     })
     .await;
     let second = driver(1);
@@ -1267,7 +1245,7 @@ async fn losing_the_leaders_node_of_a_three_node_jetstream_cluster_loses_nothing
     // at-most-once): lost and duplicated are judged from the results and what was seen.
     let (lost, duplicated, _) = ledger.verdict(&results);
     assert_eq!((lost, duplicated), (0, 0));
-    let holder = lease_holder(&cluster).await.expect("a leader");
+    let holder = cluster.lease_holder().await.expect("a leader");
     eprintln!(
         "three-node JetStream cluster, R{replicas}: the leader's node killed; the job ended \
          {:?} later, led by the {} driver; lost=0 duplicated=0",

@@ -17,10 +17,21 @@ async fn store_of(
     common::Running<Result<(), ember::driver::DriverError>>,
     Objects,
 ) {
+    store_with(cluster, |config| config.objects_max_bytes = max_bytes).await
+}
+
+/// A journaling driver configured as `configure` says, and the store once it has made it.
+async fn store_with(
+    cluster: &TestCluster,
+    configure: impl FnOnce(&mut ember::driver::DriverConfig),
+) -> (
+    common::Running<Result<(), ember::driver::DriverError>>,
+    Objects,
+) {
     let driver = cluster
         .driver_configured(|config| {
             config.journal = ember::driver::journal::JournalMode::On;
-            config.objects_max_bytes = max_bytes;
+            configure(config);
         })
         .await;
     let api = cluster.api(cluster.client().await);
@@ -650,17 +661,18 @@ async fn a_task_whose_input_does_not_match_its_name_fails_saying_so() {
     let _ = std::fs::remove_dir_all(&data_dir);
 }
 
-/// A driver that keeps one finished job and sweeps objects unused for a second.
-async fn sweeping_driver(
+/// A driver that keeps one finished job and sweeps objects unused for a second, and its store.
+async fn sweeping_store(
     cluster: &TestCluster,
-) -> common::Running<Result<(), ember::driver::DriverError>> {
-    cluster
-        .driver_configured(|config| {
-            config.journal = ember::driver::journal::JournalMode::On;
-            config.objects_max_age = Duration::from_secs(1);
-            config.retention.jobs = 1;
-        })
-        .await
+) -> (
+    common::Running<Result<(), ember::driver::DriverError>>,
+    Objects,
+) {
+    store_with(cluster, |config| {
+        config.objects_max_age = Duration::from_secs(1);
+        config.retention.jobs = 1;
+    })
+    .await
 }
 
 /// The kept jobs that use `object`, as the driver says.
@@ -686,13 +698,9 @@ async fn deleted(objects: &Objects, object: &ObjectRef) {
 async fn objects_live_while_a_kept_job_uses_them_through_a_restart_and_go_after_max_age() {
     use ember::protocol::{ApiRequest, JobState};
     let cluster = TestCluster::start_with_jetstream("objects-retention");
-    let driver = sweeping_driver(&cluster).await;
+    let (driver, objects) = sweeping_store(&cluster).await;
     let (_executor, _, data_dir) = executor(&cluster, "objects-retention", 2, None).await;
     let api = cluster.api(cluster.client().await);
-    let objects = common::eventually(Duration::from_secs(20), "the store", || async {
-        api.objects().await.ok()
-    })
-    .await;
     let input = objects.put_bytes(content(1000, 1)).await.unwrap().object;
     let unused = objects.put_bytes(content(1000, 2)).await.unwrap().object;
 
@@ -739,7 +747,7 @@ async fn objects_live_while_a_kept_job_uses_them_through_a_restart_and_go_after_
 
     // A new driver knows what job 1 uses from the journal, outputs included.
     driver.stop().await.expect("the driver stops cleanly");
-    let _driver = sweeping_driver(&cluster).await;
+    let (_driver, objects) = sweeping_store(&cluster).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     for object in [&input, &output] {
         assert!(
@@ -767,12 +775,8 @@ async fn objects_live_while_a_kept_job_uses_them_through_a_restart_and_go_after_
 async fn a_put_that_died_leaves_nothing_after_the_sweeps_and_rm_deletes_an_unused_object() {
     use ember::protocol::{ApiReply, ApiRequest};
     let cluster = TestCluster::start_with_jetstream("objects-sweep");
-    let _driver = sweeping_driver(&cluster).await;
+    let (_driver, objects) = sweeping_store(&cluster).await;
     let api = cluster.api(cluster.client().await);
-    let objects = common::eventually(Duration::from_secs(20), "the store", || async {
-        api.objects().await.ok()
-    })
-    .await;
     // What a put killed half-way leaves: chunks under a subject no metadata names.
     let jetstream = async_nats::jetstream::new(cluster.client().await);
     let subject = format!("$O.{}.C.deadbeef", cluster.subjects.objects_bucket());
@@ -813,4 +817,78 @@ async fn a_put_that_died_leaves_nothing_after_the_sweeps_and_rm_deletes_an_unuse
             deleted: false
         }
     );
+}
+
+#[tokio::test]
+async fn a_standby_that_takes_over_keeps_what_the_jobs_use_and_sweeps_the_rest() {
+    use ember::protocol::JobState;
+    let cluster = TestCluster::start_with_jetstream("objects-failover");
+    let flags = [
+        "--journal",
+        "on",
+        "--lease",
+        "1s",
+        "--objects-max-age",
+        "1s",
+        "--retain-jobs",
+        "1",
+    ];
+    let mut drivers = vec![
+        cluster.driver_process(&flags).spawn().unwrap(),
+        cluster.driver_process(&flags).spawn().unwrap(),
+    ];
+    let (_executor, _, data_dir) = executor(&cluster, "objects-failover", 2, None).await;
+    let api = cluster.api(cluster.client().await);
+    let objects = common::eventually(Duration::from_secs(20), "the object store", || async {
+        api.objects().await.ok()
+    })
+    .await;
+    let input = objects.put_bytes(content(1000, 1)).await.unwrap().object;
+    let job = command_job(
+        1,
+        "cp in.bin out.bin && echo x >> out.bin",
+        &[("in.bin", &input)],
+        &["out.bin"],
+    );
+    let first = within(Duration::from_secs(60), api.run_job(job, |_| {}))
+        .await
+        .expect("the job runs");
+    assert_eq!(first.state, JobState::Succeeded, "{first:?}");
+    let outcome = &api.results(first.job_id).await.unwrap()[0];
+    let output = ObjectRef::parse(
+        outcome.result.as_ref().unwrap()["outputs"]["out.bin"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+
+    // The leader dies; the standby leads, and knows from the journal what job 1 uses.
+    let leader = cluster
+        .leader_among(&[&drivers[0], &drivers[1]], None)
+        .await;
+    let mut dead = drivers.remove(leader);
+    let dead_pid = dead.id();
+    dead.kill().await.expect("SIGKILL the leader");
+    cluster.leader_among(&[&drivers[0]], dead_pid).await;
+    let unused = objects.put_bytes(content(1000, 2)).await.unwrap().object;
+    deleted(&objects, &unused).await;
+    for object in [&input, &output] {
+        assert!(
+            objects.stat(object).await.unwrap().is_some(),
+            "{object} was deleted after the failover"
+        );
+    }
+    assert_eq!(users(&api, &output).await, [first.job_id]);
+
+    // The new leader runs a job that reads the same input, and once it ends job 1 is
+    // forgotten: the output only job 1 had goes, and the input, used by job 2, stays.
+    let again = command_job(1, "cmp -n 1000 in.bin in.bin", &[("in.bin", &input)], &[]);
+    let second = within(Duration::from_secs(60), api.run_job(again, |_| {}))
+        .await
+        .expect("the second job runs");
+    assert_eq!(second.state, JobState::Succeeded, "{second:?}");
+    deleted(&objects, &output).await;
+    assert_eq!(users(&api, &input).await, [second.job_id]);
+    assert!(objects.stat(&input).await.unwrap().is_some());
+    let _ = std::fs::remove_dir_all(&data_dir);
 }

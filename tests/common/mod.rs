@@ -35,6 +35,28 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
+    /// Who holds the cluster's leader lease, as the key says now.
+    pub async fn lease_holder(&self) -> Option<ember::driver::lease::Holder> {
+        holder_of(&self.client().await, &self.subjects).await
+    }
+
+    /// Waits up to a minute until a driver of `drivers` holds the lease (and is not `not`),
+    /// and returns its index.
+    pub async fn leader_among(
+        &self,
+        drivers: &[&tokio::process::Child],
+        not: Option<u32>,
+    ) -> usize {
+        eventually(Duration::from_secs(60), "a driver leads", || async {
+            let holder = self.lease_holder().await?;
+            if holder.released || Some(holder.pid) == not {
+                return None;
+            }
+            drivers.iter().position(|d| d.id() == Some(holder.pid))
+        })
+        .await
+    }
+
     pub fn start(name: &str) -> Self {
         Self::start_with(name, &[])
     }
@@ -434,4 +456,18 @@ pub async fn collect_events(
     })
     .await;
     events
+}
+
+/// Who holds the leader lease of the cluster of `subjects`, as the key says now.
+pub async fn holder_of(
+    client: &Client,
+    subjects: &Subjects,
+) -> Option<ember::driver::lease::Holder> {
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let bucket = jetstream
+        .get_key_value(subjects.leader_bucket())
+        .await
+        .ok()?;
+    let entry = bucket.entry("leader").await.ok()??;
+    serde_json::from_slice(&entry.value).ok()
 }
