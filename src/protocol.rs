@@ -551,6 +551,9 @@ pub struct ExecutorsSnapshot {
     /// The start gate, if the driver has one (`--min-registered`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_gate: Option<StartGateStatus>,
+    /// What the registered executors have done with the cluster's objects, summed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub objects: ObjectCounts,
 }
 
 /// The start gate: offers wait until `min_registered` executors have registered, or until
@@ -618,6 +621,37 @@ pub struct ExecutorSummary {
     /// at most [`MAX_EXCLUSIONS_SHOWN`]; absent when nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclusions: Vec<ExclusionStatus>,
+    /// What it has done with the cluster's objects, as its last heartbeat said.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub objects: ObjectCounts,
+}
+
+/// What an executor has done with the cluster's objects since it started: counted by the
+/// executor, sent in its heartbeats, summed over the registry in `ListExecutors`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ObjectCounts {
+    /// Objects fetched from the store into its cache, and their bytes.
+    pub fetches: u64,
+    pub fetched_bytes: u64,
+    /// Tasks' objects found in the cache (or being fetched already), and not found.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Objects it put (commands' outputs, large results), and the bytes it sent for them
+    /// (none for bytes the store held already).
+    pub puts: u64,
+    pub put_bytes: u64,
+}
+
+impl std::ops::AddAssign for ObjectCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.fetches += other.fetches;
+        self.fetched_bytes += other.fetched_bytes;
+        self.cache_hits += other.cache_hits;
+        self.cache_misses += other.cache_misses;
+        self.puts += other.puts;
+        self.put_bytes += other.put_bytes;
+    }
 }
 
 /// How many addresses of one resource an executor has, and how many no task holds.
@@ -849,6 +883,9 @@ pub enum HeartbeatRequest {
         /// arrived, after the executor had registered with a driver before it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         driver_instance: Option<InstanceId>,
+        /// What it has done with the cluster's objects since it started.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        objects: ObjectCounts,
     },
     /// The executor is draining: it takes no new tasks (Spark's `DecommissionExecutor`).
     DecommissionExecutor {

@@ -415,6 +415,38 @@ async fn commands_read_their_inputs_fetched_once_and_their_outputs_come_back_as_
         metric(&text, "ember_executor_object_cache_hits_total"),
         14.0
     );
+    // Eight outputs put, of the same bytes: sent by the puts that found the store without
+    // them (racing puts may both send), not by the others.
+    assert_eq!(metric(&text, "ember_executor_object_puts_total"), 8.0);
+    let sent = metric(&text, "ember_executor_object_put_bytes_total") as usize;
+    let size = data.len() + 8;
+    assert!(
+        sent >= size && sent % size == 0 && sent < 8 * size,
+        "{sent}"
+    );
+    // The executor's heartbeats tell the driver the same, and `ember status` shows it.
+    let status = common::eventually(Duration::from_secs(20), "the counts heard", || async {
+        let out = cluster.cli_stdout(&["status", "--json"]).await;
+        let status: serde_json::Value = serde_json::from_str(&out).ok()?;
+        (status["executor_objects"]["puts"] == 8).then_some(status)
+    })
+    .await;
+    let heard = &status["executor_objects"];
+    assert_eq!(
+        (
+            &heard["fetches"],
+            &heard["cache_hits"],
+            &heard["cache_misses"]
+        ),
+        (
+            &serde_json::json!(2),
+            &serde_json::json!(14),
+            &serde_json::json!(2)
+        ),
+        "{status}"
+    );
+    let screen = cluster.cli_stdout(&["status"]).await;
+    assert!(screen.contains("executors fetched 2 ("), "{screen}");
     // The tasks' directories are gone; the cache stays.
     let tasks = std::fs::read_dir(data_dir.join("tasks")).unwrap().count();
     assert_eq!(tasks, 0);

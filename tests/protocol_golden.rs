@@ -1505,6 +1505,17 @@ fn result_objects_and_object_requests() {
 
 #[test]
 fn api_reply_executors() {
+    // What an executor has done with the objects: sent in its heartbeats, summed in the reply.
+    let counts = || ember::protocol::ObjectCounts {
+        fetches: 2,
+        fetched_bytes: 3_000_000,
+        cache_hits: 14,
+        cache_misses: 2,
+        puts: 1,
+        put_bytes: 4096,
+    };
+    let objects = json!({"fetches": 2, "fetched_bytes": 3_000_000, "cache_hits": 14,
+        "cache_misses": 2, "puts": 1, "put_bytes": 4096});
     golden(
         &ApiReply::Executors(ExecutorsSnapshot {
             executors: vec![ExecutorSummary {
@@ -1519,6 +1530,7 @@ fn api_reply_executors() {
                 last_seen_ms: 1_700_000_002_000,
                 resources: Default::default(),
                 exclusions: Vec::new(),
+                objects: counts(),
             }],
             total_cores: 8,
             registered_executors: 1,
@@ -1530,6 +1542,7 @@ fn api_reply_executors() {
             }),
             allocation: None,
             start_gate: None,
+            objects: counts(),
         }),
         json!({
             "type": "Executors",
@@ -1542,13 +1555,15 @@ fn api_reply_executors() {
                 "log_urls": {"stderr": "http://worker-3/logs/stderr"},
                 "attributes": {},
                 "registered_at_ms": 1_700_000_000_000u64,
-                "last_seen_ms": 1_700_000_002_000u64
+                "last_seen_ms": 1_700_000_002_000u64,
+                "objects": objects
             }],
             "total_cores": 8,
             "registered_executors": 1,
             "pending_executors": 2,
             "next_offset": 1,
-            "driver": {"driver_instance": "00000000-0000-0000-0000-000000001ead", "epoch": 12}
+            "driver": {"driver_instance": "00000000-0000-0000-0000-000000001ead", "epoch": 12},
+            "objects": objects
         }),
     );
     golden(
@@ -1561,6 +1576,7 @@ fn api_reply_executors() {
             driver: None,
             allocation: None,
             start_gate: None,
+            objects: Default::default(),
         }),
         json!({
             "type": "Executors",
@@ -1584,6 +1600,7 @@ fn api_reply_executors_with_the_start_gate() {
             driver: None,
             allocation: None,
             start_gate: Some(gate),
+            objects: Default::default(),
         })
     };
     let shut = StartGateStatus {
@@ -1636,6 +1653,7 @@ fn api_reply_executors_with_the_allocation_signal() {
             next_offset: None,
             driver: None,
             start_gate: None,
+            objects: Default::default(),
             allocation: Some(ember::protocol::AllocationStatus {
                 target_executors: 4,
                 min_executors: 1,
@@ -1806,6 +1824,7 @@ fn executor_summary_with_exclusions() {
                     until_ms: 1_700_003_600_000,
                 },
             ],
+            objects: Default::default(),
         },
         json!({
             "executor_id": "exec-1",
@@ -3176,6 +3195,7 @@ fn executor_summary_with_resources() {
         )]
         .into(),
         exclusions: Vec::new(),
+        objects: Default::default(),
     };
     golden(
         &summary,

@@ -185,7 +185,15 @@ async fn the_page_shows_executors_and_a_job_live_and_an_executor_leaving() {
     let port = free_port();
     let http = format!("127.0.0.1:{port}");
     let _driver = cluster
-        .driver_process(&["--http", &http, "--executor-timeout", "3s"])
+        .driver_process(&[
+            "--http",
+            &http,
+            "--executor-timeout",
+            "3s",
+            // Sweeps of the object store every 5 s, each telling the page what it holds.
+            "--objects-max-age",
+            "20s",
+        ])
         .spawn()
         .expect("start the driver");
     let ids = ["exec-1", "exec-2", "exec-3"];
@@ -280,6 +288,42 @@ async fn the_page_shows_executors_and_a_job_live_and_an_executor_leaving() {
         assert!(ids.contains(&executor), "task ran on {executor}");
     }
 
+    // The store's figures in the header, from the leader's sweep, and an executor's fetch of a
+    // command's input in its row, from its heartbeats.
+    let objects = api.objects().await.unwrap();
+    let input = objects
+        .put_bytes(bytes::Bytes::from(vec![7u8; 1000]))
+        .await
+        .unwrap()
+        .object;
+    let mut reader = common::noops(1);
+    reader.tasks = vec![ember::protocol::TaskSpec::Command {
+        argv: vec!["test".into(), "-s".into(), "in.bin".into()],
+        env: Default::default(),
+        cwd: None,
+        timeout_ms: Some(20_000),
+        inputs: [("in.bin".to_string(), input)].into(),
+        outputs: Vec::new(),
+    }];
+    let read = common::within(LIMIT, api.run_job(reader, |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(read.state, ember::protocol::JobState::Succeeded, "{read:?}");
+    let store = "return document.getElementById('store').textContent;";
+    wait_for(&browser, "the store's figures", store, |v| {
+        v.as_str()?.starts_with("store 1 objects").then_some(())
+    })
+    .await;
+    let fetched = "return Array.from(document.querySelectorAll('#executors tbody tr'))\
+         .map(r => r.cells[5].textContent);";
+    wait_for(&browser, "an executor's fetch", fetched, |v| {
+        let rows = strings(v);
+        rows.iter()
+            .any(|r| r.starts_with("fetched 1 (1000 B)"))
+            .then_some(())
+    })
+    .await;
+
     // An executor killed outright leaves the page once the driver stops hearing from it.
     let killed = executors.pop().unwrap();
     drop(killed);
@@ -309,4 +353,8 @@ async fn the_page_shows_executors_and_a_job_live_and_an_executor_leaving() {
         .unwrap();
     assert_eq!(still, json!(42), "the page reloaded");
     browser.close().await.unwrap();
+    for id in ids {
+        let data = std::env::temp_dir().join(format!("ember-{}-{id}", cluster.cluster));
+        let _ = std::fs::remove_dir_all(data);
+    }
 }

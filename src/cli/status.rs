@@ -60,6 +60,8 @@ pub struct Status {
     /// What the cluster's object store holds, if it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub objects: Option<crate::objects::Usage>,
+    /// What the registered executors have done with the objects, summed.
+    pub executor_objects: crate::protocol::ObjectCounts,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -120,6 +122,7 @@ pub async fn fetch(client: &EmberClient, previous: Option<Previous>) -> anyhow::
         tasks_ended,
         tasks_per_second,
         objects,
+        executor_objects: snapshot.objects,
     })
 }
 
@@ -168,6 +171,15 @@ pub fn render(status: &Status, cluster: &str) -> String {
             .max_bytes
             .map_or("no limit".to_string(), |m| format!("of at most {m}"));
         let _ = writeln!(out, "objects    {} bytes stored, {limit}", usage.bytes);
+    }
+    let o = &status.executor_objects;
+    if *o != Default::default() {
+        let _ = writeln!(
+            out,
+            "           executors fetched {} ({} bytes), cache hits {}, misses {}; put {} ({} \
+             bytes sent)",
+            o.fetches, o.fetched_bytes, o.cache_hits, o.cache_misses, o.puts, o.put_bytes
+        );
     }
     for job in &status.running {
         let _ = writeln!(out, "{}", job_line(job));

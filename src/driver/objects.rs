@@ -77,6 +77,7 @@ impl Checks {
         max_age: Duration,
         guard: Option<Guard>,
         gauges: ObjectGauges,
+        web: Option<crate::web::Link>,
     ) -> Option<Sweeper> {
         let store = self.objects.clone()?;
         let (sweeps, receiver) = mpsc::channel(1);
@@ -85,6 +86,7 @@ impl Checks {
             max_age,
             guard,
             gauges,
+            web,
             named: self.named.clone(),
             unused_since: HashMap::new(),
             orphans: HashMap::new(),
@@ -210,6 +212,8 @@ struct Sweep {
     max_age: Duration,
     guard: Option<Guard>,
     gauges: ObjectGauges,
+    /// The driver's page, told what each sweep found.
+    web: Option<crate::web::Link>,
     named: Named,
     /// Since when each object has been seen with no kept job referring to it.
     unused_since: HashMap<ObjectRef, Instant>,
@@ -240,14 +244,16 @@ impl Sweep {
         let listed = self.store.list().await?;
         let (now, now_ms) = (Instant::now(), crate::now_ms());
         let age_ms = self.max_age.as_millis() as u64;
+        let bytes: u64 = listed.iter().map(|o| o.size).sum();
         self.gauges.objects.set(listed.len() as i64);
-        self.gauges.bytes.set(
-            listed
-                .iter()
-                .map(|o| o.size)
-                .sum::<u64>()
-                .min(i64::MAX as u64) as i64,
-        );
+        self.gauges.bytes.set(bytes.min(i64::MAX as u64) as i64);
+        if let Some(web) = &self.web {
+            web.store(crate::web::StoreFigures {
+                objects: listed.len() as u64,
+                bytes,
+                at_ms: now_ms,
+            });
+        }
         let present: BTreeSet<&ObjectRef> = listed.iter().map(|o| &o.object).collect();
         self.unused_since
             .retain(|o, _| present.contains(o) && !kept.contains(o));

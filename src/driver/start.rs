@@ -245,6 +245,7 @@ pub(super) async fn start(
         config.objects_max_age,
         tenure.as_ref().map(|t| t.guard().clone()),
         config.metrics.objects.clone(),
+        config.web.clone(),
     );
     let shell = Shell {
         sweeper,

@@ -444,7 +444,7 @@ impl Backend {
                 _ = beat.tick() => {
                     let now = self.now();
                     self.machine
-                        .beat(self.config.exit_on_driver_loss, now)
+                        .beat(self.config.exit_on_driver_loss, self.objects.counts.now(), now)
                         .map_err(|silent| ExecutorError::DriverLost(Duration::from_millis(silent)))?;
                 }
                 Some(done) = self.ends.recv() => {

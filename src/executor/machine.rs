@@ -385,8 +385,13 @@ impl<H: Cancel> Machine<H> {
 
     /// The heartbeat timer: notices a driver that stopped answering (registering again, or,
     /// with `exit_on_loss`, returning how long it has been silent), and sends a heartbeat if
-    /// none is in flight.
-    pub fn beat(&mut self, exit_on_loss: bool, now: u64) -> Result<(), u64> {
+    /// none is in flight, with what the executor has done with the cluster's objects.
+    pub fn beat(
+        &mut self,
+        exit_on_loss: bool,
+        objects: crate::protocol::ObjectCounts,
+        now: u64,
+    ) -> Result<(), u64> {
         let silent = now.saturating_sub(self.last_answer);
         if silent > self.config.driver_timeout_ms && !self.registering {
             if exit_on_loss {
@@ -407,6 +412,7 @@ impl<H: Cancel> Machine<H> {
                     instance_id: self.config.instance,
                     running,
                     driver_instance: self.driver,
+                    objects,
                 }));
         }
         Ok(())

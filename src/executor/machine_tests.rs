@@ -312,7 +312,7 @@ fn a_new_driver_adopts_what_it_says_and_the_rest_is_dropped() {
 #[test]
 fn a_silent_driver_means_registering_again_and_no_statuses_meanwhile() {
     let mut m = machine();
-    assert_eq!(m.beat(false, 20_000), Ok(()));
+    assert_eq!(m.beat(false, Default::default(), 20_000), Ok(()));
     assert_eq!(requests(&mut m), [Request::Register]);
     m.launch(&task(1), |_, _| Started::Running(Work(true)));
     m.poll(20_001);
@@ -320,7 +320,10 @@ fn a_silent_driver_means_registering_again_and_no_statuses_meanwhile() {
         requests(&mut m).is_empty(),
         "statuses wait for the registration"
     );
-    assert_eq!(machine().beat(true, 20_000), Err(20_000));
+    assert_eq!(
+        machine().beat(true, Default::default(), 20_000),
+        Err(20_000)
+    );
 }
 
 #[test]

@@ -79,6 +79,7 @@ pub async fn store(
     };
     match put.await {
         Ok(put) => {
+            objects.counts.put(put.size, put.sent);
             status.result_object = Some(ResultObject {
                 object: put.object,
                 bytes: put.size,

@@ -26,7 +26,8 @@ pub struct ObjectAccess {
     /// of attempts.
     data_dir: PathBuf,
     cache_bytes: u64,
-    counts: crate::objects::cache::CacheCounts,
+    /// What this executor has done with the objects: shared with its metrics.
+    pub counts: crate::objects::cache::CacheCounts,
 }
 
 impl ObjectAccess {
@@ -304,6 +305,7 @@ pub(crate) async fn collect(
             .put_file(&file)
             .await
             .map_err(|e| format!("could not store output {name}: {e}"))?;
+        access.counts.put(put.size, put.sent);
         outputs.insert(name, put.object);
     }
     Ok(outputs)

@@ -163,6 +163,17 @@ impl ExecutorMetrics {
             "Tasks' objects the cache did not have, each fetched once",
             objects.misses.clone(),
         );
+        r.register(
+            "object_puts",
+            "Objects this executor put in the cluster's object store: outputs and large results",
+            objects.puts.clone(),
+        );
+        r.register_with_unit(
+            "object_put",
+            "Bytes this executor sent for the objects it put (none for bytes the store held)",
+            Unit::Bytes,
+            objects.put_bytes.clone(),
+        );
     }
 
     /// What runs now: `running` attempts holding `busy` of `cores` cores.

@@ -13,7 +13,8 @@ use tokio::sync::OnceCell;
 /// How many bytes an executor's cache keeps unless told otherwise.
 pub const DEFAULT_CACHE_BYTES: u64 = 4 << 30;
 
-/// What a cache has done, for the executor's metrics (each counter shared with them).
+/// What an executor has done with the cluster's objects, its cache's fetches and its puts, for
+/// its metrics and heartbeats (each counter shared with the metrics).
 #[derive(Debug, Default, Clone)]
 pub struct CacheCounts {
     /// Objects fetched from the store, and their bytes.
@@ -23,6 +24,31 @@ pub struct CacheCounts {
     /// fetch.
     pub hits: Counter,
     pub misses: Counter,
+    /// Objects the executor put (outputs, large results), and the bytes it sent for them.
+    pub puts: Counter,
+    pub put_bytes: Counter,
+}
+
+impl CacheCounts {
+    /// Counts a put of `size` bytes, `sent` unless the store held them already.
+    pub fn put(&self, size: u64, sent: bool) {
+        self.puts.inc();
+        if sent {
+            self.put_bytes.inc_by(size);
+        }
+    }
+
+    /// The counts now, as a heartbeat carries them.
+    pub fn now(&self) -> crate::protocol::ObjectCounts {
+        crate::protocol::ObjectCounts {
+            fetches: self.fetches.get(),
+            fetched_bytes: self.fetched_bytes.get(),
+            cache_hits: self.hits.get(),
+            cache_misses: self.misses.get(),
+            puts: self.puts.get(),
+            put_bytes: self.put_bytes.get(),
+        }
+    }
 }
 
 /// One object the cache has or is fetching.

@@ -290,7 +290,7 @@ impl World {
             return Ok(());
         }
         // Exiting on driver loss is the operator's choice; the simulated executors wait.
-        let _ = process.machine.beat(false, now);
+        let _ = process.machine.beat(false, Default::default(), now);
         self.queue.after(HEARTBEAT_MS, Event::Beat { pid });
         self.executor_stepped(pid)
     }

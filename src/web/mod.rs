@@ -69,6 +69,18 @@ pub struct Status {
     /// The epoch of the leadership (0 without a lease).
     pub epoch: u64,
     pub driver_instance: Option<InstanceId>,
+    /// The object store as this driver's last sweep found it, while it leads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreFigures>,
+}
+
+/// The object store as a sweep found it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StoreFigures {
+    pub objects: u64,
+    pub bytes: u64,
+    /// When the sweep listed it, in ms since the Unix epoch.
+    pub at_ms: u64,
 }
 
 /// What the page hears of an event the driver published: executor and job events whole,
@@ -198,7 +210,14 @@ impl Link {
             status.leading = false;
             status.epoch = 0;
             status.driver_instance = None;
+            status.store = None;
         });
+    }
+
+    /// What the leader's sweep found in the object store.
+    pub fn store(&self, figures: StoreFigures) {
+        self.status
+            .send_modify(|status| status.store = Some(figures));
     }
 
     /// Tells the page of an event the driver published. Never waits: with no page listening

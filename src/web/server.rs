@@ -292,7 +292,7 @@ async fn timeline(State(web): State<Arc<Web>>) -> Json<Vec<Arc<Notice>>> {
     Json(timeline.iter().cloned().collect())
 }
 
-/// The live stream: `status` first and whenever the leadership changes, a `notice` for each
+/// The live stream: `status` first and whenever it changes (the leadership, the store's figures), a `notice` for each
 /// event the driver publishes, and `resync` when this stream fell behind and lost some.
 async fn events(
     State(web): State<Arc<Web>>,

@@ -87,7 +87,12 @@ impl Core {
             }
         }
         match request {
-            HeartbeatRequest::Heartbeat { running, .. } => {
+            HeartbeatRequest::Heartbeat {
+                running, objects, ..
+            } => {
+                if let Some(data) = self.executors.get_mut(&executor_id) {
+                    data.objects = objects;
+                }
                 self.reconcile(&executor_id, &running, now)
             }
             HeartbeatRequest::DecommissionExecutor { .. } => {

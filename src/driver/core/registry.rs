@@ -32,6 +32,8 @@ pub struct ExecutorData {
     /// What this driver adopted of what it held when it registered, to answer a repeat of
     /// the registration as the first.
     pub adopted: Vec<crate::protocol::Adopted>,
+    /// What it has done with the cluster's objects, as its last heartbeat said.
+    pub objects: crate::protocol::ObjectCounts,
 }
 
 impl ExecutorData {
@@ -96,6 +98,7 @@ impl Core {
                 idle_since_ms: now,
                 resources: super::ExecutorResources::new(&info.resources),
                 adopted: Vec::new(),
+                objects: Default::default(),
             },
         );
         self.publish(Event::ExecutorAdded {
@@ -151,6 +154,7 @@ impl Core {
                     last_seen_ms: e.last_seen_ms,
                     resources: e.resources.counts(),
                     exclusions: self.exclusions_of(id),
+                    objects: e.objects,
                 });
         let (executors, next) = super::page(summaries, offset, limit, self.config.max_reply_bytes);
         ExecutorsSnapshot {
@@ -165,6 +169,13 @@ impl Core {
             }),
             allocation: self.allocation().cloned(),
             start_gate: self.gate.clone(),
+            objects: self
+                .executors
+                .values()
+                .fold(Default::default(), |mut sum, e| {
+                    sum += e.objects;
+                    sum
+                }),
         }
     }
 

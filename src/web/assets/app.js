@@ -38,6 +38,21 @@ function driverNow() {
   return Date.now() + view.clockSkew;
 }
 
+function bytes(n) {
+  if (n < 1024) return `${n} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let value = n / 1024, unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return `${value.toFixed(1)} ${units[unit]}`;
+}
+
+// What an executor (or all of them) did with the cluster's objects, as its heartbeats say.
+function objectCounts(o) {
+  if (!o) return "";
+  return `fetched ${o.fetches || 0} (${bytes(o.fetched_bytes || 0)}), ` +
+    `cache ${o.cache_hits || 0} hits / ${o.cache_misses || 0} misses, put ${o.puts || 0}`;
+}
+
 function duration(ms) {
   if (ms === null || ms === undefined || ms < 0) return "";
   if (ms < 1000) return `${ms} ms`;
@@ -84,12 +99,19 @@ function banner(text) {
 
 function showStatus(status) {
   view.leading = status.leading;
+  view.epoch = status.epoch;
   $("cluster").textContent = `cluster ${status.cluster}`;
   const badge = $("leader");
   badge.className = "badge " + (status.leading ? "lead" : "standby");
   badge.textContent = status.leading
     ? `leading${status.epoch ? ", epoch " + status.epoch : ""}`
     : "standing by";
+  const store = $("store");
+  store.hidden = !status.store;
+  store.textContent = status.store
+    ? `store ${status.store.objects} objects, ${bytes(status.store.bytes)}`
+    : "";
+  store.title = status.store ? `as the sweep at ${clock(status.store.at_ms)} listed it` : "";
   banner(status.leading ? "" : "This driver stands by: the leading driver's page shows the cluster. This page fills in if this driver takes over.");
 }
 
@@ -118,12 +140,14 @@ function renderExecutors(snapshot) {
       el("td", { class: "num" }, `${e.free_cores} / ${e.total_cores}`),
       el("td", {}, ...attributes, ...exclusions),
       el("td", {}, ...logs),
+      el("td", {}, objectCounts(e.objects)),
       el("td", { class: "num" + (seen !== null && seen > 5000 ? " stale" : "") }, seen === null ? "" : `${duration(seen)} ago`));
   });
   $("executors").tBodies[0].replaceChildren(...rows);
   $("executor-totals").textContent =
     `${snapshot.registered_executors} registered, ${snapshot.total_cores} cores` +
-    (snapshot.pending_executors ? `, ${snapshot.pending_executors} pending` : "");
+    (snapshot.pending_executors ? `, ${snapshot.pending_executors} pending` : "") +
+    (snapshot.objects ? `; objects ${objectCounts(snapshot.objects)}` : "");
   const more = $("executors-more");
   more.hidden = !snapshot.next_offset;
   more.textContent = snapshot.next_offset ? `showing the first ${snapshot.executors.length}` : "";
@@ -353,13 +377,16 @@ function connect() {
     $("live").textContent = "live";
   });
   events.addEventListener("error", () => {
+    view.streaming = false;
     $("live").className = "badge off";
     $("live").textContent = "offline, reconnecting";
   });
   events.addEventListener("status", (e) => {
-    const wasLeading = view.leading;
+    const [wasLeading, wasEpoch, first] = [view.leading, view.epoch, !view.streaming];
+    view.streaming = true;
     showStatus(JSON.parse(e.data));
-    if (view.leading) refreshAll();
+    // A new stream or a new leadership: fetch everything; the store's figures alone: no.
+    if (view.leading && (first || !wasLeading || view.epoch !== wasEpoch)) refreshAll();
     else if (wasLeading) banner("This driver no longer leads.");
   });
   events.addEventListener("notice", (e) => onNotice(JSON.parse(e.data)));

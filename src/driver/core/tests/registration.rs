@@ -57,6 +57,7 @@ fn a_new_executor_is_registered_and_announced() {
                 last_seen_ms: 1_000,
                 resources: Default::default(),
                 exclusions: Vec::new(),
+                objects: Default::default(),
             }],
             total_cores: 4,
             registered_executors: 1,
@@ -64,6 +65,7 @@ fn a_new_executor_is_registered_and_announced() {
             next_offset: None,
             allocation: None,
             start_gate: None,
+            objects: Default::default(),
             driver: Some(crate::protocol::DriverInfo {
                 driver_instance: InstanceId::from_u128(super::DRIVER),
                 epoch: 0,
@@ -320,6 +322,7 @@ fn list_executors_returns_the_registry_and_its_totals() {
             next_offset: None,
             allocation: None,
             start_gate: None,
+            objects: Default::default(),
             driver: Some(crate::protocol::DriverInfo {
                 driver_instance: InstanceId::from_u128(super::DRIVER),
                 epoch: 0,
@@ -372,6 +375,7 @@ fn a_heartbeat_from_an_executor_registered_with_another_driver_asks_it_to_regist
         instance_id: instance_of("exec-1"),
         running: Vec::new(),
         driver_instance: driver.map(InstanceId::from_u128),
+        objects: Default::default(),
     };
     let answer = |reregister| HeartbeatReply::HeartbeatResponse { reregister };
     let elsewhere = unchanged(&mut core, |core| {
@@ -391,4 +395,53 @@ fn a_heartbeat_from_an_executor_registered_with_another_driver_asks_it_to_regist
         core.heartbeat("exec-1", beat(Some(DRIVER)), 60),
         answer(false)
     );
+}
+
+/// What executors say in their heartbeats of the objects they fetched and put is in the
+/// registry, each executor's own and their sum; an executor that leaves takes its counts out.
+#[test]
+fn heartbeats_carry_each_executors_object_counts_and_the_registry_sums_them() {
+    let mut core = new_core(0);
+    add(&mut core, "a", 2, 10);
+    add(&mut core, "b", 2, 10);
+    let beat = |id: &str, fetches: u64, puts: u64| HeartbeatRequest::Heartbeat {
+        executor_id: eid(id),
+        instance_id: instance_of(id),
+        running: Vec::new(),
+        driver_instance: Some(core_driver()),
+        objects: crate::protocol::ObjectCounts {
+            fetches,
+            fetched_bytes: fetches << 20,
+            cache_hits: 3 * fetches,
+            cache_misses: fetches,
+            puts,
+            put_bytes: puts * 10,
+        },
+    };
+    core.heartbeat("a", beat("a", 2, 1), 20);
+    core.heartbeat("b", beat("b", 1, 0), 20);
+    // A later heartbeat replaces what the earlier one said: the counts are the executor's own
+    // running totals.
+    core.heartbeat("a", beat("a", 3, 1), 30);
+    let snapshot = core.executors_snapshot();
+    let of = |id: &str| {
+        let e = snapshot.executors.iter().find(|e| e.executor_id == eid(id));
+        e.expect("listed").objects
+    };
+    assert_eq!((of("a").fetches, of("a").puts), (3, 1));
+    assert_eq!((of("b").fetches, of("b").puts), (1, 0));
+    assert_eq!(snapshot.objects.fetches, 4);
+    assert_eq!(snapshot.objects.fetched_bytes, 4 << 20);
+    assert_eq!(
+        (snapshot.objects.cache_hits, snapshot.objects.cache_misses),
+        (12, 4)
+    );
+    assert_eq!((snapshot.objects.puts, snapshot.objects.put_bytes), (1, 10));
+    core.remove_executor(&eid("a"), "gone".into(), 40);
+    assert_eq!(core.executors_snapshot().objects.fetches, 1);
+    check_invariants(&core);
+}
+
+fn core_driver() -> InstanceId {
+    InstanceId::from_u128(super::DRIVER)
 }

@@ -154,6 +154,7 @@ fn resources_come_back_however_the_attempt_ends() {
         instance_id: instance_of("b"),
         running: vec![],
         driver_instance: Some(core.config.driver_instance),
+        objects: Default::default(),
     };
     core.heartbeat("b", heartbeat, 8 + 60_000);
     let effects = core.take_effects();

@@ -352,6 +352,7 @@ fn a_heartbeat_soon_after_the_copy_does_not_lose_it() {
         instance_id: instance_of("a"),
         running,
         driver_instance: Some(InstanceId::from_u128(DRIVER)),
+        objects: Default::default(),
     };
     // Past the grace since the first attempt started, not since the copy did.
     core.heartbeat("a", request, 6100);
