@@ -150,6 +150,8 @@ mod tests {
             cpus_per_task: 1,
             resources: Default::default(),
             placement: Default::default(),
+            after: Vec::new(),
+            after_any: Vec::new(),
         };
         let summary = tokio::time::timeout(Duration::from_secs(30), api.run_job(job, |_| {}))
             .await

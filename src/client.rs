@@ -4,8 +4,8 @@
 use crate::epoch::{self, Newest};
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{
-    decode, encode, ApiReply, ApiRequest, Event, ExecutorsSnapshot, JobState, JobSummary,
-    ResultObject, SubmitJob, TaskOutcome,
+    decode, encode, ApiReply, ApiRequest, Event, ExecutorsSnapshot, JobSummary, ResultObject,
+    SubmitJob, TaskOutcome,
 };
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
@@ -428,7 +428,7 @@ impl EmberClient {
                 _ = poll.tick() => {
                     let summary = self.job_through_failover(job_id).await?;
                     progress(&summary);
-                    if summary.state != JobState::Running {
+                    if summary.state.is_ended() {
                         return Ok(summary);
                     }
                 }

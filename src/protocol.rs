@@ -122,16 +122,30 @@ impl TaskState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum JobState {
+    /// Submitted after other jobs (`SubmitJob.after`, `after_any`) that have not all ended:
+    /// none of its tasks is offered yet.
+    Waiting,
     Running,
     Succeeded,
     Failed,
     Killed,
 }
 
+impl JobState {
+    /// Whether the job has ended: it runs nothing more and its state stays.
+    pub fn is_ended(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Killed
+        )
+    }
+}
+
 impl std::fmt::Display for JobState {
-    /// The wire name: `RUNNING`, `SUCCEEDED`, `FAILED`, `KILLED`.
+    /// The wire name: `WAITING`, `RUNNING`, `SUCCEEDED`, `FAILED`, `KILLED`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            JobState::Waiting => "WAITING",
             JobState::Running => "RUNNING",
             JobState::Succeeded => "SUCCEEDED",
             JobState::Failed => "FAILED",
@@ -290,6 +304,15 @@ pub struct SubmitJob {
     /// one and sends again through a failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submission_id: Option<String>,
+    /// Jobs this one runs after: it waits (`WAITING`) until all have succeeded, and ends
+    /// FAILED without running anything if one of them fails or is killed. Each must be a job
+    /// the driver keeps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<JobId>,
+    /// Jobs this one runs after however they end (clean-up, notification): it waits until all
+    /// have ended. Each must be a job the driver keeps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_any: Vec<JobId>,
 }
 
 fn is_zero_priority(n: &i32) -> bool {
@@ -706,6 +729,9 @@ pub struct JobSummary {
     /// For a job with speculative execution on, what it did so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeCounts>,
+    /// For a `WAITING` job, the jobs it still waits for (of its `after` and `after_any`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits_for: Vec<JobId>,
 }
 
 /// One pool of FAIR scheduling: its settings, and what its jobs run now.

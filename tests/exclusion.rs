@@ -44,6 +44,8 @@ fn work_job(tasks: u32) -> SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 

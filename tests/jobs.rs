@@ -38,6 +38,8 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 
@@ -582,6 +584,8 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     };
     let job = within(LIMIT, api.run_job(echo.clone(), |_| {}))
         .await

@@ -1205,6 +1205,8 @@ fn full_job() -> SubmitJob {
         cpus_per_task: 4,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 
@@ -1237,6 +1239,8 @@ fn default_job() -> SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 
@@ -1878,6 +1882,7 @@ fn running_summary() -> JobSummary {
         reason: None,
         waiting: None,
         placement: None,
+        waits_for: Vec::new(),
     }
 }
 
@@ -1916,6 +1921,7 @@ fn api_reply_jobs() {
         reason: Some("task 0 failed 4 times; last error: boom".into()),
         waiting: None,
         placement: None,
+        waits_for: Vec::new(),
     };
     golden(
         &ApiReply::Jobs {
@@ -2795,6 +2801,8 @@ fn journal_records() {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     };
     golden(
         &JournalRecord::JobSubmitted {
@@ -3528,5 +3536,49 @@ fn unavailable() {
             message: "no driver of cluster prod can lead".into(),
         },
         json!({"type": "Unavailable", "message": "no driver of cluster prod can lead"}),
+    );
+}
+
+#[test]
+fn submit_job_after_other_jobs() {
+    let mut job = default_job();
+    job.after = vec![12, 13];
+    job.after_any = vec![14];
+    golden(
+        &ApiRequest::SubmitJob(job),
+        json!({
+            "type": "SubmitJob",
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "after": [12, 13],
+            "after_any": [14]
+        }),
+    );
+    json_error::<SubmitJob>(br#"{"tasks":[],"after":[-1]}"#, &["invalid value"]);
+    json_error::<SubmitJob>(br#"{"tasks":[],"after":12}"#, &["invalid type"]);
+}
+
+#[test]
+fn job_summary_of_a_job_waiting_for_others() {
+    let summary = JobSummary {
+        state: JobState::Waiting,
+        running: 0,
+        succeeded: 0,
+        waiting: Some("runs after job 12, which has not ended".into()),
+        waits_for: vec![12],
+        ..running_summary()
+    };
+    let mut wire = running_summary_wire();
+    wire["state"] = json!("WAITING");
+    wire["running"] = json!(0);
+    wire["succeeded"] = json!(0);
+    wire["waiting"] = json!("runs after job 12, which has not ended");
+    wire["waits_for"] = json!([12]);
+    golden(
+        &ApiReply::Job { job: summary },
+        json!({"type": "Job", "job": wire}),
     );
 }

@@ -84,6 +84,8 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 

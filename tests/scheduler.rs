@@ -25,6 +25,8 @@ fn commands(scripts: &[&str]) -> SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 

@@ -32,6 +32,8 @@ fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 
@@ -210,6 +212,8 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     };
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.unwrap();

@@ -33,6 +33,8 @@ fn job(speculation: Option<Speculation>) -> SubmitJob {
         placement: Default::default(),
         pool: None,
         priority: 0,
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 

@@ -647,6 +647,8 @@ fn job_submitted() {
         priority: 0,
         speculation: None,
         submission_id: None,
+        after: Vec::new(),
+        after_any: Vec::new(),
     };
     let full = SubmitJob {
         name: "nightly".into(),
@@ -675,6 +677,8 @@ fn job_submitted() {
         priority: -5,
         speculation: Some(Speculation::default()),
         submission_id: Some("nightly-2024".into()),
+        after: Vec::new(),
+        after_any: Vec::new(),
     };
     let record = |job: &SubmitJob, term| JournalRecord::JobSubmitted {
         job_id: 7,

@@ -50,6 +50,8 @@ PAYLOAD_HEADROOM = 4096
 JOURNAL_ROOM = 1024
 # How often a wait asks for the job's progress when no JobEnd event has come, in seconds.
 POLL_INTERVAL = 1.0
+# The states of a job that has not ended: it runs, or waits for the jobs it runs after.
+_OPEN = ("RUNNING", "WAITING")
 # How often the progress bar is brought up to date, in seconds.
 PROGRESS_INTERVAL = 0.2
 # How many ended jobs' JobEnd events are remembered for waits that start late.
@@ -572,7 +574,7 @@ class Client:
                         del self._waiters[job_id]
             # No event yet: ask (an event may have been lost, or a driver took over).
             summary = (await self._expect({"type": "GetJob", "job_id": job_id}, "Job"))["job"]
-            if summary["state"] != "RUNNING":
+            if summary["state"] not in _OPEN:
                 return summary
 
     # --- events ---------------------------------------------------------------------------------
@@ -740,7 +742,7 @@ class Job:
             while True:
                 done = summary["succeeded"] + summary["failed"] + summary["killed"]
                 bar.update(done - bar.n)
-                if summary["state"] != "RUNNING":
+                if summary["state"] not in _OPEN:
                     return
                 wait = PROGRESS_INTERVAL
                 if deadline is not None:
@@ -889,7 +891,7 @@ class TaskFuture:
 
     async def done(self):
         """Whether the call has ended."""
-        return (await self.job.summary())["state"] != "RUNNING"
+        return (await self.job.summary())["state"] not in _OPEN
 
     async def cancel(self):
         """Kills the call's job."""

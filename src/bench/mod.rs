@@ -379,6 +379,8 @@ fn noops(tasks: u32) -> crate::protocol::SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 

@@ -64,6 +64,8 @@ fn printers(tasks: u32) -> SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 

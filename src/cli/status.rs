@@ -51,7 +51,8 @@ pub struct Status {
     pub cores_free: u64,
     /// Jobs the driver holds, by state (finished ones as far as it retains them).
     pub jobs: JobCounts,
-    /// The running jobs, first submitted first.
+    /// The jobs not ended (running, and waiting for the jobs they run after), first submitted
+    /// first.
     pub running: Vec<JobSummary>,
     /// Attempts ended (succeeded, failed or killed) over the jobs the driver holds.
     pub tasks_ended: u64,
@@ -66,6 +67,8 @@ pub struct Status {
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct JobCounts {
+    /// Jobs waiting for the jobs they run after.
+    pub waiting: u64,
     pub running: u64,
     pub succeeded: u64,
     pub failed: u64,
@@ -92,6 +95,7 @@ pub async fn fetch(client: &EmberClient, previous: Option<Previous>) -> anyhow::
     let mut counts = JobCounts::default();
     for job in &jobs {
         *match job.state {
+            JobState::Waiting => &mut counts.waiting,
             JobState::Running => &mut counts.running,
             JobState::Succeeded => &mut counts.succeeded,
             JobState::Failed => &mut counts.failed,
@@ -115,10 +119,7 @@ pub async fn fetch(client: &EmberClient, previous: Option<Previous>) -> anyhow::
             .map(|e| u64::from(e.free_cores))
             .sum(),
         jobs: counts,
-        running: jobs
-            .into_iter()
-            .filter(|j| j.state == JobState::Running)
-            .collect(),
+        running: jobs.into_iter().filter(|j| !j.state.is_ended()).collect(),
         tasks_ended,
         tasks_per_second,
         objects,
@@ -157,9 +158,13 @@ pub fn render(status: &Status, cluster: &str) -> String {
         status.executors, status.pending_executors, status.cores_total, status.cores_free
     );
     let j = &status.jobs;
+    let waiting = match j.waiting {
+        0 => String::new(),
+        n => format!(", {n} waiting"),
+    };
     let _ = writeln!(
         out,
-        "jobs       {} running, {} succeeded, {} failed, {} killed",
+        "jobs       {} running{waiting}, {} succeeded, {} failed, {} killed",
         j.running, j.succeeded, j.failed, j.killed
     );
     let rate = status
@@ -189,6 +194,16 @@ pub fn render(status: &Status, cluster: &str) -> String {
 
 /// One running job: its id and name, a progress bar, and its counts.
 fn job_line(job: &JobSummary) -> String {
+    if job.state == JobState::Waiting {
+        let jobs: Vec<String> = job.waits_for.iter().map(|id| id.to_string()).collect();
+        return format!(
+            "job {:<5} {:<16} waits for job{} {} to end",
+            job.job_id,
+            job.name,
+            if jobs.len() == 1 { "" } else { "s" },
+            jobs.join(", ")
+        );
+    }
     let done = ended(job);
     let tasks = u64::from(job.tasks).max(1);
     let filled = (done * BAR_WIDTH as u64 / tasks) as usize;
@@ -279,6 +294,7 @@ mod tests {
             reason: None,
             waiting: None,
             placement: None,
+            waits_for: Vec::new(),
         }
     }
 

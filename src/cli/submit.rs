@@ -74,6 +74,19 @@ pub struct SubmitArgs {
     /// gets a new key, and is sent again with it through a driver failover.
     #[arg(long, value_name = "KEY")]
     pub submission_id: Option<String>,
+    /// Run after job JOB has succeeded (repeatable): the job waits (WAITING, holding no cores)
+    /// until every job named has succeeded, then runs; if one fails or is killed, it ends FAILED
+    /// without running anything, naming that job. Only jobs the driver keeps may be named.
+    #[arg(long = "after", value_name = "JOB")]
+    pub after: Vec<crate::ids::JobId>,
+    /// Run after job JOB has ended, however it ended (repeatable): for clean-up and
+    /// notification jobs.
+    #[arg(long = "after-any", value_name = "JOB")]
+    pub after_any: Vec<crate::ids::JobId>,
+    /// Print the job's id and exit once the driver has accepted it, without waiting for it to
+    /// end (with --json, {"job_id": N}): for jobs that others run --after.
+    #[arg(long, conflicts_with = "results")]
+    pub detach: bool,
     /// Print every task's outcome when the job ends.
     #[arg(long)]
     pub results: bool,
@@ -177,6 +190,8 @@ impl SubmitArgs {
                 prefer_hosts: self.prefer_hosts.clone(),
                 locality_wait_ms: self.locality_wait.map(|w| w.as_millis() as u64),
             },
+            after: self.after.clone(),
+            after_any: self.after_any.clone(),
         })
     }
 }
@@ -200,6 +215,14 @@ fn parse_executor_id(text: &str) -> Result<crate::ids::ExecutorId, String> {
 /// Submits, waits and reports; `Ok(true)` if the job succeeded.
 pub async fn submit(client: &EmberClient, args: &SubmitArgs) -> anyhow::Result<bool> {
     let job = args.job(args.inputs(client).await?)?;
+    if args.detach {
+        let job_id = client.submit(job).await?;
+        match args.json {
+            true => println!("{}", json!({ "job_id": job_id })),
+            false => println!("{job_id}"),
+        }
+        return Ok(true);
+    }
     let started = Instant::now();
     let mut progress = Progress::new(job.repeat, args.json);
     let summary = client.run_job(job, |s| progress.update(s)).await?;
@@ -335,6 +358,7 @@ mod tests {
             reason: None,
             waiting: None,
             placement: None,
+            waits_for: Vec::new(),
         }
     }
 

@@ -244,6 +244,7 @@ mod tests {
             waiting: None,
             placement: None,
             speculative: None,
+            waits_for: Vec::new(),
         }
     }
 

@@ -225,6 +225,8 @@ mod tests {
                 cpus_per_task: 1,
                 resources: Default::default(),
                 placement: Default::default(),
+                after: Vec::new(),
+                after_any: Vec::new(),
             }),
             term: None,
         };

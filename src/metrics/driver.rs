@@ -297,6 +297,7 @@ impl DriverMetrics {
         set(&self.tasks_waiting, g.tasks_waiting);
         set(&self.tasks_running, g.tasks_running);
         for (state, value) in [
+            ("waiting", g.jobs_waiting),
             ("running", g.jobs_running),
             ("succeeded", g.jobs_succeeded),
             ("failed", g.jobs_failed),

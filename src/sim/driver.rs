@@ -404,7 +404,7 @@ impl World {
                 ));
             }
             self.ledger.restored(job_id, &finished);
-            if summary.state != JobState::Running {
+            if summary.state.is_ended() {
                 let reason = summary.reason.as_deref();
                 self.ledger.ended_unseen(job_id, summary.state, reason)?;
             }
@@ -447,6 +447,8 @@ impl World {
                 cpus_per_task: 1,
                 resources: Default::default(),
                 placement: Default::default(),
+                after: Vec::new(),
+                after_any: Vec::new(),
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             match (known.get(&name), reply) {

@@ -378,6 +378,8 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 
@@ -398,6 +400,8 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
         cpus_per_task: 1,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 

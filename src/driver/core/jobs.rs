@@ -69,6 +69,9 @@ pub struct Job {
     pub submission_id: Option<String>,
     /// The term of the leader that accepted it, if known (see [`JournalRecord::JobSubmitted`]).
     pub term: Option<u64>,
+    /// The jobs it runs after once they succeed, and once they end however they end.
+    pub after: Vec<JobId>,
+    pub after_any: Vec<JobId>,
 }
 
 impl Job {
@@ -108,6 +111,8 @@ impl Job {
                 .map(|config| Box::new(super::speculation::Speculation::new(config))),
             submission_id: submit.submission_id,
             term: None,
+            after: submit.after,
+            after_any: submit.after_any,
         }
     }
 
@@ -119,8 +124,14 @@ impl Job {
         self.tasks.is_empty()
     }
 
+    /// Whether its tasks may run: it runs, and neither waits nor has ended.
     pub fn is_active(&self) -> bool {
         self.state == JobState::Running
+    }
+
+    /// Whether it has not ended: it runs or waits for the jobs it runs after.
+    pub fn is_open(&self) -> bool {
+        !self.state.is_ended()
     }
 
     /// Whether any attempt of the job still runs: one a task record holds, or a speculative
@@ -151,6 +162,8 @@ impl Job {
                 .as_ref()
                 .map(|p| p.wire.clone())
                 .unwrap_or_default(),
+            after: self.after.clone(),
+            after_any: self.after_any.clone(),
         }
     }
 
@@ -223,6 +236,7 @@ impl Job {
             waiting: None,
             placement: self.placement.as_ref().map(|p| p.wire.clone()),
             speculative: self.speculation.as_ref().map(|s| s.counts()),
+            waits_for: Vec::new(),
         }
     }
 
@@ -275,6 +289,9 @@ impl Core {
         if let Err(message) = validate_job(&submit, self.config.max_reply_bytes, journal) {
             return ApiReply::Error { message };
         }
+        if let Some(message) = self.after_refusal(&submit) {
+            return ApiReply::Error { message };
+        }
         if let Some(&id) = submit
             .submission_id
             .as_ref()
@@ -304,7 +321,7 @@ impl Core {
         });
         self.add_job(job);
         self.track_speculation(id);
-        self.queue_new_job(id);
+        self.start_or_wait(id, now);
         self.make_offers(None, now);
         ApiReply::JobAccepted { job_id: id }
     }
@@ -341,7 +358,7 @@ impl Core {
         match self.jobs.get(&job_id) {
             None => self.no_such_job(job_id),
             Some(job) if job.state == JobState::Killed => ApiReply::JobKilled { job_id },
-            Some(job) if !job.is_active() => ApiReply::Error {
+            Some(job) if !job.is_open() => ApiReply::Error {
                 message: format!("job {job_id} has already ended ({})", job.state),
             },
             Some(_) => {
@@ -351,6 +368,8 @@ impl Core {
                     Some("killed by request".into()),
                     now,
                 );
+                // Jobs that ran after it however it ended may start now.
+                self.make_offers(None, now);
                 ApiReply::JobKilled { job_id }
             }
         }
@@ -370,6 +389,12 @@ impl Core {
             return self.no_such_job(job_id);
         };
         let error = |message: String| ApiReply::Error { message };
+        if job.state == JobState::Waiting {
+            return error(format!(
+                "job {job_id} waits for the jobs it runs after and has no task to kill yet; \
+                 kill the job instead"
+            ));
+        }
         if !job.is_active() {
             return error(format!("job {job_id} has already ended ({})", job.state));
         }
@@ -508,6 +533,7 @@ impl Core {
         self.publish(end);
         self.exclusion_job_ended(job_id, state, now);
         self.retire(job_id);
+        self.release_dependents(job_id, now);
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod adoption;
 mod allocation;
+mod dependencies;
 mod exclusion;
 mod gate;
 mod jobs;
@@ -127,6 +128,11 @@ pub struct Core {
     ended: VecDeque<JobId>,
     /// Finished jobs past the limit that wait for their killed attempts to report.
     forgetting: Vec<JobId>,
+    /// The jobs waiting on each job: looked at when it ends.
+    dependents: HashMap<JobId, Vec<JobId>>,
+    /// Jobs ended whose dependents are still to be looked at, and whether that is under way.
+    to_release: Vec<(JobId, JobState, Option<String>)>,
+    releasing: bool,
     /// Bytes of results held, all jobs together.
     result_bytes: u64,
     next_job: JobId,
@@ -165,6 +171,9 @@ impl Core {
             submissions: HashMap::new(),
             ended: VecDeque::new(),
             forgetting: Vec::new(),
+            dependents: HashMap::new(),
+            to_release: Vec::new(),
+            releasing: false,
             result_bytes: 0,
             next_job: 1,
             next_task: 1,
@@ -276,6 +285,7 @@ impl Core {
         }
         for job in self.jobs.values() {
             let count = match job.state {
+                JobState::Waiting => &mut g.jobs_waiting,
                 JobState::Running => &mut g.jobs_running,
                 JobState::Succeeded => &mut g.jobs_succeeded,
                 JobState::Failed => &mut g.jobs_failed,
@@ -358,6 +368,7 @@ pub struct Gauges {
     pub free_cores: u64,
     pub tasks_waiting: u64,
     pub tasks_running: u64,
+    pub jobs_waiting: u64,
     pub jobs_running: u64,
     pub jobs_succeeded: u64,
     pub jobs_failed: u64,

@@ -149,6 +149,16 @@ impl Core {
     pub(super) fn job_summary(&self, job: &Job) -> JobSummary {
         let mut summary = job.summary();
         summary.waiting = self.waiting_reason(job);
+        if job.state == crate::protocol::JobState::Waiting {
+            summary.waits_for = self.waits_for(job.id);
+            let jobs: Vec<String> = summary.waits_for.iter().map(|id| id.to_string()).collect();
+            summary.waiting = Some(format!(
+                "runs after job{} {}, which {} not ended",
+                if jobs.len() == 1 { "" } else { "s" },
+                jobs.join(", "),
+                if jobs.len() == 1 { "has" } else { "have" }
+            ));
+        }
         summary
     }
 

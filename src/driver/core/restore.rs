@@ -10,6 +10,7 @@ use super::jobs::{validate_job, Job, TaskStatus};
 use super::snapshot::SnapshotIds;
 use super::Core;
 use crate::ids::{JobId, TaskId};
+use crate::protocol::JobState;
 use crate::protocol::{
     Event, ExecutorTasks, JournalRecord, JournaledTask, SubmitJob, TaskEnded, TaskState,
 };
@@ -120,7 +121,7 @@ impl Core {
                     .jobs
                     .get_mut(&job_id)
                     .ok_or(ReplayError::UnknownJob(job_id))?;
-                if job.is_active() {
+                if job.is_open() {
                     job.state = state;
                     job.ended_at_ms = Some(time_ms);
                     job.reason = reason;
@@ -141,8 +142,14 @@ impl Core {
             ..Restored::default()
         };
         self.queue.clear();
+        let failing = self.resume_waiting();
         let mut done = Vec::new();
         for job in self.jobs.values_mut() {
+            if job.state == JobState::Waiting {
+                // It waits for the jobs it runs after: nothing of it is queued.
+                restored.running_jobs += 1;
+                continue;
+            }
             let waiting = job.tasks.requeue_pending();
             if job.is_active() && job.succeeded + job.killed == job.len() {
                 // Its last task's end was stored but not the job's (a driver that stopped
@@ -161,6 +168,9 @@ impl Core {
         self.order_restored();
         for job_id in done {
             self.end_job_if_done(job_id, now);
+        }
+        for (job_id, reason) in failing {
+            self.end_job(job_id, JobState::Failed, Some(reason), now);
         }
         self.placement_resumed(now);
         self.start_adopting(restored.running_jobs, now);

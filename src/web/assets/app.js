@@ -193,7 +193,8 @@ function renderJobs() {
         class: view.job === job.job_id ? "selected" : "", title: job.reason || "" },
       el("td", { class: "num" }, job.job_id),
       el("td", {}, job.name),
-      el("td", { class: `state ${job.state}` }, job.state),
+      el("td", { class: `state ${job.state}`, title: job.waiting || "" },
+        job.state === "WAITING" && job.waits_for ? `WAITING for job ${job.waits_for.join(", ")}` : job.state),
       el("td", {}, progress(job)),
       el("td", { class: "num" }, `${job.succeeded} / ${job.failed} / ${job.killed} / ${job.running} / ${job.tasks}`),
       el("td", { class: "num duration" }, jobDuration(job)));
@@ -202,7 +203,9 @@ function renderJobs() {
   });
   $("jobs").tBodies[0].replaceChildren(...rows);
   const running = view.jobs.filter((j) => j.state === "RUNNING").length;
-  $("job-totals").textContent = `${view.jobs.length} shown, ${running} running`;
+  const waiting = view.jobs.filter((j) => j.state === "WAITING").length;
+  $("job-totals").textContent = `${view.jobs.length} shown, ${running} running` +
+    (waiting ? `, ${waiting} waiting` : "");
   $("jobs-older").hidden = !view.olderJobs;
   $("jobs-newer").hidden = view.jobsBefore.length < 2;
 }

@@ -5,6 +5,7 @@
 
 mod adoption;
 mod allocation;
+mod dependencies;
 mod exclusion;
 mod gate;
 mod jobs;
@@ -135,6 +136,8 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
         cpus_per_task,
         resources: Default::default(),
         placement: Default::default(),
+        after: Vec::new(),
+        after_any: Vec::new(),
     }
 }
 
@@ -594,6 +597,28 @@ fn check_invariants(core: &Core) {
         check_job_tasks(core, job);
         placement::check_placement(core, job);
         match job.state {
+            JobState::Waiting => {
+                // Nothing of it has run nor is queued; it waits for kept jobs that have not
+                // ended, and each of them knows it.
+                assert_eq!(
+                    (job.running, job.succeeded, job.failed),
+                    (0, 0, 0),
+                    "job {job_id}"
+                );
+                assert!(job.ended_at_ms.is_none() && job.reason.is_none());
+                assert!(!queue.contains(&job_id), "waiting job {job_id} is queued");
+                let waits = core.waits_for(job_id);
+                assert!(!waits.is_empty(), "job {job_id} waits for nothing");
+                for up in waits {
+                    assert!(core.jobs[&up].is_open(), "job {job_id} waits for {up}");
+                    assert!(
+                        core.dependents
+                            .get(&up)
+                            .is_some_and(|d| d.contains(&job_id)),
+                        "job {up} does not know that job {job_id} waits for it"
+                    );
+                }
+            }
             JobState::Running => {
                 // A running job's KILLED tasks were killed by request, one at a time.
                 assert_eq!(job.failed, 0, "job {job_id}");
@@ -617,11 +642,16 @@ fn check_invariants(core: &Core) {
                 let reason = job.reason.as_deref().unwrap_or_default();
                 // A job no executor may run fails with no task failed if the task it could
                 // not run had never run.
-                assert!(
-                    job.failed >= 1 || reason.contains("cannot run anywhere"),
-                    "job {job_id} failed with no failed task"
-                );
-                assert!(reason.contains("last error:"), "job {job_id}: {reason}");
+                // A job after one that did not succeed fails without running anything.
+                if reason.contains("which this job runs after") {
+                    assert_eq!((job.succeeded, job.failed), (0, 0), "job {job_id}");
+                } else {
+                    assert!(
+                        job.failed >= 1 || reason.contains("cannot run anywhere"),
+                        "job {job_id} failed with no failed task"
+                    );
+                    assert!(reason.contains("last error:"), "job {job_id}: {reason}");
+                }
             }
             JobState::Killed => {
                 assert_eq!(job.failed, 0, "job {job_id}");
@@ -633,7 +663,7 @@ fn check_invariants(core: &Core) {
                 );
             }
         }
-        if !job.is_active() {
+        if job.state.is_ended() {
             assert!(job.ended_at_ms.is_some(), "job {job_id}");
             assert!(
                 !job.tasks.has_waiting(),
@@ -650,7 +680,7 @@ fn check_retention(core: &Core) {
     let finished: BTreeSet<JobId> = core
         .jobs
         .values()
-        .filter(|job| !job.is_active())
+        .filter(|job| job.state.is_ended())
         .map(|job| job.id)
         .collect();
     let held: BTreeSet<JobId> = core.ended.iter().chain(&core.forgetting).copied().collect();

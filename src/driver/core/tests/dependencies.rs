@@ -1,0 +1,270 @@
+//! Jobs that run after other jobs: they wait holding nothing, start when the last job they run
+//! after ends as they need, fail down the chain when one did not succeed, and come back waiting
+//! (or settled) from the journal.
+
+use super::*;
+
+/// A job of `tasks` no-op tasks that runs after `after` and, however they end, `after_any`.
+fn after(tasks: u32, after: &[JobId], after_any: &[JobId]) -> SubmitJob {
+    SubmitJob {
+        after: after.to_vec(),
+        after_any: after_any.to_vec(),
+        ..job(tasks, 1, 1)
+    }
+}
+
+/// Finishes every launch in `launched` on `executor`, and returns the effects.
+fn finish_all(core: &mut Core, executor: &str, launched: &[Launch], now: u64) -> Vec<Effect> {
+    let updates = launched
+        .iter()
+        .flat_map(|(_, tasks)| tasks.iter().map(|&(id, _, attempt)| finished(id, attempt)))
+        .collect();
+    report(core, executor, updates, now)
+}
+
+#[test]
+fn a_job_after_another_waits_holding_nothing_and_starts_in_the_round_the_other_succeeds() {
+    let mut core = new_core(0);
+    add(&mut core, "e1", 4, 0);
+    let (first, launched) = start(&mut core, job(2, 1, 1), 1);
+    assert_eq!(launched[0].1.len(), 2);
+    let (second, none) = start(&mut core, after(2, &[first], &[]), 2);
+    assert!(none.is_empty(), "a waiting job launches nothing: {none:?}");
+    let waiting = summary(&mut core, second);
+    assert_eq!(waiting.state, JobState::Waiting);
+    assert_eq!(waiting.waits_for, [first]);
+    let why = waiting.waiting.unwrap_or_default();
+    assert!(why.contains(&format!("job {first}")), "{why}");
+    // It holds no cores and blocks no other job: a third job runs on the free cores.
+    let (_, third) = start(&mut core, job(2, 1, 1), 3);
+    assert_eq!(third[0].1.len(), 2, "the free cores went to the third job");
+    check_invariants(&core);
+
+    let effects = finish_all(&mut core, "e1", &launched, 4);
+    assert_eq!(summary(&mut core, first).state, JobState::Succeeded);
+    assert_eq!(summary(&mut core, second).state, JobState::Running);
+    let started = launches(&effects);
+    let tasks: usize = started.iter().map(|(_, t)| t.len()).sum();
+    assert_eq!(
+        tasks, 2,
+        "the second job launched in the same round: {started:?}"
+    );
+    check_invariants(&core);
+}
+
+#[test]
+fn a_failure_ends_every_job_after_it_down_the_chain_naming_it() {
+    let mut core = new_core(0);
+    add(&mut core, "e1", 2, 0);
+    let (first, launched) = start(&mut core, job(1, 1, 1), 1);
+    let second = submit(&mut core, after(3, &[first], &[]), 2);
+    let third = submit(&mut core, after(1, &[second], &[]), 3);
+    let cleanup = submit(&mut core, after(1, &[], &[second]), 4);
+    core.take_effects();
+    let (task_id, _, attempt) = launched[0].1[0];
+    let effects = report(&mut core, "e1", vec![failed(task_id, attempt, "boom")], 5);
+    let ends = job_ends(&effects);
+    let ended: Vec<(JobId, JobState)> = ends
+        .iter()
+        .map(|e| match e {
+            Event::JobEnd { job_id, state, .. } => (*job_id, *state),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            (first, JobState::Failed),
+            (second, JobState::Failed),
+            (third, JobState::Failed)
+        ]
+    );
+    let reason = summary(&mut core, second).reason.unwrap_or_default();
+    assert!(
+        reason.starts_with(&format!("job {first}, which this job runs after, FAILED: ")),
+        "{reason}"
+    );
+    assert!(reason.contains("boom"), "{reason}");
+    let reason = summary(&mut core, third).reason.unwrap_or_default();
+    assert!(
+        reason.starts_with(&format!(
+            "job {second}, which this job runs after, FAILED: job {first}"
+        )),
+        "{reason}"
+    );
+    // Nothing of the failed jobs ran: their tasks count as killed.
+    let s = summary(&mut core, second);
+    assert_eq!((s.succeeded, s.failed, s.killed), (0, 0, 3));
+    // The clean-up job ran after the second however it ended.
+    assert_eq!(summary(&mut core, cleanup).state, JobState::Running);
+    assert_eq!(launches(&effects).len(), 1, "{effects:?}");
+    check_invariants(&core);
+}
+
+#[test]
+fn a_job_after_one_that_has_ended_starts_or_fails_at_once() {
+    let mut core = new_core(0);
+    add(&mut core, "e1", 2, 0);
+    let (done, launched) = start(&mut core, job(1, 1, 1), 1);
+    finish_all(&mut core, "e1", &launched, 2);
+    let (runs, started) = start(&mut core, after(1, &[done], &[]), 3);
+    assert_eq!(summary(&mut core, runs).state, JobState::Running);
+    assert_eq!(started.len(), 1);
+    let (killed, _) = start(&mut core, job(1, 1, 1), 4);
+    core.api(ApiRequest::KillJob { job_id: killed }, 5);
+    core.take_effects();
+    let failed = submit(&mut core, after(1, &[killed], &[]), 6);
+    let s = summary(&mut core, failed);
+    assert_eq!(s.state, JobState::Failed);
+    assert_eq!(
+        s.reason.as_deref(),
+        Some(&*format!(
+            "job {killed}, which this job runs after, KILLED: killed by request"
+        ))
+    );
+    let any = submit(&mut core, after(1, &[], &[killed]), 7);
+    assert_eq!(summary(&mut core, any).state, JobState::Running);
+    check_invariants(&core);
+}
+
+#[test]
+fn only_jobs_the_driver_keeps_may_be_named() {
+    let mut core = core_retaining(1);
+    add(&mut core, "e1", 2, 0);
+    let (old, launched) = start(&mut core, job(1, 1, 1), 1);
+    finish_all(&mut core, "e1", &launched, 2);
+    let (newer, launched) = start(&mut core, job(1, 1, 1), 3);
+    finish_all(&mut core, "e1", &launched, 4);
+    let forgotten = api_error(core.api(ApiRequest::SubmitJob(after(1, &[old], &[])), 5));
+    assert!(forgotten.contains("no longer kept"), "{forgotten}");
+    let unknown = api_error(core.api(ApiRequest::SubmitJob(after(1, &[], &[99])), 5));
+    assert!(
+        unknown.contains("job 99") && unknown.contains("does not exist"),
+        "{unknown}"
+    );
+    let too_many: Vec<JobId> = vec![newer; super::super::dependencies::MAX_AFTER + 1];
+    let refused = api_error(core.api(ApiRequest::SubmitJob(after(1, &too_many, &[])), 5));
+    assert!(refused.contains("at most"), "{refused}");
+    assert_eq!(
+        core.take_effects(),
+        vec![],
+        "a refused submission changes nothing"
+    );
+    check_invariants(&core);
+}
+
+#[test]
+fn a_waiting_job_killed_ends_killed_and_the_jobs_after_it_follow() {
+    let mut core = new_core(0);
+    add(&mut core, "e1", 2, 0);
+    let (first, _) = start(&mut core, job(1, 1, 1), 1);
+    let waiting = submit(&mut core, after(2, &[first], &[]), 2);
+    let next = submit(&mut core, after(1, &[waiting], &[]), 3);
+    let refused = api_error(core.api(
+        ApiRequest::KillJobTask {
+            job_id: waiting,
+            index: 0,
+            retry: false,
+        },
+        4,
+    ));
+    assert!(refused.contains("kill the job instead"), "{refused}");
+    assert_eq!(
+        core.api(ApiRequest::KillJob { job_id: waiting }, 5),
+        ApiReply::JobKilled { job_id: waiting }
+    );
+    assert_eq!(summary(&mut core, waiting).state, JobState::Killed);
+    let s = summary(&mut core, next);
+    assert_eq!(s.state, JobState::Failed);
+    assert!(s.reason.unwrap_or_default().contains("KILLED"));
+    // The first job runs on, and nothing waits for it now.
+    assert_eq!(summary(&mut core, first).state, JobState::Running);
+    core.take_effects();
+    check_invariants(&core);
+}
+
+#[test]
+fn a_restored_driver_knows_what_waits_and_settles_what_the_journal_left_unsettled() {
+    let mut core = journaled_core(0);
+    let mut journal = Vec::new();
+    add(&mut core, "e1", 2, 0);
+    let first = submit(&mut core, job(1, 1, 1), 1);
+    let launched = launches(&take_journal(&mut core, &mut journal));
+    let second = submit(&mut core, after(1, &[first], &[]), 2);
+    let third = submit(&mut core, after(1, &[second], &[]), 3);
+    take_journal(&mut core, &mut journal);
+    // Restored while the first runs: the others wait, nothing of them queued.
+    let mut back = restored(&journal, 2);
+    assert_eq!(summary(&mut back, second).state, JobState::Waiting);
+    assert_eq!(summary(&mut back, third).waits_for, [second]);
+    check_invariants(&back);
+
+    // The first fails; a driver that stored its end but not what followed from it (the
+    // records after the first job's end lost) fails the others when it resumes.
+    let (task_id, _, attempt) = launched[0].1[0];
+    status(&mut core, "e1", vec![failed(task_id, attempt, "boom")], 4);
+    take_journal(&mut core, &mut journal);
+    let ended_first = journal
+        .iter()
+        .position(|r| matches!(r, JournalRecord::JobEnded { job_id, .. } if *job_id == first))
+        .expect("the first job's end is journaled");
+    let mut back = core_retaining(crate::driver::core::DEFAULT_RETAIN_JOBS as usize);
+    for record in &journal[..=ended_first] {
+        back.replay(record.clone())
+            .expect("a record the core wrote replays");
+    }
+    back.resume(10);
+    // Their ends are journaled and told, as they would have been.
+    let mut told = Vec::new();
+    let effects = take_journal(&mut back, &mut told);
+    let ended: Vec<JobId> = told
+        .iter()
+        .filter_map(|r| match r {
+            JournalRecord::JobEnded { job_id, .. } => Some(*job_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ended, [second, third]);
+    assert_eq!(job_ends(&effects).len(), 2);
+    for id in [second, third] {
+        let s = summary(&mut back, id);
+        assert_eq!(s.state, JobState::Failed, "job {id}: {s:?}");
+    }
+    check_retention(&back);
+    // With the whole journal, the same.
+    let mut whole = restored(&journal, 1);
+    assert_eq!(summary(&mut whole, third).state, JobState::Failed);
+    // And from a snapshot.
+    let snapshot = snapshot_record(&core, 1, 5);
+    let mut from_snapshot = restored(&[snapshot], 1);
+    assert_eq!(summary(&mut from_snapshot, third).state, JobState::Failed);
+    check_retention(&from_snapshot);
+}
+
+#[test]
+fn a_job_waiting_in_a_snapshot_waits_again_and_starts_when_its_upstream_succeeds() {
+    let mut core = journaled_core(0);
+    add(&mut core, "e1", 2, 0);
+    let (first, launched) = start(&mut core, job(1, 1, 1), 1);
+    let second = submit(&mut core, after(1, &[first], &[]), 2);
+    core.take_effects();
+    let snapshot = snapshot_record(&core, 1, 3);
+    let mut back = restored(&[snapshot], 1);
+    assert_eq!(summary(&mut back, second).state, JobState::Waiting);
+    add(&mut back, "e1", 2, 4);
+    // The first job's attempt is adopted when its executor registers again; here it is
+    // simply launched again and finishes.
+    back.tick(5);
+    let effects = back.take_effects();
+    let relaunched = launches(&effects);
+    let runs = if relaunched.is_empty() {
+        launched
+    } else {
+        relaunched
+    };
+    let effects = finish_all(&mut back, "e1", &runs, 6);
+    assert_eq!(summary(&mut back, first).state, JobState::Succeeded);
+    assert_eq!(summary(&mut back, second).state, JobState::Running);
+    assert_eq!(launches(&effects).len(), 1);
+    check_invariants(&back);
+}
