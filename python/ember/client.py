@@ -336,10 +336,16 @@ class Client:
         cpus_per_task=1,
         resources=None,
         submission_id=None,
+        after=(),
+        after_any=(),
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
         repeated `repeat` times, and returns its `Job`. `resources` asks for custom resources
         per task, by name: `{"gpu": 1}`, as `ember submit --resource gpu=1`.
+
+        `after` names jobs (`Job`s or ids) this one runs after: it waits (`WAITING`) until all
+        have succeeded, and ends FAILED without running anything if one fails or is killed.
+        `after_any` names jobs it runs after however they end. Only jobs the driver keeps.
 
         The submission carries `submission_id` (a new one unless given), so it is safe to send
         again: while the driver answers `Unavailable`, or no driver answers after one did, it is
@@ -353,6 +359,8 @@ class Client:
             cpus_per_task=cpus_per_task,
             resources=resources,
             submission_id=submission_id,
+            after=after,
+            after_any=after_any,
         )
         answer = await self._through_failover(lambda: self._expect(request, "JobAccepted"))
         return Job(self, answer["job_id"])
@@ -680,6 +688,8 @@ def _job_request(
     cpus_per_task=1,
     resources=None,
     submission_id=None,
+    after=(),
+    after_any=(),
 ):
     """A SubmitJob request (docs/protocol.md)."""
     request = {
@@ -693,7 +703,18 @@ def _job_request(
     }
     if resources:
         request["resources"] = dict(resources)
+    for key, jobs in (("after", after), ("after_any", after_any)):
+        if jobs:
+            request[key] = [_job_id(job) for job in jobs]
     return request
+
+
+def _job_id(job):
+    """The id of `job`: a `Job`, or an id."""
+    job_id = getattr(job, "job_id", job)
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 0:
+        raise TypeError(f"a job to run after is a Job or a job id; got {job!r}")
+    return job_id
 
 
 def _name_of(fn):

@@ -133,6 +133,29 @@ def test_commands_and_handlers(client):
     assert failing.wait(progress=True)["state"] == "FAILED"
 
 
+def test_a_job_after_another_waits_for_it_and_fails_with_it(client):
+    first = client.submit_handler("sleep", {"ms": 500})
+    second = client.submit_handler("echo", {"value": 2}, after=[first])
+    waiting = second.summary()
+    assert waiting["state"] == "WAITING", waiting
+    assert waiting["waits_for"] == [first.job_id]
+    # Waiting is not ended: results() waits for the run.
+    assert second.results() == [2]
+    assert first.summary()["state"] == "SUCCEEDED"
+    broken = client.submit_handler("fail", {"message": "upstream broke"}, max_failures=1)
+    after_it = client.submit_handler("noop", after=[broken.job_id])
+    cleanup = client.submit_handler("noop", after_any=[broken])
+    ended = after_it.wait()
+    assert ended["state"] == "FAILED"
+    assert f"job {broken.job_id}, which this job runs after, FAILED" in ended["reason"]
+    assert "upstream broke" in ended["reason"]
+    assert cleanup.wait()["state"] == "SUCCEEDED"
+    with pytest.raises(ember.DriverError, match="does not exist"):
+        client.submit_handler("noop", after=[987654])
+    with pytest.raises(TypeError, match="a Job or a job id"):
+        client.submit_handler("noop", after=["first"])
+
+
 def test_a_submission_sent_again_makes_one_job(client):
     first = client.submit_handler("noop", tasks=2, submission_id="py-once")
     again = client.submit_handler("noop", tasks=2, submission_id="py-once")
