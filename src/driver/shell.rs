@@ -44,6 +44,8 @@ pub(super) struct Shell {
     /// Who may be answered, and the count of requests that may not.
     pub(super) admission: Admission,
     pub(super) metrics: Arc<DriverMetrics>,
+    /// Ended jobs whose end is stored, whose waiting jobs the core is to settle next.
+    pub(super) releases: Vec<(crate::ids::JobId, crate::protocol::JobState, Option<String>)>,
     /// The live web page's link, with `--http`.
     pub(super) web: Option<crate::web::Link>,
     /// Where the core's journal records are stored, if anywhere.
@@ -117,6 +119,14 @@ impl Shell {
         reply: Option<Output>,
     ) -> Option<BoxFuture<'static, Snapshotted>> {
         self.emit(outbox, reply, core.take_effects()).await;
+        // Jobs whose end is stored: what waits on them starts (which may end more jobs).
+        while !self.releases.is_empty() {
+            let now = now_ms();
+            for (job_id, state, reason) in std::mem::take(&mut self.releases) {
+                core.release(job_id, state, reason, now);
+            }
+            self.emit(outbox, None, core.take_effects()).await;
+        }
         self.count_offer_rounds(core);
         self.commit(outbox, false);
         self.snapshot_if_due(core)
@@ -290,6 +300,11 @@ impl Shell {
                 page,
                 indices,
             } => self.answer_with_results(reply, page, indices),
+            Output::Effect(Effect::Release {
+                job_id,
+                state,
+                reason,
+            }) => self.releases.push((job_id, state, reason)),
             // `emit` hands writes to the journal and the bucket; none reaches here.
             Output::Effect(Effect::Journal(_) | Effect::StoreResult { .. }) => {}
         }

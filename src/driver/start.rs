@@ -268,6 +268,7 @@ pub(super) async fn start(
         checks,
         ticked: false,
         offer_rounds: 0,
+        releases: Vec::new(),
     };
     Ok((core, inputs, shell))
 }

@@ -590,6 +590,18 @@ impl World {
                     self.trace.fold(&super::trace::event_words(&event));
                     self.output(node, Output::Publish(event))?;
                 }
+                Effect::Release {
+                    job_id,
+                    state,
+                    reason,
+                } => self.output(
+                    node,
+                    Output::Release {
+                        job_id,
+                        state,
+                        reason,
+                    },
+                )?,
                 Effect::Send { to, message } => {
                     let Some(&pid) = self.pids.get(&to) else {
                         continue;
@@ -665,6 +677,17 @@ impl World {
             Output::Inbox { to, body } => {
                 let sender = self.sender(node)?;
                 self.send(Message::Inbox { to, sender, body });
+            }
+            Output::Release {
+                job_id,
+                state,
+                reason,
+            } => {
+                let now = self.queue.now();
+                if let Some(leader) = self.drivers[node as usize].leader() {
+                    leader.core.release(job_id, state, reason, now);
+                    self.driver_effects(node, None, None)?;
+                }
             }
         }
         Ok(())

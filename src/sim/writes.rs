@@ -39,6 +39,12 @@ pub enum Output {
         to: Pid,
         body: ExecutorMessage,
     },
+    /// An ended job whose waiting jobs the core settles once its end is stored.
+    Release {
+        job_id: JobId,
+        state: crate::protocol::JobState,
+        reason: Option<String>,
+    },
 }
 
 impl Addressed for Output {

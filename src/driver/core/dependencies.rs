@@ -1,15 +1,16 @@
 //! Jobs that run after other jobs (`SubmitJob.after`, `after_any`). A job that names jobs not
 //! yet ended waits (`WAITING`): none of its tasks is queued, so it holds no cores and blocks no
-//! other job. When the last of them ends it starts, in the same offer round; if one it runs
-//! `after` did not succeed, it ends FAILED without running anything, naming that job, and the
-//! jobs after it do the same in turn.
+//! other job. When the last of them ends it starts; if one it runs `after` did not succeed, it
+//! ends FAILED without running anything, naming that job, and the jobs after it do the same in
+//! turn. With a journal, what waits on a job is settled only once that job's end is stored
+//! ([`Effect::Release`]): no job starts on an end a restarted driver might not know.
 //!
 //! Only jobs the driver keeps may be named, and a job can only name jobs older than itself, so
 //! there are no cycles. Nothing about waiting is journaled: a restored driver works it out again
 //! from the jobs' `after` lists and the states of the jobs it kept (a job that was forgotten had
 //! ended, and what waited on it was settled then).
 
-use super::Core;
+use super::{Core, Effect};
 use crate::ids::JobId;
 use crate::protocol::{JobState, SubmitJob};
 
@@ -68,6 +69,8 @@ impl Core {
         };
         let state_of = |id: JobId| match ended {
             Some((up, state, reason)) if up == id => Some((state, reason.map(str::to_string))),
+            // Ended, but its end is not known to be stored yet: as good as running.
+            _ if self.unreleased.contains(&id) => Some((JobState::Running, None)),
             // Not kept: it ended before, and what waited on it was settled then.
             _ => self.jobs.get(&id).map(|up| (up.state, up.reason.clone())),
         };
@@ -111,6 +114,8 @@ impl Core {
                     job.state = JobState::Running;
                 }
                 self.queue_new_job(job_id);
+                // Released by a job's end: every executor's cores are offered to it.
+                self.offer_all |= ended.is_some();
             }
             Resolution::Wait(waits) => {
                 if let Some(job) = self.jobs.get_mut(&job_id) {
@@ -132,8 +137,8 @@ impl Core {
         }
     }
 
-    /// Job `job_id` has ended: the jobs waiting on it start, go on waiting for others, or
-    /// fail, and so on down (one at a time, however long the chain).
+    /// Job `job_id` has ended: the jobs waiting on it are settled now, or, with a journal,
+    /// once its end is stored ([`Effect::Release`]).
     pub(super) fn release_dependents(&mut self, job_id: JobId, now: u64) {
         let Some(job) = self.jobs.get(&job_id) else {
             return;
@@ -141,8 +146,45 @@ impl Core {
         if !self.dependents.contains_key(&job_id) {
             return;
         }
-        self.to_release
-            .push((job_id, job.state, job.reason.clone()));
+        let (state, reason) = (job.state, job.reason.clone());
+        if self.config.journal {
+            self.unreleased.insert(job_id);
+            self.effects.push(Effect::Release {
+                job_id,
+                state,
+                reason,
+            });
+            return;
+        }
+        self.settle_dependents(job_id, state, reason, now);
+    }
+
+    /// The shell hands back an [`Effect::Release`]: job `job_id`'s end is stored, and the jobs
+    /// waiting on it start (in an offer round of every executor), wait on for others, or fail.
+    pub fn release(&mut self, job_id: JobId, state: JobState, reason: Option<String>, now: u64) {
+        self.unreleased.remove(&job_id);
+        self.settle_dependents(job_id, state, reason, now);
+        if self.take_offer_all() {
+            self.make_offers(None, now);
+        }
+    }
+
+    /// Whether a job started since the last call: the next offer round should offer every
+    /// executor, not only the one whose status freed cores.
+    pub(super) fn take_offer_all(&mut self) -> bool {
+        std::mem::take(&mut self.offer_all)
+    }
+
+    /// Settles the jobs waiting on `job_id`, which ended `state` for `reason`, and so on down
+    /// (one at a time, however long the chain).
+    fn settle_dependents(
+        &mut self,
+        job_id: JobId,
+        state: JobState,
+        reason: Option<String>,
+        now: u64,
+    ) {
+        self.to_release.push((job_id, state, reason));
         if self.releasing {
             return;
         }

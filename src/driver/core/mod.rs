@@ -29,7 +29,7 @@ use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
     ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord, ResultsPage,
 };
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 pub use adoption::DEFAULT_ADOPT_WAIT;
 pub use allocation::{
@@ -73,6 +73,14 @@ pub enum Effect {
         job_id: JobId,
         index: u32,
         result: serde_json::Value,
+    },
+    /// Job `job_id` ended `state` for `reason`, and jobs wait on it: once every journal write
+    /// before this is stored, hand it back with [`Core::release`], which starts them (or fails
+    /// them). A job never starts before the end of the job it runs after is stored.
+    Release {
+        job_id: JobId,
+        state: JobState,
+        reason: Option<String>,
     },
 }
 
@@ -133,6 +141,11 @@ pub struct Core {
     /// Jobs ended whose dependents are still to be looked at, and whether that is under way.
     to_release: Vec<(JobId, JobState, Option<String>)>,
     releasing: bool,
+    /// Ended jobs handed to the shell in an [`Effect::Release`] and not yet back: what waits
+    /// on them still waits.
+    unreleased: HashSet<JobId>,
+    /// Whether a job started since the last offer round that offered every executor.
+    offer_all: bool,
     /// Bytes of results held, all jobs together.
     result_bytes: u64,
     next_job: JobId,
@@ -174,6 +187,8 @@ impl Core {
             dependents: HashMap::new(),
             to_release: Vec::new(),
             releasing: false,
+            unreleased: HashSet::new(),
+            offer_all: false,
             result_bytes: 0,
             next_job: 1,
             next_task: 1,

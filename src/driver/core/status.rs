@@ -162,7 +162,7 @@ impl Core {
                 None => self.end_job_if_done(job_id, now),
             }
         }
-        if failed {
+        if failed || self.take_offer_all() {
             self.make_offers(None, now);
         } else if freed {
             self.make_offers(Some(executor_id), now);

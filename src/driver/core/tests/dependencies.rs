@@ -13,6 +13,31 @@ fn after(tasks: u32, after: &[JobId], after_any: &[JobId]) -> SubmitJob {
     }
 }
 
+/// Hands back every [`Effect::Release`] in `effects` as the shell does once the writes before
+/// them are stored, and those they lead to in turn; returns every effect, `effects` first.
+fn hand_back(core: &mut Core, mut effects: Vec<Effect>) -> Vec<Effect> {
+    let mut from = 0;
+    while from < effects.len() {
+        let releases: Vec<_> = effects[from..]
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Release {
+                    job_id,
+                    state,
+                    reason,
+                } => Some((*job_id, *state, reason.clone())),
+                _ => None,
+            })
+            .collect();
+        from = effects.len();
+        for (job_id, state, reason) in releases {
+            core.release(job_id, state, reason, 100);
+        }
+        effects.extend(core.take_effects());
+    }
+    effects
+}
+
 /// Finishes every launch in `launched` on `executor`, and returns the effects.
 fn finish_all(core: &mut Core, executor: &str, launched: &[Launch], now: u64) -> Vec<Effect> {
     let updates = launched
@@ -203,7 +228,16 @@ fn a_restored_driver_knows_what_waits_and_settles_what_the_journal_left_unsettle
     // records after the first job's end lost) fails the others when it resumes.
     let (task_id, _, attempt) = launched[0].1[0];
     status(&mut core, "e1", vec![failed(task_id, attempt, "boom")], 4);
-    take_journal(&mut core, &mut journal);
+    let effects = take_journal(&mut core, &mut journal);
+    // As the shell does, each end is handed back once stored, and what follows is journaled.
+    journal.extend(
+        hand_back(&mut core, effects)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Journal(record) => Some(record),
+                _ => None,
+            }),
+    );
     let ended_first = journal
         .iter()
         .position(|r| matches!(r, JournalRecord::JobEnded { job_id, .. } if *job_id == first))
@@ -214,9 +248,15 @@ fn a_restored_driver_knows_what_waits_and_settles_what_the_journal_left_unsettle
             .expect("a record the core wrote replays");
     }
     back.resume(10);
-    // Their ends are journaled and told, as they would have been.
+    // Their ends are journaled and told, as they would have been: the third once the
+    // second's end is stored.
     let mut told = Vec::new();
     let effects = take_journal(&mut back, &mut told);
+    let effects = hand_back(&mut back, effects);
+    told.extend(effects.iter().filter_map(|e| match e {
+        Effect::Journal(record) => Some(record.clone()),
+        _ => None,
+    }));
     let ended: Vec<JobId> = told
         .iter()
         .filter_map(|r| match r {
@@ -263,8 +303,50 @@ fn a_job_waiting_in_a_snapshot_waits_again_and_starts_when_its_upstream_succeeds
         relaunched
     };
     let effects = finish_all(&mut back, "e1", &runs, 6);
+    let effects = hand_back(&mut back, effects);
     assert_eq!(summary(&mut back, first).state, JobState::Succeeded);
     assert_eq!(summary(&mut back, second).state, JobState::Running);
     assert_eq!(launches(&effects).len(), 1);
     check_invariants(&back);
+}
+
+#[test]
+fn with_a_journal_a_job_starts_only_once_the_end_it_waits_for_is_handed_back_stored() {
+    let mut core = journaled_core(0);
+    add(&mut core, "e1", 2, 0);
+    let (first, launched) = start(&mut core, job(1, 1, 1), 1);
+    let second = submit(&mut core, after(1, &[first], &[]), 2);
+    core.take_effects();
+    let (task_id, _, attempt) = launched[0].1[0];
+    match core.status_updates("e1", &eid("e1"), vec![finished(task_id, attempt)], 3) {
+        StatusReply::StatusAck { launch, .. } => {
+            assert!(launch.is_empty(), "launched with the ack: {launch:?}")
+        }
+        other => panic!("not acknowledged: {other:?}"),
+    }
+    let effects = core.take_effects();
+    // The first job's end is journaled, then handed to the shell to be handed back once
+    // stored; nothing of the second job is launched before.
+    let position = |found: &dyn Fn(&Effect) -> bool| effects.iter().position(found);
+    let ended = position(
+        &|e| matches!(e, Effect::Journal(JournalRecord::JobEnded { job_id, .. }) if *job_id == first),
+    );
+    let release = position(&|e| matches!(e, Effect::Release { job_id, .. } if *job_id == first));
+    assert!(
+        ended.is_some() && release.is_some() && ended < release,
+        "{effects:?}"
+    );
+    assert!(launches(&effects).is_empty(), "{effects:?}");
+    let waiting = summary(&mut core, second);
+    assert_eq!(
+        (waiting.state, waiting.waits_for),
+        (JobState::Waiting, vec![first])
+    );
+    check_invariants(&core);
+
+    core.release(first, JobState::Succeeded, None, 4);
+    let effects = core.take_effects();
+    assert_eq!(summary(&mut core, second).state, JobState::Running);
+    assert_eq!(launches(&effects).len(), 1, "{effects:?}");
+    check_invariants(&core);
 }

@@ -223,7 +223,9 @@ fn send_status(
                 .position(|effect| match effect {
                     Effect::Send { to: other, .. } => *other > to,
                     Effect::Publish(event) => matches!(event, Event::TaskStart { .. }),
-                    Effect::Journal(_) | Effect::StoreResult { .. } => false,
+                    Effect::Journal(_) | Effect::StoreResult { .. } | Effect::Release { .. } => {
+                        false
+                    }
                 })
                 .unwrap_or(core.effects.len());
             let tasks = std::mem::take(launch);
@@ -610,7 +612,10 @@ fn check_invariants(core: &Core) {
                 let waits = core.waits_for(job_id);
                 assert!(!waits.is_empty(), "job {job_id} waits for nothing");
                 for up in waits {
-                    assert!(core.jobs[&up].is_open(), "job {job_id} waits for {up}");
+                    assert!(
+                        core.jobs[&up].is_open() || core.unreleased.contains(&up),
+                        "job {job_id} waits for {up}"
+                    );
                     assert!(
                         core.dependents
                             .get(&up)
