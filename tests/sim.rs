@@ -135,6 +135,23 @@ fn a_thousand_seeds_with_leader_kills_and_pauses_keep_every_invariant() {
     assert!(pauses > 500, "only {pauses} leader pauses");
 }
 
+/// Jobs that run after jobs, under the failover faults and tasks that fail a fifth of the time
+/// (so some jobs fail and the jobs after them must too): no task of a job is launched before
+/// the end of each job it runs after is stored, and at the end a job after one that did not
+/// succeed failed, and one that succeeded ran after jobs that all did.
+#[test]
+fn a_thousand_seeds_of_jobs_after_jobs_with_leader_kills_keep_every_invariant() {
+    for seed in 1..=1_000 {
+        let config = SimConfig {
+            dependencies: true,
+            task_failure: 0.2,
+            ..failover(seed)
+        };
+        let report = passes(config);
+        assert_eq!(report.jobs_ended, 4, "seed {seed}");
+    }
+}
+
 /// A leader deposed with two journal writes in flight: its successor's mark refuses the first,
 /// but the second expects exactly the sequence the mark took and is stored after it, as
 /// JetStream does. Restoring leaders skip it (nothing behind it was told), and every

@@ -102,6 +102,10 @@ pub struct SimArgs {
     /// Faults stop after this much virtual time, in ms; then every job must end.
     #[arg(long, env = "EMBER_SIM_FAULTS_FOR_MS", default_value_t = Faults::default().for_ms)]
     pub faults_for_ms: u64,
+    /// Whether the workload's jobs run after one another (most after an earlier one once it
+    /// succeeds, some after another however it ends, drawn from the seed).
+    #[arg(long, env = "EMBER_SIM_DEPENDENCIES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub dependencies: bool,
     /// Print every step of the run.
     #[arg(long, env = "EMBER_SIM_TRACE")]
     pub trace: bool,
@@ -126,6 +130,7 @@ impl SimArgs {
             lease_ms: self.lease_ms,
             fencing: self.fencing,
             max_held: self.max_held,
+            dependencies: self.dependencies,
             faults: Faults {
                 drop: self.drop,
                 duplicate: self.duplicate,

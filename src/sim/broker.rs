@@ -61,6 +61,13 @@ impl Broker {
     }
 
     /// The journal's last sequence.
+    /// Whether the journal holds the end of job `job_id`.
+    pub fn job_end_stored(&self, job_id: crate::ids::JobId) -> bool {
+        self.journal.iter().flat_map(|m| &m.records).any(
+            |record| matches!(record, JournalRecord::JobEnded { job_id: id, .. } if *id == job_id),
+        )
+    }
+
     pub fn last(&self) -> u64 {
         self.journal.len() as u64
     }

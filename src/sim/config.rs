@@ -37,6 +37,8 @@ pub struct SimConfig {
     /// How many outputs a leader holds behind its journal writes before its messages to
     /// executors wait too: the driver's limit, or less to make executors wait on the journal.
     pub max_held: usize,
+    /// Whether the workload's jobs run after one another ([`SimConfig::upstreams`]).
+    pub dependencies: bool,
     pub faults: Faults,
 }
 
@@ -124,12 +126,32 @@ impl Default for SimConfig {
             lease_ms: crate::driver::lease::DEFAULT_LEASE.as_millis() as u64,
             fencing: true,
             max_held: crate::driver::outbox::MAX_HELD,
+            dependencies: false,
             faults: Faults::default(),
         }
     }
 }
 
 impl SimConfig {
+    /// The jobs of the workload that job `origin` runs after, once they succeed and however
+    /// they end, as numbers of the workload's jobs: with `dependencies`, most jobs run after
+    /// an earlier one, and some after another however it ends, drawn from the seed.
+    pub fn upstreams(&self, origin: usize) -> (Vec<usize>, Vec<usize>) {
+        if !self.dependencies || origin == 0 {
+            return (Vec::new(), Vec::new());
+        }
+        let draw = self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ origin as u64;
+        let after = match draw % 4 {
+            0 => Vec::new(),
+            _ => vec![(draw / 4) as usize % origin],
+        };
+        let after_any = match (origin >= 2, (draw / 64) % 3) {
+            (true, 0) => vec![(draw / 256) as usize % origin],
+            _ => Vec::new(),
+        };
+        (after, after_any)
+    }
+
     /// Why this configuration cannot run, if it cannot.
     pub fn check(&self) -> Result<(), String> {
         if self.drivers == 0 {
@@ -162,7 +184,7 @@ impl SimConfig {
         format!(
             "ember sim --seed {} --executors {} --cores {} --tasks {} --jobs {} --task-ms {} \
              --task-failure {} --objects {} --fetch-ms {} --fetch-failure {} --drivers {} \
-             --journal {} --lease-ms {} --fencing {} --max-held {} --drop {} --duplicate {} \
+             --journal {} --lease-ms {} --fencing {} --max-held {} --dependencies {} --drop {} --duplicate {} \
              --delay {} --delay-ms {} --partition {} --partition-ms {} --kill {} --restart-ms {} \
              --stop {} --driver-restart {} --driver-pause {} --pause-ms {} --faults-for-ms {}",
             self.seed,
@@ -180,6 +202,7 @@ impl SimConfig {
             self.lease_ms,
             self.fencing,
             self.max_held,
+            self.dependencies,
             f.drop,
             f.duplicate,
             f.delay,

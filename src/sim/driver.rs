@@ -428,8 +428,21 @@ impl World {
             _ => BTreeMap::new(),
         };
         let mut accepted = Vec::new();
+        // The ids this leader knows the workload's jobs by, for the jobs that run after them.
+        let mut ids: BTreeMap<usize, JobId> = known
+            .iter()
+            .filter_map(|(name, id)| Some((name.strip_prefix("sim-")?.parse().ok()?, *id)))
+            .collect();
         for origin in origins {
             let name = format!("sim-{origin}");
+            let (after, after_any) = self.config.upstreams(origin);
+            let named = |upstreams: Vec<usize>| -> Vec<JobId> {
+                upstreams
+                    .iter()
+                    .filter_map(|u| ids.get(u).copied())
+                    .collect()
+            };
+            let (after, after_any) = (named(after), named(after_any));
             let tasks = (self.config.tasks / jobs
                 + u64::from((origin as u64) < self.config.tasks % jobs))
                 as u32;
@@ -447,8 +460,8 @@ impl World {
                 cpus_per_task: 1,
                 resources: Default::default(),
                 placement: Default::default(),
-                after: Vec::new(),
-                after_any: Vec::new(),
+                after,
+                after_any,
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             match (known.get(&name), reply) {
@@ -462,6 +475,10 @@ impl World {
                 (None, ApiReply::JobAccepted { job_id }) => {
                     self.ledger.submitted(job_id, origin, tasks.max(1));
                     accepted.push(Output::Accepted { origin, job_id });
+                    ids.insert(origin, job_id);
+                }
+                (None, ApiReply::Error { message }) if message.contains("run after") => {
+                    return Err(format!("{name} was refused: {message}"));
                 }
                 (None, _) => {}
             }
@@ -603,6 +620,9 @@ impl World {
                     },
                 )?,
                 Effect::Send { to, message } => {
+                    if let crate::protocol::ExecutorMessage::LaunchTasks { tasks, .. } = &message {
+                        self.check_upstreams_stored(tasks)?;
+                    }
                     let Some(&pid) = self.pids.get(&to) else {
                         continue;
                     };
@@ -629,6 +649,37 @@ impl World {
                 .keys()
                 .try_for_each(|id| super::ledger::Ledger::check_cores(core, id)),
         }
+    }
+
+    /// With the journal, no task of a job that runs after others is launched before the end
+    /// of each of them is stored.
+    fn check_upstreams_stored(
+        &self,
+        tasks: &[crate::protocol::TaskDescription],
+    ) -> Result<(), String> {
+        if !self.config.journal || !self.config.dependencies {
+            return Ok(());
+        }
+        let mut jobs: Vec<JobId> = tasks.iter().map(|t| t.job_id).collect();
+        jobs.dedup();
+        for job_id in jobs {
+            let Some(origin) = self.ledger.origin_of(job_id) else {
+                continue;
+            };
+            let (after, after_any) = self.config.upstreams(origin);
+            for upstream in after.into_iter().chain(after_any) {
+                let Some(up) = self.ledger.job_of(upstream) else {
+                    continue;
+                };
+                if !self.broker.job_end_stored(up) {
+                    return Err(format!(
+                        "a task of job {job_id} was launched before the end of job {up}, \
+                         which it runs after, was stored"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The outcomes leader `node` gives for job `job_id`, as a client reads them when it ends.

@@ -20,6 +20,12 @@
 //!   the lease, the journal stores writes only of the newest mark's epoch, and no executor
 //!   acts on a message of an older epoch than one it has acted on.
 //!
+//! With jobs that run after jobs (checked where the driver launches, and at the end):
+//!
+//! - no task of a job is launched before the end of each job it runs after is stored;
+//! - a job after one that did not succeed failed, and one that succeeded ran after jobs that
+//!   all succeeded.
+//!
 //! On the runs of attempts (kept and checked in [`super::runs`]):
 //!
 //! - a FINISHED task's result was made by a run of that task, under the attempt it is
@@ -92,6 +98,8 @@ pub struct Ledger {
     fence: Fence,
     /// Which of the workload's jobs have ended (under any driver).
     pub origins_ended: Vec<bool>,
+    /// How each of the workload's jobs ended, as far as anyone heard.
+    pub origin_states: Vec<Option<JobState>>,
     pub tasks_finished: u64,
     /// `SpeculativeTaskStart`s heard.
     pub copies: u64,
@@ -113,6 +121,7 @@ impl Ledger {
             jobs: BTreeMap::new(),
             fence: Fence::new(patience),
             origins_ended: vec![false; jobs],
+            origin_states: vec![None; jobs],
             tasks_finished: 0,
             copies: 0,
             runs: Runs::new(journal),
@@ -194,6 +203,7 @@ impl Ledger {
         let era = self.era(self.leadership);
         if let Some(job) = self.jobs.get(&(era, job_id)) {
             self.origins_ended[job.origin] = true;
+            self.origin_states[job.origin] = Some(state);
         }
         self.check_failure(era, job_id, state, reason)
     }
@@ -223,6 +233,51 @@ impl Ledger {
             .enumerate()
             .filter(|(_, ended)| !**ended)
             .map(|(origin, _)| origin)
+    }
+
+    /// The workload's job job `job_id` of the current era is, if it is one.
+    pub fn origin_of(&self, job_id: JobId) -> Option<usize> {
+        let era = self.era(self.leadership);
+        self.jobs.get(&(era, job_id)).map(|job| job.origin)
+    }
+
+    /// The job of the current era that the workload's job `origin` was submitted as last.
+    pub fn job_of(&self, origin: usize) -> Option<JobId> {
+        let era = self.era(self.leadership);
+        self.jobs
+            .iter()
+            .filter(|((e, _), job)| *e == era && job.origin == origin)
+            .max_by_key(|(_, job)| job.submission)
+            .map(|((_, id), _)| *id)
+    }
+
+    /// At the end of a run with the journal: a job after one that did not succeed failed, and
+    /// one that succeeded ran after jobs that all succeeded (a failure reached every job after
+    /// it, down the chain).
+    pub fn check_dependencies(&self, config: &super::SimConfig) -> Result<(), String> {
+        if !self.journal {
+            return Ok(());
+        }
+        for (origin, state) in self.origin_states.iter().enumerate() {
+            let Some(state) = state else { continue };
+            for upstream in config.upstreams(origin).0 {
+                let up = self.origin_states[upstream];
+                let broken = matches!(up, Some(JobState::Failed | JobState::Killed));
+                if broken && *state != JobState::Failed {
+                    return Err(format!(
+                        "sim-{origin} ended {state} after sim-{upstream}, which it runs after, \
+                         ended {up:?}"
+                    ));
+                }
+                if *state == JobState::Succeeded && up != Some(JobState::Succeeded) {
+                    return Err(format!(
+                        "sim-{origin} succeeded though sim-{upstream}, which it runs after, \
+                         ended {up:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn all_ended(&self) -> bool {
@@ -354,6 +409,7 @@ impl Ledger {
         }
         job.seen_succeeded = seen && state == JobState::Succeeded;
         self.origins_ended[job.origin] = true;
+        self.origin_states[job.origin] = Some(state);
         Ok(())
     }
 

@@ -218,6 +218,7 @@ impl World {
                     .check_gone(gone)
                     .and_then(|()| self.ledger.check_runs())
                     .and_then(|()| self.ledger.fetches.check())
+                    .and_then(|()| self.ledger.check_dependencies(&self.config))
                     .map_err(|what| self.violation(what));
             }
             if self.queue.now() > self.config.faults.for_ms + HANG_MS {
