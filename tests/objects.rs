@@ -718,6 +718,36 @@ async fn users(api: &ember::client::EmberClient, object: &ObjectRef) -> Vec<u64>
     }
 }
 
+/// Runs a command that copies `input` to an output (one more line at its end), and returns
+/// the job's summary and the output's reference.
+async fn copy_job(
+    api: &ember::client::EmberClient,
+    input: &ObjectRef,
+) -> (ember::protocol::JobSummary, ObjectRef) {
+    let job = command_job(
+        1,
+        "cp in.bin out.bin && echo x >> out.bin",
+        &[("in.bin", input)],
+        &["out.bin"],
+    );
+    let first = within(Duration::from_secs(60), api.run_job(job, |_| {}))
+        .await
+        .expect("the job runs");
+    assert_eq!(
+        first.state,
+        ember::protocol::JobState::Succeeded,
+        "{first:?}"
+    );
+    let outcome = &api.results(first.job_id).await.unwrap()[0];
+    let output = ObjectRef::parse(
+        outcome.result.as_ref().unwrap()["outputs"]["out.bin"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    (first, output)
+}
+
 /// Waits until the store holds `object` no more.
 async fn deleted(objects: &Objects, object: &ObjectRef) {
     common::eventually(Duration::from_secs(20), "the object's deletion", || async {
@@ -736,23 +766,7 @@ async fn objects_live_while_a_kept_job_uses_them_through_a_restart_and_go_after_
     let input = objects.put_bytes(content(1000, 1)).await.unwrap().object;
     let unused = objects.put_bytes(content(1000, 2)).await.unwrap().object;
 
-    let job = command_job(
-        1,
-        "cp in.bin out.bin && echo x >> out.bin",
-        &[("in.bin", &input)],
-        &["out.bin"],
-    );
-    let first = within(Duration::from_secs(60), api.run_job(job, |_| {}))
-        .await
-        .expect("the job runs");
-    assert_eq!(first.state, JobState::Succeeded, "{first:?}");
-    let outcome = &api.results(first.job_id).await.unwrap()[0];
-    let output = ObjectRef::parse(
-        outcome.result.as_ref().unwrap()["outputs"]["out.bin"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let (first, output) = copy_job(&api, &input).await;
     assert_eq!(users(&api, &input).await, [first.job_id]);
     assert_eq!(
         users(&api, &output).await,
@@ -876,23 +890,7 @@ async fn a_standby_that_takes_over_keeps_what_the_jobs_use_and_sweeps_the_rest()
     })
     .await;
     let input = objects.put_bytes(content(1000, 1)).await.unwrap().object;
-    let job = command_job(
-        1,
-        "cp in.bin out.bin && echo x >> out.bin",
-        &[("in.bin", &input)],
-        &["out.bin"],
-    );
-    let first = within(Duration::from_secs(60), api.run_job(job, |_| {}))
-        .await
-        .expect("the job runs");
-    assert_eq!(first.state, JobState::Succeeded, "{first:?}");
-    let outcome = &api.results(first.job_id).await.unwrap()[0];
-    let output = ObjectRef::parse(
-        outcome.result.as_ref().unwrap()["outputs"]["out.bin"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let (first, output) = copy_job(&api, &input).await;
 
     // The leader dies; the standby leads, and knows from the journal what job 1 uses.
     let leader = cluster
