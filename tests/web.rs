@@ -324,6 +324,26 @@ async fn the_page_shows_executors_and_a_job_live_and_an_executor_leaving() {
     })
     .await;
 
+    // A job that runs after a running one shows what it waits for, and fails when that one
+    // is killed.
+    let upstream = api.submit(common::sleepers(1, 60_000)).await.unwrap();
+    let mut after = common::noops(1);
+    after.after = vec![upstream];
+    let waiting = api.submit(after).await.unwrap();
+    let state = format!(
+        "const cell = document.querySelector(\"#jobs tr[data-job='{waiting}'] td.state\"); \
+         return cell ? cell.textContent : null;"
+    );
+    wait_for(&browser, "the waiting job", &state, |v| {
+        (v.as_str()? == format!("WAITING for job {upstream}")).then_some(())
+    })
+    .await;
+    api.kill(upstream).await.unwrap();
+    wait_for(&browser, "the waiting job failed", &state, |v| {
+        (v.as_str()? == "FAILED").then_some(())
+    })
+    .await;
+
     // An executor killed outright leaves the page once the driver stops hearing from it.
     let killed = executors.pop().unwrap();
     drop(killed);
