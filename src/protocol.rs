@@ -666,14 +666,21 @@ pub struct ObjectCounts {
     pub put_bytes: u64,
 }
 
+/// Summing saturates: the counts come from executors, and a wrong or hostile one may send
+/// anything up to `u64::MAX`.
 impl std::ops::AddAssign for ObjectCounts {
     fn add_assign(&mut self, other: Self) {
-        self.fetches += other.fetches;
-        self.fetched_bytes += other.fetched_bytes;
-        self.cache_hits += other.cache_hits;
-        self.cache_misses += other.cache_misses;
-        self.puts += other.puts;
-        self.put_bytes += other.put_bytes;
+        let sums = [
+            (&mut self.fetches, other.fetches),
+            (&mut self.fetched_bytes, other.fetched_bytes),
+            (&mut self.cache_hits, other.cache_hits),
+            (&mut self.cache_misses, other.cache_misses),
+            (&mut self.puts, other.puts),
+            (&mut self.put_bytes, other.put_bytes),
+        ];
+        for (sum, more) in sums {
+            *sum = sum.saturating_add(more);
+        }
     }
 }
 

@@ -411,8 +411,8 @@ fn heartbeats_carry_each_executors_object_counts_and_the_registry_sums_them() {
         driver_instance: Some(core_driver()),
         objects: crate::protocol::ObjectCounts {
             fetches,
-            fetched_bytes: fetches << 20,
-            cache_hits: 3 * fetches,
+            fetched_bytes: fetches.saturating_mul(1 << 20),
+            cache_hits: fetches.saturating_mul(3),
             cache_misses: fetches,
             puts,
             put_bytes: puts * 10,
@@ -439,6 +439,12 @@ fn heartbeats_carry_each_executors_object_counts_and_the_registry_sums_them() {
     assert_eq!((snapshot.objects.puts, snapshot.objects.put_bytes), (1, 10));
     core.remove_executor(&eid("a"), "gone".into(), 40);
     assert_eq!(core.executors_snapshot().objects.fetches, 1);
+    // Counts near the top of a u64 from a wrong executor saturate the sum, not wrap it.
+    core.heartbeat("b", beat("b", u64::MAX, 0), 50);
+    add(&mut core, "c", 2, 50);
+    core.heartbeat("c", beat("c", 5, 0), 60);
+    let sum = core.executors_snapshot().objects;
+    assert_eq!((sum.fetches, sum.cache_hits), (u64::MAX, u64::MAX));
     check_invariants(&core);
 }
 
