@@ -95,46 +95,48 @@ impl Core {
         }
     }
 
-    /// A new job: queued to run, or waiting for the jobs it runs after, or failed at once if
-    /// one of them has failed already.
-    pub(super) fn start_or_wait(&mut self, job_id: JobId, now: u64) {
-        self.settle_waiting(job_id, None, now);
-    }
-
-    /// Settles job `job_id`, open and not queued: starts it, makes it wait, or fails it.
-    fn settle_waiting(
+    /// Settles job `job_id`, open and not queued (a new job, or one a job's end released):
+    /// starts it, makes it wait, or fails it.
+    pub(super) fn settle_waiting(
         &mut self,
         job_id: JobId,
         ended: Option<(JobId, JobState, Option<&str>)>,
         now: u64,
     ) {
-        match self.resolution(job_id, ended) {
-            Resolution::Start => {
-                if let Some(job) = self.jobs.get_mut(&job_id) {
-                    job.state = JobState::Running;
-                }
+        match self.mark(job_id, ended) {
+            Ok(JobState::Running) => {
                 self.queue_new_job(job_id);
                 // Released by a job's end: every executor's cores are offered to it.
                 self.offer_all |= ended.is_some();
             }
-            Resolution::Wait(waits) => {
-                if let Some(job) = self.jobs.get_mut(&job_id) {
-                    job.state = JobState::Waiting;
-                }
-                for up in waits {
-                    let dependents = self.dependents.entry(up).or_default();
-                    if !dependents.contains(&job_id) {
-                        dependents.push(job_id);
-                    }
-                }
-            }
-            Resolution::Fail(reason) => {
-                if let Some(job) = self.jobs.get_mut(&job_id) {
-                    job.state = JobState::Waiting;
-                }
-                self.end_job(job_id, JobState::Failed, Some(reason), now);
+            Ok(_) => {}
+            Err(reason) => self.end_job(job_id, JobState::Failed, Some(reason), now),
+        }
+    }
+
+    /// Gives job `job_id` the state its upstreams say, RUNNING or WAITING (noting it among
+    /// the dependents of each job it waits for), and returns it; or, if it must fail, leaves
+    /// it WAITING and returns why, for the caller to end it.
+    fn mark(
+        &mut self,
+        job_id: JobId,
+        ended: Option<(JobId, JobState, Option<&str>)>,
+    ) -> Result<JobState, String> {
+        let (state, waits, failure) = match self.resolution(job_id, ended) {
+            Resolution::Start => (JobState::Running, Vec::new(), None),
+            Resolution::Wait(waits) => (JobState::Waiting, waits, None),
+            Resolution::Fail(reason) => (JobState::Waiting, Vec::new(), Some(reason)),
+        };
+        if let Some(job) = self.jobs.get_mut(&job_id) {
+            job.state = state;
+        }
+        for up in waits {
+            let dependents = self.dependents.entry(up).or_default();
+            if !dependents.contains(&job_id) {
+                dependents.push(job_id);
             }
         }
+        failure.map_or(Ok(state), Err)
     }
 
     /// Job `job_id` has ended: the jobs waiting on it are settled now, or, with a journal,
@@ -217,19 +219,8 @@ impl Core {
             .collect();
         let mut failing = Vec::new();
         for job_id in open {
-            let (state, waits) = match self.resolution(job_id, None) {
-                Resolution::Start => (JobState::Running, Vec::new()),
-                Resolution::Wait(waits) => (JobState::Waiting, waits),
-                Resolution::Fail(reason) => {
-                    failing.push((job_id, reason));
-                    (JobState::Waiting, Vec::new())
-                }
-            };
-            if let Some(job) = self.jobs.get_mut(&job_id) {
-                job.state = state;
-            }
-            for up in waits {
-                self.dependents.entry(up).or_default().push(job_id);
+            if let Err(reason) = self.mark(job_id, None) {
+                failing.push((job_id, reason));
             }
         }
         failing

@@ -321,7 +321,7 @@ impl Core {
         });
         self.add_job(job);
         self.track_speculation(id);
-        self.start_or_wait(id, now);
+        self.settle_waiting(id, None, now);
         self.make_offers(None, now);
         ApiReply::JobAccepted { job_id: id }
     }

@@ -4,6 +4,33 @@
 
 use super::*;
 
+/// A waiting job: nothing of it has run nor is queued; it waits for kept jobs that have not
+/// ended (or whose end is not yet handed back stored), and each of them knows it.
+pub(super) fn check_waiting(core: &Core, job: &crate::driver::core::Job, queue: &[JobId]) {
+    let job_id = job.id;
+    assert_eq!(
+        (job.running, job.succeeded, job.failed),
+        (0, 0, 0),
+        "job {job_id}"
+    );
+    assert!(job.ended_at_ms.is_none() && job.reason.is_none());
+    assert!(!queue.contains(&job_id), "waiting job {job_id} is queued");
+    let waits = core.waits_for(job_id);
+    assert!(!waits.is_empty(), "job {job_id} waits for nothing");
+    for up in waits {
+        assert!(
+            core.jobs[&up].is_open() || core.unreleased.contains(&up),
+            "job {job_id} waits for {up}"
+        );
+        assert!(
+            core.dependents
+                .get(&up)
+                .is_some_and(|d| d.contains(&job_id)),
+            "job {up} does not know that job {job_id} waits for it"
+        );
+    }
+}
+
 /// A job of `tasks` no-op tasks that runs after `after` and, however they end, `after_any`.
 fn after(tasks: u32, after: &[JobId], after_any: &[JobId]) -> SubmitJob {
     SubmitJob {

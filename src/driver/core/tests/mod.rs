@@ -599,31 +599,7 @@ fn check_invariants(core: &Core) {
         check_job_tasks(core, job);
         placement::check_placement(core, job);
         match job.state {
-            JobState::Waiting => {
-                // Nothing of it has run nor is queued; it waits for kept jobs that have not
-                // ended, and each of them knows it.
-                assert_eq!(
-                    (job.running, job.succeeded, job.failed),
-                    (0, 0, 0),
-                    "job {job_id}"
-                );
-                assert!(job.ended_at_ms.is_none() && job.reason.is_none());
-                assert!(!queue.contains(&job_id), "waiting job {job_id} is queued");
-                let waits = core.waits_for(job_id);
-                assert!(!waits.is_empty(), "job {job_id} waits for nothing");
-                for up in waits {
-                    assert!(
-                        core.jobs[&up].is_open() || core.unreleased.contains(&up),
-                        "job {job_id} waits for {up}"
-                    );
-                    assert!(
-                        core.dependents
-                            .get(&up)
-                            .is_some_and(|d| d.contains(&job_id)),
-                        "job {up} does not know that job {job_id} waits for it"
-                    );
-                }
-            }
+            JobState::Waiting => dependencies::check_waiting(core, job, &queue),
             JobState::Running => {
                 // A running job's KILLED tasks were killed by request, one at a time.
                 assert_eq!(job.failed, 0, "job {job_id}");
