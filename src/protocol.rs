@@ -216,6 +216,11 @@ pub enum TaskSpec {
         /// value: the executor fetches them before the call, and the worker loads each once.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         objects: Vec<crate::objects::ObjectRef>,
+        /// Jobs whose results the pickles refer to (as persistent ids, `("ember-result",
+        /// <job id>, <shape>)`): the executor reads their results before the call, and the
+        /// worker gives the task their values. Each must be a job this one runs `after`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        upstream: Vec<JobId>,
     },
 }
 

@@ -60,6 +60,16 @@ impl Subjects {
         format!("{}.driver.heartbeat.*", self.prefix)
     }
 
+    /// Where executor `id` asks for the results of jobs its tasks read (`GetResults`).
+    pub fn results(&self, id: &ExecutorId) -> String {
+        self.join(".driver.results.", id.as_str())
+    }
+
+    /// What the driver subscribes to for executors' reads of results.
+    pub fn results_all(&self) -> String {
+        format!("{}.driver.results.*", self.prefix)
+    }
+
     /// The driver's API for clients: jobs and queries.
     pub fn api(&self) -> String {
         format!("{}.driver.api", self.prefix)
@@ -192,6 +202,8 @@ mod tests {
         assert_eq!(s.register_all(), "ember.prod.driver.register.*");
         assert_eq!(s.status(&id), "ember.prod.driver.status.exec-1");
         assert_eq!(s.heartbeat(&id), "ember.prod.driver.heartbeat.exec-1");
+        assert_eq!(s.results(&id), "ember.prod.driver.results.exec-1");
+        assert_eq!(s.results_all(), "ember.prod.driver.results.*");
         assert_eq!(s.api(), "ember.prod.driver.api");
         assert_eq!(s.executor_inbox(&id), "ember.prod.executor.exec-1");
         assert_eq!(

@@ -1091,6 +1091,7 @@ fn task_spec_python() {
             function_object: None,
             args_object: None,
             objects: Vec::new(),
+            upstream: Vec::new(),
         },
         json!({
             "kind": "python",
@@ -1109,6 +1110,7 @@ fn task_spec_python() {
         function_object: None,
         args_object: None,
         objects: Vec::new(),
+        upstream: Vec::new(),
     };
     golden(
         &call,
@@ -1117,6 +1119,21 @@ fn task_spec_python() {
     decodes_to(
         json!({"kind": "python", "function": function, "args": args, "map": false}),
         &call,
+    );
+    // A call that reads the results of jobs 4 and 9 (futures in its arguments).
+    let reading = TaskSpec::Python {
+        function: function.into(),
+        args: args.into(),
+        map: false,
+        timeout_ms: None,
+        function_object: None,
+        args_object: None,
+        objects: Vec::new(),
+        upstream: vec![4, 9],
+    };
+    golden(
+        &reading,
+        json!({"kind": "python", "function": function, "args": args, "upstream": [4, 9]}),
     );
     // Inside a launch (the fast path reads the spec with serde too).
     let launch = ExecutorMessage::LaunchTasks {

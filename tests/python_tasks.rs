@@ -68,6 +68,7 @@ fn call(function: &str, args: &str, timeout_ms: Option<u64>) -> TaskSpec {
         function_object: None,
         args_object: None,
         objects: Vec::new(),
+        upstream: Vec::new(),
     }
 }
 
@@ -161,6 +162,7 @@ async fn calls_and_maps_return_their_pickled_results_in_order() {
         function_object: None,
         args_object: None,
         objects: Vec::new(),
+        upstream: Vec::new(),
     };
     let outcomes = run(
         api,
@@ -225,6 +227,7 @@ async fn a_function_whose_module_is_not_importable_says_which() {
         function_object: None,
         args_object: None,
         objects: Vec::new(),
+        upstream: Vec::new(),
     };
     let outcomes = run(api, vec![spec]).await;
     let error = error_of(&outcomes[0]);
@@ -425,6 +428,7 @@ async fn a_python_task_spec_over_the_size_limit_is_refused() {
         function_object: None,
         args_object: None,
         objects: Vec::new(),
+        upstream: Vec::new(),
     };
     let error = api.submit(job(vec![spec])).await.unwrap_err().to_string();
     assert!(error.contains("over the server's limit"), "{error}");

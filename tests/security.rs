@@ -15,8 +15,9 @@ use ember::driver::{self, DriverConfig};
 use ember::executor::{self, ExecutorConfig, Handlers};
 use ember::ids::ExecutorId;
 use ember::protocol::{
-    encode, ApiRequest, Event as EmberEvent, ExecutorMessage, HeartbeatRequest, JobState,
-    RegisterExecutor, RegisterRequest, StatusRequest, StatusUpdate, SubmitJob, TaskSpec, TaskState,
+    decode, encode, ApiReply, ApiRequest, Event as EmberEvent, ExecutorMessage, HeartbeatRequest,
+    JobState, RegisterExecutor, RegisterRequest, StatusRequest, StatusUpdate, SubmitJob, TaskSpec,
+    TaskState,
 };
 use ember::server::NatsServer;
 use ember::subjects::Subjects;
@@ -776,6 +777,71 @@ async fn the_whole_cluster_runs_a_job_with_least_privilege() {
     let job = api.run_job(noops(20), |_| {}).await.expect("job runs");
     assert_eq!((job.state, job.succeeded), (JobState::Succeeded, 20));
     assert!(driver.is_running() && exec1.is_running() && exec2.is_running());
+}
+
+/// An executor reads the results its tasks read on its own results subject (what a python
+/// task with futures in its arguments needs), and nothing else there; no one else may ask
+/// there, and the answer goes only into the asker's own inbox.
+#[tokio::test]
+async fn an_executor_reads_results_on_its_own_subject_and_nothing_else() {
+    let secure = Secure::start("reads");
+    let (driver, _exec1, api) = secure.running().await;
+    let job = api.run_job(noops(3), |_| {}).await.expect("job runs");
+    let mut executor = secure.watched("exec-2").await;
+    let own = secure.subjects().results(&id("exec-2"));
+    let ask = |request: ApiRequest| {
+        let (client, own) = (executor.client.clone(), own.clone());
+        async move {
+            let reply = client
+                .request(own, encode(&request))
+                .await
+                .expect("the driver answers");
+            decode::<ApiReply>(&reply.payload, usize::MAX).expect("an api reply")
+        }
+    };
+    let read = ask(ApiRequest::GetResults {
+        job_id: job.job_id,
+        offset: 0,
+        limit: 10,
+    })
+    .await;
+    let ApiReply::Results(page) = read else {
+        panic!("{read:?}");
+    };
+    assert_eq!(page.results.len(), 3);
+    assert!(page.results.iter().all(|o| o.state == TaskState::Finished));
+    for refused in [
+        ApiRequest::StopAllExecutors,
+        ApiRequest::GetJob { job_id: job.job_id },
+    ] {
+        let answer = ask(refused).await;
+        assert!(
+            matches!(&answer, ApiReply::Error { message } if message.contains("only results")),
+            "{answer:?}"
+        );
+    }
+    // Another's subject, or its own asking to be answered in another's inbox: refused.
+    let observer = secure.watched("driver").await;
+    let mut seen = observer.subscribe("_INBOX.exec-1.>").await;
+    let theirs = secure.subjects().results(&id("exec-1"));
+    let get = encode(&ApiRequest::GetResults {
+        job_id: job.job_id,
+        offset: 0,
+        limit: 10,
+    });
+    executor.send(theirs.clone(), get.clone()).await;
+    executor.violation("Publish", &theirs).await;
+    executor
+        .client
+        .publish_with_reply(own.clone(), "_INBOX.exec-1.stolen".to_string(), get.clone())
+        .await
+        .expect("NATS lets a requester name any reply subject");
+    executor.client.flush().await.expect("flush");
+    absent_where(&mut seen, "results answered into exec-1's inbox", |m| {
+        m.subject.as_str() == "_INBOX.exec-1.stolen"
+    })
+    .await;
+    assert!(driver.is_running());
 }
 
 #[tokio::test]

@@ -179,6 +179,7 @@ fn launched() -> Vec<TaskDescription> {
         function_object: None,
         args_object: None,
         objects: Vec::new(),
+        upstream: Vec::new(),
     });
     let echo = Arc::new(TaskSpec::Handler {
         name: "echo".into(),

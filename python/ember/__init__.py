@@ -29,6 +29,7 @@ from .errors import (
     RequestTooLarge,
     TaskError,
     Unavailable,
+    UpstreamError,
 )
 from .sync import SyncClient, SyncFuture, SyncJob, connect
 
@@ -51,6 +52,7 @@ __all__ = [
     "Unavailable",
     "TaskError",
     "TaskFuture",
+    "UpstreamError",
     "command_task",
     "connect",
     "handler_task",

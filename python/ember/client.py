@@ -33,6 +33,7 @@ from .errors import (
     RequestTooLarge,
     TaskError,
     Unavailable,
+    UpstreamError,
 )
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -417,7 +418,9 @@ class Client:
         once per worker. Treat such values as read-only: later calls share them."""
         data, refs = _objects.dumps(value)
         if refs:
-            raise TypeError("a value put into the object store may not itself hold ObjectRefs")
+            raise TypeError(
+                "a value put into the object store may not itself hold ObjectRefs or futures"
+            )
         return await self._objects().put_bytes(data)
 
     async def put_bytes(self, data):
@@ -436,17 +439,13 @@ class Client:
         """Sets a python task's `field` ("function" or "args") to `pickled` (a pickle and the
         references it holds, from `objects.dumps`): inline, or when it is over
         BY_REFERENCE_BYTES, as an object the task names in `<field>_object`; the references
-        join the task's `objects`."""
+        join the task's `objects`, the jobs whose results it reads its `upstream`."""
         data, refs = pickled
         if len(data) > _objects.BY_REFERENCE_BYTES:
             spec[field + "_object"] = (await self._objects().put_bytes(data)).ref
         else:
             spec[field] = _b64(data)
-        named = spec.setdefault("objects", [])
-        named += [r for r in refs if r not in named]
-        if not named:
-            del spec["objects"]
-        return spec
+        return _objects.name_refs(spec, refs)
 
     async def submit(self, fn, /, *args, **kwargs):
         """Runs `fn(*args, **kwargs)` on the cluster as a job of one python task; returns a
@@ -521,9 +520,15 @@ class Client:
         return int(answer.get("total_cores", 0))
 
     async def _submit(self, tasks, *, python, **job):
-        """`submit_job`, for a job of Python functions (`python` is "call" or "map")."""
-        submitted = await self.submit_job(tasks, **job)
+        """`submit_job`, for a job of Python functions (`python` is "call" or "map"). The
+        jobs whose results the tasks read (futures in their arguments) are jobs it runs
+        after."""
+        upstream = []
+        for spec in tasks:
+            upstream += [j for j in spec.get("upstream", ()) if j not in upstream]
+        submitted = await self.submit_job(tasks, after=upstream, **job)
         submitted.python = python
+        submitted.upstream = upstream
         return submitted
 
     # --- job ends -----------------------------------------------------------------------------
@@ -679,6 +684,10 @@ class Client:
                 pass
 
 
+# The reason of a job the driver failed because a job it runs after did not succeed.
+_UPSTREAM_FAILED = re.compile(r"^job (\d+), which this job runs after, ([A-Z]+)")
+
+
 def _job_request(
     tasks,
     *,
@@ -721,14 +730,21 @@ def _name_of(fn):
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "python"
 
 
-class Job:
+class Job(_objects.Upstream):
     """A submitted job. `python` is "call" or "map" for jobs of Python functions, whose
-    results are unpickled; other jobs' results are the tasks' JSON results."""
+    results are unpickled; other jobs' results are the tasks' JSON results. In the arguments
+    of `submit` or `map` a job stands for its results, in order (as `results()` gives them):
+    the task runs after the job, and fails with `UpstreamError` if the job does not succeed.
+    `upstream` are the jobs whose results its own tasks read."""
 
     def __init__(self, client, job_id, *, python=None):
         self.client = client
         self.job_id = job_id
         self.python = python
+        self.upstream = []
+
+    def _ember_result(self):
+        return self.job_id, self.python or "json"
 
     def __repr__(self):
         return f"<ember.Job {self.job_id}>"
@@ -816,6 +832,7 @@ class Job:
         if self.job_id is None:
             return []
         end = await self.client._end_of(self.job_id, timeout)
+        await self._raise_upstream_failure(end)
         outcomes = await self.outcomes()
         unfinished = [o for o in outcomes if o["state"] != "FINISHED"]
         if unfinished:
@@ -832,6 +849,33 @@ class Job:
             else:
                 results.append(_unpickle_result(value))
         return results
+
+    async def _raise_upstream_failure(self, end):
+        """Raises `UpstreamError` if the job ended FAILED because a job it runs after did
+        not succeed (the driver then fails it without running it, and says so in its reason),
+        with that job's own error as its cause: the remote exception, or that job's own
+        `UpstreamError` further up."""
+        if not isinstance(end, dict) or end.get("state") != "FAILED":
+            return
+        found = _UPSTREAM_FAILED.match(end.get("reason") or "")
+        if found is None:
+            return
+        job_id = int(found.group(1))
+        # The error of a job of any kind: a Python task's carries its traceback.
+        upstream = Job(self.client, job_id, python="call")
+        try:
+            await upstream.results()
+            cause = TaskError(f"job {job_id} did not succeed", job_id=job_id)
+        except Exception as error:  # its exception, unpickled, or an EmberError
+            cause = error
+        what = "reads" if job_id in self.upstream else "runs after"
+        raise UpstreamError(
+            f"job {self.job_id} did not run: job {job_id}, whose results it {what}, "
+            f"ended {found.group(2)}",
+            job_id=self.job_id,
+            upstream=job_id,
+            state="FAILED",
+        ) from cause
 
     def _failure(self, outcome, end):
         where = {"job_id": self.job_id, "index": outcome["index"], "state": outcome["state"]}
@@ -891,11 +935,17 @@ def _empty_summary():
     }
 
 
-class TaskFuture:
-    """The result of one `submit`: `await future` or `await future.result()`."""
+class TaskFuture(_objects.Upstream):
+    """The result of one `submit`: `await future` or `await future.result()`. In the
+    arguments of another `submit` or `map` it stands for its value: that task runs once this
+    one has succeeded, on the value read from the cluster (never through the client), and
+    fails with `UpstreamError` if this one fails."""
 
     def __init__(self, job):
         self.job = job
+
+    def _ember_result(self):
+        return self.job.job_id, "value"
 
     def __repr__(self):
         return f"<ember.TaskFuture of job {self.job.job_id}>"

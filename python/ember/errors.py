@@ -64,3 +64,14 @@ class RemoteError(TaskError):
 
     def __str__(self):
         return f"{self.args[0]}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"
+
+
+class UpstreamError(TaskError):
+    """A task did not run because a job whose results it reads (a future in its arguments)
+    did not succeed: `upstream` is that job, and the exception it failed with (the remote
+    one, with its traceback, or its own `UpstreamError` further up) is the `__cause__`. The
+    task's own attempts are not spent: it never started."""
+
+    def __init__(self, message, *, upstream, **where):
+        super().__init__(message, **where)
+        self.upstream = upstream

@@ -72,24 +72,58 @@ class ObjectRef:
         return hash(self.ref)
 
 
+class Upstream:
+    """What stands in a task's arguments for the results of another job (a `TaskFuture`, a
+    `Job`): `_ember_result()` says which job, and what value its results make ("value": the
+    one result of a call; "call" or "map": the unpickled results, a map's flattened; "json":
+    the JSON results of a job of other tasks)."""
+
+    __slots__ = ()
+
+    def _ember_result(self):
+        raise NotImplementedError
+
+
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, with every ObjectRef written as a persistent id that the worker resolves,
-    and the references it wrote counted."""
+    """cloudpickle, with every ObjectRef and Upstream written as a persistent id that the
+    worker resolves, and what it wrote counted: an object's reference (hex), or an upstream
+    job's id."""
 
     def __init__(self, file):
         super().__init__(file)
         self.refs = []
 
     def persistent_id(self, obj):
+        if not isinstance(obj, (ObjectRef, Upstream)):
+            return None
         if isinstance(obj, ObjectRef):
-            if obj.ref not in self.refs:
-                self.refs.append(obj.ref)
-            return ("ember-object", obj.ref)
-        return None
+            named, pid = obj.ref, ("ember-object", obj.ref)
+        else:
+            job_id, shape = obj._ember_result()
+            if job_id is None:  # an empty map: its results are an empty list
+                return ("ember-result", None, "map")
+            named, pid = job_id, ("ember-result", job_id, shape)
+        if named not in self.refs:
+            self.refs.append(named)
+        return pid
+
+
+def name_refs(spec, refs):
+    """Adds `refs` (from `dumps`) to a python task's spec: objects to its `objects`, upstream
+    jobs to its `upstream`."""
+    for key, kind in (("objects", str), ("upstream", int)):
+        named = list(spec.get(key, ()))
+        named += [ref for ref in refs if isinstance(ref, kind) and ref not in named]
+        if named:
+            spec[key] = named
+        else:
+            spec.pop(key, None)
+    return spec
 
 
 def dumps(value):
-    """The pickle of `value`, and the references of the ObjectRefs in it."""
+    """The pickle of `value`, and what it names: the references of the ObjectRefs in it
+    (hex strings) and the ids of the jobs whose results it reads (ints)."""
     buffer = io.BytesIO()
     pickler = _Pickler(buffer)
     pickler.dump(value)
@@ -354,12 +388,7 @@ class MapTasks:
 
     def _spec(self, function, args, refs):
         """One task's spec: `args` its args field, `refs` the objects its pickles name."""
-        spec = {**self.base, **function, **args}
-        named = list(function.get("objects", []))
-        named += [ref for ref in refs if ref not in named]
-        if named:
-            spec["objects"] = named
-        return spec
+        return name_refs({**self.base, **function, **args}, refs)
 
     def _specs(self, entries, function, groups=None):
         """The specs of `entries`, each ("args", pickle, refs), ("args_object", ref, refs) or

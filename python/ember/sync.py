@@ -4,6 +4,7 @@ of its own, so it works in scripts, notebooks and threads alike."""
 import asyncio
 import threading
 
+from . import objects as _objects
 from .client import DEFAULT_CLUSTER, DEFAULT_URL, Client
 
 
@@ -117,12 +118,16 @@ class SyncClient:
             self._run(iterator.aclose())
 
 
-class SyncJob:
-    """A submitted job, blocking (see `ember.Job`)."""
+class SyncJob(_objects.Upstream):
+    """A submitted job, blocking (see `ember.Job`); in the arguments of `submit` or `map`, its
+    results."""
 
     def __init__(self, owner, job):
         self._owner = owner
         self.job = job
+
+    def _ember_result(self):
+        return self.job._ember_result()
 
     def __repr__(self):
         return repr(self.job)
@@ -147,12 +152,16 @@ class SyncJob:
         return self._owner._run(self.job.kill())
 
 
-class SyncFuture:
-    """The result of one `submit`, blocking: `future.result()`."""
+class SyncFuture(_objects.Upstream):
+    """The result of one `submit`, blocking: `future.result()`; in the arguments of `submit`
+    or `map`, its value."""
 
     def __init__(self, owner, future):
         self._owner = owner
         self.future = future
+
+    def _ember_result(self):
+        return self.future._ember_result()
 
     @property
     def job(self):

@@ -145,6 +145,9 @@ async fn lead(
             Some(message) = inputs.heartbeat.next() => {
                 timed(&shell.metrics, RequestKind::Heartbeat, || shell.on_heartbeat(&mut core, message))
             }
+            Some(message) = inputs.results.next() => {
+                timed(&shell.metrics, RequestKind::Results, || shell.on_results(&mut core, message))
+            }
             Some(request) = inputs.api.next() => {
                 timed(&shell.metrics, RequestKind::Api, || shell.on_api(&mut core, request))
             }
@@ -191,7 +194,13 @@ async fn lead(
     info!("driver stopping");
     shell.stood_down();
     discovery::stop(inputs.service).await;
-    drop((inputs.register, inputs.status, inputs.heartbeat, inputs.api));
+    drop((
+        inputs.register,
+        inputs.status,
+        inputs.heartbeat,
+        inputs.results,
+        inputs.api,
+    ));
     let flushed = flush(client).await.map_err(DriverError::LastMessages);
     if let Some(tenure) = shell.tenure.take() {
         tenure.release().await;

@@ -85,6 +85,31 @@ impl Shell {
         Some(Output::ExecutorReply(reply, encode(&answer)))
     }
 
+    /// An executor reads the results of a job its task reads (`GetResults`, and nothing
+    /// else): answered as a client's read is, the results held in the bucket read off the loop.
+    pub(super) fn on_results(&self, core: &mut Core, message: Message) -> Option<Output> {
+        let claimed = Subjects::executor_id_of(&message.subject).to_string();
+        let reply = self.admission.executor_reply(&message, &claimed)?;
+        let answer = match decode::<ApiRequest>(&message.payload, self.limit) {
+            Ok(request @ ApiRequest::GetResults { .. }) => core.answer(request, now_ms()),
+            Ok(_) => Answer::Reply(ApiReply::Error {
+                message: "an executor reads only results here (GetResults)".into(),
+            }),
+            Err(error) => {
+                self.admission.refuse(Refusal::Undecodable);
+                let message = format!("could not decode GetResults: {error}");
+                Answer::Reply(ApiReply::Error { message })
+            }
+        };
+        match answer {
+            Answer::Reply(answer) => Some(Output::ExecutorReply(reply, encode(&answer))),
+            Answer::Results { page, indices } => {
+                self.answer_executor_with_results(reply, page, indices);
+                None
+            }
+        }
+    }
+
     pub(super) fn on_api(
         &self,
         core: &mut Core,

@@ -176,6 +176,28 @@ impl Shell {
         }
     }
 
+    /// [`Shell::answer_with_results`] for an executor's read, answered on its reply subject.
+    pub(super) fn answer_executor_with_results(
+        &self,
+        reply: Subject,
+        page: ResultsPage,
+        indices: Vec<u32>,
+    ) {
+        let Some(results) = self.results.clone() else {
+            return;
+        };
+        let max_bytes = self.limit - PAYLOAD_HEADROOM;
+        let (client, guard, headers) = (
+            self.client.clone(),
+            self.guard().cloned(),
+            self.headers.clone(),
+        );
+        tokio::spawn(async move {
+            let payload = encode(&results.fill(page, indices, max_bytes).await);
+            send(&client, guard.as_ref(), headers.as_ref(), reply, payload).await;
+        });
+    }
+
     /// Sends what `reply` comes to, from a task of its own.
     pub(super) fn answer_off_loop(
         &self,

@@ -47,6 +47,8 @@ pub(super) struct Inputs {
     pub(super) register: Subscriber,
     pub(super) status: Subscriber,
     pub(super) heartbeat: Subscriber,
+    /// Executors' reads of the results their tasks read.
+    pub(super) results: Subscriber,
     /// The api's requests, from the service's endpoint.
     pub(super) api: async_nats::service::endpoint::Endpoint,
     /// The NATS service the api endpoint belongs to (`$SRV`).
@@ -224,6 +226,7 @@ pub(super) async fn start(
         register: subscribe(client, subjects.register_all()).await?,
         status: subscribe(client, subjects.status_all()).await?,
         heartbeat: subscribe(client, subjects.heartbeat_all()).await?,
+        results: subscribe(client, subjects.results_all()).await?,
         api,
         service,
         checked,

@@ -347,6 +347,7 @@ impl Backend {
         let objects = Arc::new(ObjectAccess::new(
             client.clone(),
             config.subjects.clone(),
+            &config.executor_id,
             config.data_dir.clone(),
             config.object_cache_bytes,
             config.metrics.objects.clone(),

@@ -12,6 +12,7 @@ mod runner;
 mod staging;
 mod status;
 pub mod tasks;
+mod upstream;
 
 pub use backend::{default_data_dir, run, ExecutorConfig, ExecutorError};
 pub use python::{PythonConfig, DEFAULT_INTERPRETER};

@@ -23,6 +23,13 @@ Objects: a request may carry `function_path` or `args_path` instead of `function
 read-only by later calls. A map's items may come in groups: ("ember-item", <reference>,
 <position>) is the chunk at that position of the object's value, a list of the chunks'
 pickles; the list is loaded once, as any object is, and the chunk unpickled for each call.
+
+Results of other jobs: a request may carry `results`, {<job id>: [<result>, ...]}, the results
+of the jobs its task reads, each task's in order (a python task's is {"pickle": <b64>}). The
+persistent id ("ember-result", <job id>, <shape>) stands for the value they make: "value" the
+one result of a call, unpickled; "call" the list of a job's unpickled results; "map" the same
+with each task's list of values flattened; "json" the results as they are. Each call gets its
+own copy.
 """
 
 import base64
@@ -51,6 +58,8 @@ VALUES = {}
 VALUES_KEPT = 16
 # The files of the objects the current call names.
 OBJECT_FILES = {}
+# The results of the jobs the current call reads, by job id (a string).
+RESULTS = {}
 # What a task sees of itself, as a command task does.
 ENVIRONMENT = (
     ("job_id", "EMBER_JOB_ID"),
@@ -122,6 +131,8 @@ class Unpickler(pickle.Unpickler):
             return load_object(pid[1])
         if kind == "ember-item":
             return load_item(pid)
+        if kind == "ember-result" and len(pid) == 3:
+            return load_result(pid[1], pid[2])
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
@@ -152,6 +163,37 @@ def load_item(pid):
             f"type {type(chunk).__name__}, not a pickle"
         )
     return Unpickler(io.BytesIO(chunk)).load()
+
+
+def load_result(job_id, shape):
+    """The value the results of job `job_id` make, as `shape` says (see above)."""
+    if job_id is None:
+        return []
+    results = RESULTS.get(str(job_id))
+    if results is None:
+        raise pickle.UnpicklingError(
+            f"job {job_id} is not among the jobs whose results the task reads"
+        )
+    if shape == "json":
+        return list(results)
+    values = []
+    for result in results:
+        if not isinstance(result, dict) or not isinstance(result.get("pickle"), str):
+            raise pickle.UnpicklingError(
+                f"job {job_id} has a result that is no python task's: {str(result)[:200]}"
+            )
+        values.append(Unpickler(io.BytesIO(base64.b64decode(result["pickle"]))).load())
+    if shape == "value":
+        if len(values) != 1:
+            raise pickle.UnpicklingError(
+                f"job {job_id} has {len(values)} results; a call's future stands for one"
+            )
+        return values[0]
+    if shape == "call":
+        return values
+    if shape == "map":
+        return [value for chunk in values for value in chunk]
+    raise pickle.UnpicklingError(f"unknown shape {shape!r} of job {job_id}'s results")
 
 
 def load_object(reference):
@@ -238,6 +280,8 @@ def restore(saved):
 def run(request):
     OBJECT_FILES.clear()
     OBJECT_FILES.update(request.get("objects") or {})
+    RESULTS.clear()
+    RESULTS.update(request.get("results") or {})
     key = request.get("function_path") or request["function"]
     function = FUNCTIONS.get(key)
     if function is None:

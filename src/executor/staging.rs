@@ -19,6 +19,9 @@ use tokio::sync::OnceCell;
 /// without a directory of their own get one.
 pub struct ObjectAccess {
     context: async_nats::jetstream::Context,
+    /// The connection, and where this executor reads the results of other jobs.
+    client: async_nats::Client,
+    results: String,
     subjects: Subjects,
     store: OnceCell<Objects>,
     cache: std::sync::OnceLock<Cache>,
@@ -34,13 +37,16 @@ impl ObjectAccess {
     pub fn new(
         client: async_nats::Client,
         subjects: Subjects,
+        executor: &crate::ids::ExecutorId,
         data_dir: PathBuf,
         cache_bytes: u64,
         counts: crate::objects::cache::CacheCounts,
     ) -> Self {
         Self {
             counts,
-            context: async_nats::jetstream::new(client),
+            results: subjects.results(executor),
+            context: async_nats::jetstream::new(client.clone()),
+            client,
             subjects,
             store: OnceCell::new(),
             cache: std::sync::OnceLock::new(),
@@ -58,6 +64,11 @@ impl ObjectAccess {
         let cache = Cache::open(dir.clone(), self.cache_bytes, self.counts.clone())
             .map_err(|e| format!("could not open the object cache in {}: {e}", dir.display()))?;
         Ok(self.cache.get_or_init(|| cache))
+    }
+
+    /// Where the results of other jobs are asked for, and over which connection.
+    pub fn results_route(&self) -> (&async_nats::Client, &str) {
+        (&self.client, &self.results)
     }
 
     /// The cluster's object store.
@@ -87,8 +98,8 @@ impl ObjectAccess {
 
 /// The objects a python task names, on disk for its worker: the files of its function and
 /// args when they come as objects, and of the values their pickles refer to, as the worker
-/// reads them (`function_path`, `args_path`, `objects`); and the holds that keep them there
-/// until the call ends.
+/// reads them (`function_path`, `args_path`, `objects`), and the results of the jobs it reads
+/// (`results`); and the holds that keep the files there until the call ends.
 pub(crate) async fn fetch_pickles(
     access: Option<&ObjectAccess>,
     spec: &TaskSpec,
@@ -96,17 +107,23 @@ pub(crate) async fn fetch_pickles(
     let TaskSpec::Python {
         function_object,
         args_object,
+        upstream,
         ..
     } = spec
     else {
         return Ok((Value::Null, Vec::new()));
     };
     let named: Vec<_> = spec.objects().collect();
-    if named.is_empty() {
+    if named.is_empty() && upstream.is_empty() {
         return Ok((Value::Null, Vec::new()));
     }
     let Some(access) = access else {
         return Err("this executor cannot reach the object store".into());
+    };
+    let results = if upstream.is_empty() {
+        None
+    } else {
+        Some(super::upstream::read_results(access, upstream).await?)
     };
     let held = access.hold_all(&named).await?;
     let path_of = |object: &ObjectRef| {
@@ -124,6 +141,9 @@ pub(crate) async fn fetch_pickles(
     }
     if let Some(object) = args_object {
         files["args_path"] = serde_json::json!(path_of(object));
+    }
+    if let Some(results) = results {
+        files["results"] = results;
     }
     Ok((files, held))
 }

@@ -40,7 +40,7 @@ pub struct DriverMetrics {
     ended: [Counter; 4],
     requests: HistogramFamily,
     /// The request histogram of each kind, looked up once rather than on every request.
-    by_kind: [Histogram; 4],
+    by_kind: [Histogram; 5],
     status_batch: Histogram,
     refused: Family<Labels, Counter>,
     /// Offer rounds made while tasks waited.
@@ -113,14 +113,17 @@ pub enum RequestKind {
     Status,
     Heartbeat,
     Api,
+    /// An executor's read of the results its task reads.
+    Results,
 }
 
 impl RequestKind {
-    const ALL: [RequestKind; 4] = [
+    const ALL: [RequestKind; 5] = [
         RequestKind::Register,
         RequestKind::Status,
         RequestKind::Heartbeat,
         RequestKind::Api,
+        RequestKind::Results,
     ];
 
     fn label(self) -> &'static str {
@@ -129,6 +132,7 @@ impl RequestKind {
             RequestKind::Status => "status",
             RequestKind::Heartbeat => "heartbeat",
             RequestKind::Api => "api",
+            RequestKind::Results => "results",
         }
     }
 }

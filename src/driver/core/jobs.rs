@@ -622,9 +622,16 @@ pub(super) fn validate_job(
             args,
             function_object,
             args_object,
+            upstream,
             ..
         } = spec
         {
+            if let Some(job) = upstream.iter().find(|job| !submit.after.contains(job)) {
+                return Err(format!(
+                    "a python task reads the results of job {job}, which the job does not run \
+                     after: name it in `after`"
+                ));
+            }
             for (what, inline, object) in [
                 ("function", function, function_object),
                 ("args", args, args_object),

@@ -112,11 +112,32 @@ fn invalid_jobs_are_refused() {
                     function_object: None,
                     args_object: None,
                     objects: Vec::new(),
+                    upstream: Vec::new(),
                 }],
                 ..job(1, 1, 4)
             },
             "a python task needs its `function` either inline or as `function_object`, not \
              both nor neither"
+                .into(),
+        ),
+        (
+            "a python task that reads a job it does not run after",
+            SubmitJob {
+                speculation: None,
+                tasks: vec![TaskSpec::Python {
+                    function: "gAR9lC4=".into(),
+                    args: "gAR9lC4=".into(),
+                    map: false,
+                    timeout_ms: None,
+                    function_object: None,
+                    args_object: None,
+                    objects: Vec::new(),
+                    upstream: vec![7],
+                }],
+                ..job(1, 1, 4)
+            },
+            "a python task reads the results of job 7, which the job does not run after: name \
+             it in `after`"
                 .into(),
         ),
         (
@@ -131,6 +152,7 @@ fn invalid_jobs_are_refused() {
                     function_object: None,
                     args_object: Some(crate::objects::ObjectRef::of(b"args")),
                     objects: Vec::new(),
+                    upstream: Vec::new(),
                 }],
                 ..job(1, 1, 4)
             },
