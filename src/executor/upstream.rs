@@ -93,7 +93,7 @@ async fn result_of(
 /// One request to the leading driver, sent again while none answers, for up to [`PATIENCE`].
 async fn ask(access: &ObjectAccess, request: &ApiRequest) -> Result<ApiReply, String> {
     let (client, subject) = access.results_route();
-    let payload = bytes::Bytes::from(encode(request));
+    let payload = encode(request);
     let start = Instant::now();
     loop {
         let asked = client.request(subject.to_string(), payload.clone());
