@@ -1,9 +1,15 @@
 """Python functions on Ember: 10,000 calls of a no-op through `map`, on 2 executors of 1 and of
-8 Python workers each, and the round trip of one `submit(...).result()`.
+8 Python workers each, the round trip of one `submit(...).result()`, and a tree of futures.
 
 `map` runs with its default chunksize (about four tasks per core: 8 tasks of 1,250 calls at
 2 x 1, 64 of 157 at 2 x 8) and with chunksize=1 (10,000 tasks, one call each); both figures are
 calls per second, which at chunksize=1 are tasks per second.
+
+The tree: 10,000 `submit(leaf, i)`, 100 `submit(reduce, *futures)` over 100 of them each, and
+one `submit(reduce, *reduces)`, from the asyncio client, timed from the first submit to the
+combine's value; beside it the same 10,101 submits with plain numbers in place of the futures,
+timed to the end of the last. The overhead per dependency edge is the difference over the
+10,100 edges.
 
     EMBER_NATS_SERVER=.tools/bin/nats-server .tools/venv/bin/python python/bench/bench.py
 
@@ -100,7 +106,55 @@ def noop(x):
     return x
 
 
-def measure(executors, workers, calls, runs, chunksizes, round_trips):
+def leaf(i):
+    return i
+
+
+def reduce(*values):
+    return sum(values)
+
+
+async def tree_once(url, name, leaves, fan, futures):
+    """One run of the tree (`futures`) or of the same submits without dependencies: seconds."""
+    import asyncio
+
+    client = await ember.Client.connect(url, cluster=name)
+    try:
+        await client._ensure_watch()
+        started = time.perf_counter()
+        firsts = await asyncio.gather(*(client.submit(leaf, i) for i in range(leaves)))
+        groups = [range(r * fan, (r + 1) * fan) for r in range(leaves // fan)]
+        if futures:
+            middles = await asyncio.gather(
+                *(client.submit(reduce, *(firsts[i] for i in group)) for group in groups)
+            )
+            total = await (await client.submit(reduce, *middles))
+        else:
+            middles = await asyncio.gather(*(client.submit(reduce, *group) for group in groups))
+            last = await client.submit(reduce, *range(len(groups)))
+            await asyncio.gather(
+                *(client._end_of(f.job_id) for f in [*firsts, *middles, last])
+            )
+            total = sum(range(leaves))
+        elapsed = time.perf_counter() - started
+        assert total == sum(range(leaves)), total
+        return elapsed
+    finally:
+        await client.close()
+
+
+def measure_tree(url, name, leaves, fan, runs):
+    """Median seconds of the tree and of the same submits without dependencies."""
+    import asyncio
+
+    tree, flat = [], []
+    for _ in range(runs):
+        flat.append(asyncio.run(tree_once(url, name, leaves, fan, False)))
+        tree.append(asyncio.run(tree_once(url, name, leaves, fan, True)))
+    return statistics.median(tree), statistics.median(flat)
+
+
+def measure(executors, workers, calls, runs, chunksizes, round_trips, leaves, fan):
     cluster = Cluster(executors, workers)
     try:
         with ember.connect(cluster.url, cluster=cluster.name) as client:
@@ -133,7 +187,8 @@ def measure(executors, workers, calls, runs, chunksizes, round_trips):
                 if n >= 10:
                     times.append((time.perf_counter() - started) * 1000)
             p50 = statistics.median(times)
-            return figures, p50
+            tree = measure_tree(cluster.url, cluster.name, leaves, fan, runs) if leaves else None
+            return figures, p50, tree
     finally:
         cluster.stop()
 
@@ -145,6 +200,10 @@ def main():
     parser.add_argument("--round-trips", type=int, default=200)
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--tree-leaves", type=int, default=10_000,
+                        help="leaf calls of the tree (0 skips it)")
+    parser.add_argument("--tree-fan", type=int, default=100,
+                        help="futures each reduce of the tree reads")
     parser.add_argument("--json", action="store_true", help="print one JSON list only")
     args = parser.parse_args()
     chunksizes = [None, 1]
@@ -155,14 +214,22 @@ def main():
           f"{'calls/s, chunksize=1':>21} {'p50 ms':>8}", file=table)
     rows = []
     for workers in args.workers:
-        figures, p50 = measure(args.executors, workers, args.calls, args.runs, chunksizes,
-                               args.round_trips)
+        figures, p50, tree = measure(args.executors, workers, args.calls, args.runs, chunksizes,
+                                     args.round_trips, args.tree_leaves, args.tree_fan)
         print(f"{f'{args.executors} x {workers}':>20} {figures['default']:>27,.0f} "
               f"{figures[1]:>21,.0f} {p50:>8.2f}", file=table)
-        rows.append({"executors": args.executors, "workers": workers,
-                     "calls_per_s_default_chunksize": round(figures["default"]),
-                     "calls_per_s_chunksize_1": round(figures[1]),
-                     "submit_result_p50_ms": round(p50, 3)})
+        row = {"executors": args.executors, "workers": workers,
+               "calls_per_s_default_chunksize": round(figures["default"]),
+               "calls_per_s_chunksize_1": round(figures[1]),
+               "submit_result_p50_ms": round(p50, 3)}
+        if tree is not None:
+            edges = args.tree_leaves + args.tree_leaves // args.tree_fan
+            per_edge = (tree[0] - tree[1]) / edges * 1e6
+            print(f"{'':>20} tree of {args.tree_leaves} leaves: {tree[0]:.2f} s, without "
+                  f"dependencies {tree[1]:.2f} s: {per_edge:.0f} us per edge", file=table)
+            row.update({"tree_s": round(tree[0], 3), "tree_flat_s": round(tree[1], 3),
+                        "tree_us_per_edge": round(per_edge, 1)})
+        rows.append(row)
     print(json.dumps(rows))
 
 

@@ -348,6 +348,7 @@ impl Core {
             self.submissions.insert(key.clone(), id);
         }
         self.first_tasks.insert(job.first_task, id);
+        self.hold_upstreams(&job.after);
         self.jobs.insert(id, job);
         self.placement_job_added(id);
     }

@@ -136,6 +136,11 @@ pub struct Core {
     ended: VecDeque<JobId>,
     /// Finished jobs past the limit that wait for their killed attempts to report.
     forgetting: Vec<JobId>,
+    /// How many open jobs run after each job: while any does, the job and its results are
+    /// kept (a dependent's tasks read them when they run, and again when they run again).
+    readers: HashMap<JobId, u32>,
+    /// Finished jobs past the limit kept only for the open jobs that run after them.
+    held: Vec<JobId>,
     /// The jobs waiting on each job: looked at when it ends.
     dependents: HashMap<JobId, Vec<JobId>>,
     /// Jobs ended whose dependents are still to be looked at, and whether that is under way.
@@ -184,6 +189,8 @@ impl Core {
             submissions: HashMap::new(),
             ended: VecDeque::new(),
             forgetting: Vec::new(),
+            readers: HashMap::new(),
+            held: Vec::new(),
             dependents: HashMap::new(),
             to_release: Vec::new(),
             releasing: false,

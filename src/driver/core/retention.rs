@@ -77,23 +77,68 @@ impl Core {
     /// Keeps `job_id`, which has just ended, among the finished jobs, and forgets the oldest
     /// past the limit.
     pub(super) fn retire(&mut self, job_id: JobId) {
+        let upstreams = self
+            .jobs
+            .get(&job_id)
+            .map(|job| job.after.clone())
+            .unwrap_or_default();
+        self.let_go_of_upstreams(&upstreams);
         self.ended.push_back(job_id);
         self.trim_ended();
     }
 
+    /// A new job runs after `upstreams`: they are kept, with their results, until it ends.
+    pub(super) fn hold_upstreams(&mut self, upstreams: &[JobId]) {
+        for id in upstreams {
+            *self.readers.entry(*id).or_default() += 1;
+        }
+    }
+
+    /// A job that ran after `upstreams` has ended: one no other open job runs after, kept
+    /// past the limit only for it, is forgotten now.
+    fn let_go_of_upstreams(&mut self, upstreams: &[JobId]) {
+        for id in upstreams {
+            match self.readers.get_mut(id) {
+                Some(count) if *count > 1 => *count -= 1,
+                Some(_) => {
+                    self.readers.remove(id);
+                    if let Some(at) = self.held.iter().position(|held| held == id) {
+                        self.held.swap_remove(at);
+                        self.let_go(*id);
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Whether an open job runs after `job_id`: it and its results are kept.
+    pub(super) fn is_read(&self, job_id: JobId) -> bool {
+        self.readers.contains_key(&job_id)
+    }
+
     /// Forgets the oldest finished jobs past the limit. One whose killed attempts have not
     /// reported yet is forgotten when they have: their statuses must still find it, to give
-    /// their cores back.
+    /// their cores back. One an open job runs after is forgotten once no open job does.
     fn trim_ended(&mut self) {
         let keep = self.config.retention.jobs.max(1);
         while self.ended.len() > keep {
             let Some(id) = self.ended.pop_front() else {
                 break;
             };
-            match self.jobs.get(&id) {
-                Some(job) if job.attempts_out() => self.forgetting.push(id),
-                _ => self.forget(id),
+            if self.is_read(id) {
+                self.held.push(id);
+            } else {
+                self.let_go(id);
             }
+        }
+    }
+
+    /// Forgets `job_id`, past the limit, now or once its killed attempts have reported.
+    fn let_go(&mut self, job_id: JobId) {
+        match self.jobs.get(&job_id) {
+            Some(job) if job.attempts_out() => self.forgetting.push(job_id),
+            _ => self.forget(job_id),
         }
     }
 
@@ -230,6 +275,9 @@ impl Core {
         while self.result_bytes > cap && at < self.ended.len() {
             let id = self.ended[at];
             at += 1;
+            if self.is_read(id) {
+                continue;
+            }
             let Some(job) = self.jobs.get_mut(&id) else {
                 continue;
             };

@@ -116,7 +116,8 @@ impl Core {
                 }
             }
         }
-        for id in &self.ended {
+        // Those kept past the limit for the open jobs that run after them ended first.
+        for id in self.held.iter().chain(&self.ended) {
             let job = &self.jobs[id];
             emit(JournalRecord::JobEnded {
                 job_id: job.id,
@@ -194,6 +195,8 @@ impl Core {
         self.submissions = restored.submissions;
         self.ended = restored.ended;
         self.forgetting = restored.forgetting;
+        self.readers = restored.readers;
+        self.held = restored.held;
         self.result_bytes = restored.result_bytes;
         self.next_job = restored.next_job.max(ids.next_job);
         self.next_task = restored.next_task.max(ids.next_task);

@@ -377,3 +377,44 @@ fn with_a_journal_a_job_starts_only_once_the_end_it_waits_for_is_handed_back_sto
     assert_eq!(launches(&effects).len(), 1, "{effects:?}");
     check_invariants(&core);
 }
+
+#[test]
+fn a_job_is_kept_past_the_limit_with_its_results_while_a_job_after_it_is_open() {
+    let mut core = core_retaining(1);
+    add(&mut core, "e1", 2, 0);
+    let (first, launched) = start(&mut core, job(1, 1, 1), 1);
+    finish_all(&mut core, "e1", &launched, 2);
+    // The job after it starts at once; while its task is out, others come and go past the
+    // limit of one kept job.
+    let (second, second_run) = start(&mut core, after(1, &[first], &[]), 3);
+    assert_eq!(second_run.len(), 1);
+    for now in 4..7 {
+        let (_, launched) = start(&mut core, job(1, 1, 1), now);
+        finish_all(&mut core, "e1", &launched, now);
+    }
+    assert_eq!(summary(&mut core, second).state, JobState::Running);
+    check_retention(&core);
+    assert_eq!(summary(&mut core, first).state, JobState::Succeeded);
+    let read = core.api(
+        ApiRequest::GetResults {
+            job_id: first,
+            offset: 0,
+            limit: 10,
+        },
+        7,
+    );
+    assert!(
+        matches!(&read, ApiReply::Results(page) if page.results.len() == 1),
+        "the first job's results are there to read: {read:?}"
+    );
+    // A snapshot keeps it too.
+    let mut back = restored(&[snapshot_record(&core, 1, 7)], 1);
+    back.resume(7);
+    assert_eq!(summary(&mut back, first).state, JobState::Succeeded);
+    check_retention(&back);
+    // Once the job after it ends, it goes.
+    finish_all(&mut core, "e1", &second_run, 8);
+    let gone = api_error(core.api(ApiRequest::GetJob { job_id: first }, 9));
+    assert!(gone.contains("forgotten"), "{gone}");
+    check_retention(&core);
+}

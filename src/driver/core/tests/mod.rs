@@ -664,10 +664,31 @@ fn check_retention(core: &Core) {
         .filter(|job| job.state.is_ended())
         .map(|job| job.id)
         .collect();
-    let held: BTreeSet<JobId> = core.ended.iter().chain(&core.forgetting).copied().collect();
-    assert_eq!(finished, held, "finished jobs and the retention's lists");
-    assert_eq!(held.len(), core.ended.len() + core.forgetting.len());
+    let kept: BTreeSet<JobId> = core
+        .ended
+        .iter()
+        .chain(&core.forgetting)
+        .chain(&core.held)
+        .copied()
+        .collect();
+    assert_eq!(finished, kept, "finished jobs and the retention's lists");
+    assert_eq!(
+        kept.len(),
+        core.ended.len() + core.forgetting.len() + core.held.len()
+    );
     assert!(core.ended.len() <= core.config.retention.jobs.max(1));
+    // An open job's upstreams are counted, and nothing else: a job past the limit is held
+    // only while an open job runs after it.
+    let mut readers: std::collections::HashMap<JobId, u32> = Default::default();
+    for job in core.jobs.values().filter(|job| job.is_open()) {
+        for up in &job.after {
+            *readers.entry(*up).or_default() += 1;
+        }
+    }
+    assert_eq!(readers, core.readers, "the open jobs' upstreams");
+    for id in &core.held {
+        assert!(core.readers.contains_key(id), "job {id} is held for no reader");
+    }
     for id in &core.forgetting {
         assert!(
             core.jobs[id].attempts_out(),
