@@ -78,6 +78,7 @@ impl Core {
                 continue;
             };
             let taken = job.tasks.take_waiting(attempts.keys().copied().collect());
+            self.unqueue_if_dry(job_id);
             let mut started = Vec::with_capacity(taken.len());
             for index in taken {
                 let held = attempts[&index];

@@ -622,6 +622,7 @@ impl Core {
                 tasks: vec![entry],
                 term,
             });
+            self.unqueue_if_dry(job_id);
         }
         self.end_job(job_id, JobState::Failed, Some(error), now);
     }

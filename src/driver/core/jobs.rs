@@ -451,6 +451,7 @@ impl Core {
                 }
                 job.killed += 1;
                 job.errors.insert(index, KILLED_BY_REQUEST.into());
+                self.unqueue_if_dry(job_id);
                 self.journal(|| JournalRecord::TaskKilledByRequest {
                     job_id,
                     index,
@@ -491,6 +492,8 @@ impl Core {
             return;
         };
         let mut kills = Vec::new();
+        // Only a job with tasks still to offer is in the offer queue.
+        let queued = job.is_active() && job.tasks.has_waiting();
         if state != JobState::Succeeded {
             job.killed += job.tasks.close();
             for (index, record) in job.tasks.launched().iter().enumerate() {
@@ -524,7 +527,9 @@ impl Core {
             killed: job.killed + kills.len() as u32,
             reason: reason.clone(),
         };
-        self.queue.retain(|id| *id != job_id);
+        if queued {
+            self.queue.retain(|id| *id != job_id);
+        }
         self.pools_job_ended(job_id);
         let reason = reason.unwrap_or_default();
         for (executor, task_id, attempt) in kills {

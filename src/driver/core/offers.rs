@@ -21,11 +21,8 @@ impl Core {
         if self.adopting_until.is_some() && self.adopting(now) {
             return;
         }
-        self.queue.retain(|id| {
-            self.jobs
-                .get(id)
-                .is_some_and(|job| job.is_active() && job.tasks.has_waiting())
-        });
+        // The queue holds the active jobs with waiting tasks, and no other: each change that
+        // leaves a job without any takes it out (`unqueue_if_dry`).
         if self.queue.is_empty() {
             return;
         }
@@ -57,10 +54,11 @@ impl Core {
                     .is_some()
             });
         }
-        self.queue
-            .retain(|id| self.jobs.get(id).is_some_and(|j| j.tasks.has_waiting()));
         offers.retain(|(_, dealt)| !dealt.is_empty());
         let started = started_by_job(&offers);
+        for job_id in started.keys() {
+            self.unqueue_if_dry(*job_id);
+        }
         for (to, tasks) in offers {
             self.send_launch(to, tasks);
         }
@@ -113,6 +111,20 @@ impl Core {
 
     /// Launches one waiting task on `executor` if one fits: of the first job that has one, in
     /// the order `--scheduling` gives the jobs.
+    /// Takes job `job_id` out of the offer queue if it is there and has no task left to
+    /// offer (or has ended). Looked for from the front, where the jobs being dealt are.
+    pub(super) fn unqueue_if_dry(&mut self, job_id: JobId) {
+        let dry = self
+            .jobs
+            .get(&job_id)
+            .is_none_or(|job| !job.is_active() || !job.tasks.has_waiting());
+        if dry {
+            if let Some(at) = self.queue.iter().position(|id| *id == job_id) {
+                self.queue.remove(at);
+            }
+        }
+    }
+
     fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
         let data = self.executors.get(executor)?;
         let free = data.free_cores;

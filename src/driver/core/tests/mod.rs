@@ -577,6 +577,23 @@ fn check_invariants(core: &Core) {
     check_executors(core);
     check_retention(core);
     let queue: Vec<JobId> = core.queue.iter().copied().collect();
+    // The queue holds exactly the active jobs with tasks waiting to be offered.
+    let offerable: BTreeSet<JobId> = core
+        .jobs
+        .values()
+        .filter(|job| job.is_active() && job.tasks.has_waiting())
+        .map(|job| job.id)
+        .collect();
+    assert_eq!(
+        queue.iter().copied().collect::<BTreeSet<_>>(),
+        offerable,
+        "the queue and the jobs with tasks to offer"
+    );
+    assert_eq!(
+        queue.len(),
+        offerable.len(),
+        "a job queued twice: {queue:?}"
+    );
     assert!(
         queue
             .windows(2)
@@ -687,7 +704,10 @@ fn check_retention(core: &Core) {
     }
     assert_eq!(readers, core.readers, "the open jobs' upstreams");
     for id in &core.held {
-        assert!(core.readers.contains_key(id), "job {id} is held for no reader");
+        assert!(
+            core.readers.contains_key(id),
+            "job {id} is held for no reader"
+        );
     }
     for id in &core.forgetting {
         assert!(
