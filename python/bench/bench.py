@@ -80,7 +80,9 @@ class Cluster:
         common = ["--nats-url", self.url, "--cluster", self.name]
         env = dict(os.environ, RUST_LOG="error")
         self.processes.append(
-            subprocess.Popen([bins / "ember-driver", *common], env=env, cwd=self.dir, **quiet)
+            # The tree names 10,000 jobs after they have ended: they must still be kept.
+            subprocess.Popen([bins / "ember-driver", *common, "--retain-jobs", "100000"],
+                             env=env, cwd=self.dir, **quiet)
         )
         for n in range(executors):
             self.processes.append(
@@ -123,7 +125,7 @@ async def tree_once(url, name, leaves, fan, futures):
         await client._ensure_watch()
         started = time.perf_counter()
         firsts = await asyncio.gather(*(client.submit(leaf, i) for i in range(leaves)))
-        groups = [range(r * fan, (r + 1) * fan) for r in range(leaves // fan)]
+        groups = [range(s, min(s + fan, leaves)) for s in range(0, leaves, fan)]
         if futures:
             middles = await asyncio.gather(
                 *(client.submit(reduce, *(firsts[i] for i in group)) for group in groups)
@@ -223,7 +225,7 @@ def main():
                "calls_per_s_chunksize_1": round(figures[1]),
                "submit_result_p50_ms": round(p50, 3)}
         if tree is not None:
-            edges = args.tree_leaves + args.tree_leaves // args.tree_fan
+            edges = args.tree_leaves + -(-args.tree_leaves // args.tree_fan)
             per_edge = (tree[0] - tree[1]) / edges * 1e6
             print(f"{'':>20} tree of {args.tree_leaves} leaves: {tree[0]:.2f} s, without "
                   f"dependencies {tree[1]:.2f} s: {per_edge:.0f} us per edge", file=table)

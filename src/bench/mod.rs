@@ -9,7 +9,8 @@
 //! - **memory**: peak RSS of the driver and of an executor, idle and after load; the driver's
 //!   with many registered executors.
 //! - **python**: Python functions submitted from Python through the `ember` package, with
-//!   `--python`.
+//!   `--python`: maps, round trips, and a tree of futures beside the same calls without
+//!   dependencies.
 //! - **broadcast**: one large object read by many command tasks on 2 executors of 2 cores,
 //!   fetched once per executor, beside two bare concurrent gets of it (`broadcast.rs`).
 //! - **wide**: many executors of one core (in this process) and many jobs queued at once: the
@@ -84,6 +85,10 @@ pub struct BenchArgs {
     /// Timed `submit().result()` round trips in the Python workload.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub python_round_trips: u32,
+    /// Leaf calls of the Python workload's tree of futures (a reduce per 100 of them, and a
+    /// combine of the reduces); 0 skips it.
+    #[arg(long, default_value_t = 10_000)]
+    pub python_tree_leaves: u32,
     /// Jobs of each kind in the soak workload (no-op jobs alternate with command jobs, on
     /// one journaled driver that keeps --soak-retain of them); 0 skips it.
     #[arg(long, default_value_t = 20)]
@@ -166,6 +171,7 @@ impl BenchArgs {
             wide_tasks: 2_000,
             python_calls: 200,
             python_round_trips: 20,
+            python_tree_leaves: self.python_tree_leaves.min(1_000),
             soak_jobs: self.soak_jobs.min(3),
             soak_retain: 2,
             soak_noop_tasks: 2_000,
@@ -616,6 +622,14 @@ fn print_table(report: &Report) {
             ),
             format!("submit().result() p50 {:.2} ms", p.submit_result_p50_ms),
         ]);
+        if let (Some(tree), Some(flat), Some(edge)) = (p.tree_s, p.tree_flat_s, p.tree_us_per_edge)
+        {
+            table.add_row([
+                format!("python: tree of futures, {} x {}", p.executors, p.workers),
+                format!("{tree:.2} s (without dependencies {flat:.2} s)"),
+                format!("{edge:.0} us per dependency edge"),
+            ]);
+        }
     }
     table.add_row([
         "slow consumers".to_string(),

@@ -1,4 +1,5 @@
-//! The Python workload: Python functions submitted from Python through the `ember` package,
+//! The Python workload: Python functions submitted from Python through the `ember` package
+//! (maps, round trips and a tree of futures),
 //! timed by `python/bench/bench.py` (built into this binary) under the interpreter given with
 //! `--python`, which must have the package installed (`pip install ./python`).
 
@@ -23,11 +24,21 @@ pub struct PythonRow {
     pub calls_per_s_chunksize_1: f64,
     /// One `client.submit(noop, n).result()`, p50.
     pub submit_result_p50_ms: f64,
+    /// The tree of futures (10,000 leaf calls, 100 reduces of 100 futures, one combine),
+    /// from the first submit to the combine's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_s: Option<f64>,
+    /// The same 10,101 submits without dependencies, to the end of the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_flat_s: Option<f64>,
+    /// What a dependency edge costs: the difference of the two over the 10,100 edges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_us_per_edge: Option<f64>,
 }
 
-/// Runs the script with `python` at 2 executors of 1 and of 8 workers: `calls` calls a map,
-/// `round_trips` timed round trips.
-pub async fn run(python: &Path, calls: u32, round_trips: u32) -> anyhow::Result<Vec<PythonRow>> {
+/// Runs the script with `python` at 2 executors of 1 and of 8 workers: `--python-calls` calls
+/// a map, `--python-round-trips` timed round trips, a tree of `--python-tree-leaves` leaves.
+pub async fn run(python: &Path, args: &super::BenchArgs) -> anyhow::Result<Vec<PythonRow>> {
     use anyhow::Context;
     let dir = std::env::temp_dir().join(format!(
         "ember-bench-python-{}",
@@ -46,8 +57,9 @@ pub async fn run(python: &Path, calls: u32, round_trips: u32) -> anyhow::Result<
         tokio::process::Command::new(python)
             .arg(&script)
             .args(["--json", "--runs", "1", "--workers", "1", "8"])
-            .args(["--calls", &calls.to_string()])
-            .args(["--round-trips", &round_trips.to_string()])
+            .args(["--calls", &args.python_calls.to_string()])
+            .args(["--round-trips", &args.python_round_trips.to_string()])
+            .args(["--tree-leaves", &args.python_tree_leaves.to_string()])
             .env("EMBER_BIN_DIR", &bins)
             .env("EMBER_NATS_SERVER", &server)
             .stdin(std::process::Stdio::null())

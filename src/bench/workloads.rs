@@ -112,7 +112,7 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
             python.display()
         );
         report.python =
-            Some(super::python::run(python, args.python_calls, args.python_round_trips).await?);
+            Some(super::python::run(python, args).await?);
     }
     report.slow_consumers = super::procs::slow_consumers();
     Ok(report)

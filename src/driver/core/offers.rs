@@ -128,6 +128,10 @@ impl Core {
     fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
         let data = self.executors.get(executor)?;
         let free = data.free_cores;
+        if free == 0 {
+            // Every task takes a core at least: no need to look through the queue.
+            return None;
+        }
         let fits = |id: &JobId| {
             let job = self.jobs.get(id)?;
             if job.cpus_per_task > free || self.excluded(*id, None, executor) {
