@@ -104,3 +104,32 @@ def test_a_value_put_into_the_store_may_not_hold_a_future(client):
     a = client.submit(inc, 1)
     with pytest.raises(TypeError, match="futures"):
         client.put([a])
+
+
+def test_a_job_read_by_a_queued_one_outlives_retention(tmp_path):
+    """A driver keeping 2 finished jobs: the upstream of a queued reader is kept while 5 later
+    jobs end, and the reader runs on its result."""
+    from conftest import Cluster
+
+    cluster = Cluster()
+    try:
+        cluster.driver("--retain-jobs", "2")
+        cluster.executor("exec-1", cores=1)
+        cluster.wait_for_executors(1)
+        with ember.connect(cluster.url, cluster=cluster.name) as client:
+            upstream = client.submit(inc, 1)
+            assert upstream.result(60) == 2
+            blocker = client.submit_handler("sleep", {"ms": 1500})
+            reader = client.submit(add, upstream, 10)
+            # Five jobs end (killed while queued) while the reader waits for the core.
+            for _ in range(5):
+                client.submit_handler("noop").kill()
+            assert upstream.job.summary()["state"] == "SUCCEEDED"
+            assert reader.result(60) == 12
+            assert blocker.wait(60)["state"] == "SUCCEEDED"
+            # Its reader ended: the upstream, past the limit, is forgotten.
+            client.submit_handler("noop").wait(60)
+            with pytest.raises(ember.DriverError, match="forgotten"):
+                upstream.job.summary()
+    finally:
+        cluster.stop()
