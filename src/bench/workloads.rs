@@ -111,8 +111,7 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
             "bench: Python functions from Python, under {}",
             python.display()
         );
-        report.python =
-            Some(super::python::run(python, args).await?);
+        report.python = Some(super::python::run(python, args).await?);
     }
     report.slow_consumers = super::procs::slow_consumers();
     Ok(report)

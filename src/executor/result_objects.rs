@@ -80,6 +80,12 @@ pub async fn store(
     match put.await {
         Ok(put) => {
             objects.counts.put(put.size, put.sent);
+            // Kept here too: a call that reads this result is sent here if it can be.
+            if let Ok(cache) = objects.cache() {
+                if let Err(error) = cache.keep(&put.object, &json) {
+                    warn!(%error, "a result put in the object store was not kept in the cache");
+                }
+            }
             status.result_object = Some(ResultObject {
                 object: put.object,
                 bytes: put.size,

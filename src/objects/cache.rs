@@ -187,6 +187,35 @@ impl Cache {
         }
     }
 
+    /// Keeps `data`, which the caller has just put in the store as `object`, as if it had
+    /// been fetched: a task on this executor that reads it (a call reading this one's result)
+    /// finds it here. Nothing changes if the cache has it already.
+    pub fn keep(&self, object: &ObjectRef, data: &[u8]) -> std::io::Result<()> {
+        if self.slots.lock().expect("cache lock").contains_key(object) {
+            return Ok(());
+        }
+        let path = self.dir.join(object.as_str());
+        let partial = self.dir.join(format!(
+            "{}.keep-{}",
+            object.as_str(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::write(&partial, data)?;
+        std::fs::rename(&partial, &path)?;
+        let slot = Slot {
+            fetched: OnceCell::new_with(Some(Ok(data.len() as u64))),
+            holders: AtomicU64::new(0),
+            last_used: AtomicU64::new(self.clock.fetch_add(1, Relaxed)),
+        };
+        self.slots
+            .lock()
+            .expect("cache lock")
+            .entry(object.clone())
+            .or_insert_with(|| Arc::new(slot));
+        self.evict();
+        Ok(())
+    }
+
     /// Drops `object` from the cache (its file removed; a task that holds it keeps its own
     /// link): the next hold fetches it again. For a file that changed on disk.
     pub fn forget(&self, object: &ObjectRef) {
@@ -226,4 +255,35 @@ impl Cache {
 /// A slot's size once it is fetched.
 fn size_of(slot: &Slot) -> Option<u64> {
     slot.fetched.get().and_then(|r| r.as_ref().ok()).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_object_is_on_disk_once_and_found_by_a_new_cache() {
+        let dir = std::env::temp_dir().join(format!("ember-cache-{}", uuid::Uuid::new_v4()));
+        let cache = Cache::open(dir.clone(), 1 << 20, CacheCounts::default()).expect("opens");
+        let data = b"a result stored as an object";
+        let object = ObjectRef::of(data);
+        cache.keep(&object, data).expect("kept");
+        cache
+            .keep(&object, data)
+            .expect("kept again: nothing changes");
+        assert_eq!(cache.bytes(), data.len() as u64);
+        assert_eq!(std::fs::read(dir.join(object.as_str())).unwrap(), data);
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(names.len(), 1, "no partial file is left: {names:?}");
+        // The next run of the executor finds it, as it finds what it fetched.
+        drop(cache);
+        let again = Cache::open(dir.clone(), 1 << 20, CacheCounts::default()).expect("opens");
+        assert_eq!(again.bytes(), data.len() as u64);
+        // Past the bound, an object no one holds goes.
+        let big = vec![7u8; 2 << 20];
+        let big_ref = ObjectRef::of(&big);
+        again.keep(&big_ref, &big).expect("kept");
+        assert!(again.bytes() <= 1 << 20, "{}", again.bytes());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

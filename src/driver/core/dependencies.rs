@@ -105,6 +105,7 @@ impl Core {
     ) {
         match self.mark(job_id, ended) {
             Ok(JobState::Running) => {
+                self.prefer_inputs(job_id, now);
                 self.queue_new_job(job_id);
                 // Released by a job's end: every executor's cores are offered to it.
                 self.offer_all |= ended.is_some();
@@ -112,6 +113,49 @@ impl Core {
             Ok(_) => {}
             Err(reason) => self.end_job(job_id, JobState::Failed, Some(reason), now),
         }
+    }
+
+    /// A job that starts after others, submitted with no placement of its own, prefers the
+    /// executor that produced the largest result stored as an object among those it runs
+    /// after (which keeps it in its cache), with delay scheduling as `prefer_executors` has.
+    /// Results small enough for a message go through the driver: they make no preference.
+    fn prefer_inputs(&mut self, job_id: JobId, now: u64) {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return;
+        };
+        if job.placement.is_some() {
+            return;
+        }
+        let mut largest: Option<(u64, &crate::ids::ExecutorId)> = None;
+        for upstream in job.after.iter().filter_map(|id| self.jobs.get(id)) {
+            // In index order, so that of equal sizes the first is taken on every driver.
+            let objects: std::collections::BTreeMap<_, _> =
+                upstream.result_objects.iter().collect();
+            for (index, object) in objects {
+                let producer = upstream.tasks.launched().get(*index as usize);
+                let Some(executor) = producer.and_then(|record| record.executor.as_ref()) else {
+                    continue;
+                };
+                if largest.map_or(true, |(bytes, _)| object.bytes > bytes) {
+                    largest = Some((object.bytes, executor));
+                }
+            }
+        }
+        let Some((_, executor)) = largest else {
+            return;
+        };
+        let wire = crate::placement::Placement {
+            prefer_executors: vec![executor.clone()],
+            ..Default::default()
+        };
+        let Some(mut placement) = super::placement::JobPlacement::new(wire, now) else {
+            return;
+        };
+        placement.from_inputs = true;
+        if let Some(job) = self.jobs.get_mut(&job_id) {
+            job.placement = Some(placement);
+        }
+        self.placement_job_added(job_id);
     }
 
     /// Gives job `job_id` the state its upstreams say, RUNNING or WAITING (noting it among

@@ -157,14 +157,16 @@ impl Job {
             max_failures: self.max_failures,
             cpus_per_task: self.cpus_per_task,
             resources: self.resources.clone(),
-            placement: self
-                .placement
-                .as_ref()
-                .map(|p| p.wire.clone())
-                .unwrap_or_default(),
+            placement: self.submitted_placement().unwrap_or_default(),
             after: self.after.clone(),
             after_any: self.after_any.clone(),
         }
+    }
+
+    /// The placement the job was submitted with, if any (not one the driver gave it).
+    fn submitted_placement(&self) -> Option<crate::placement::Placement> {
+        let placement = self.placement.as_ref().filter(|p| !p.from_inputs)?;
+        Some(placement.wire.clone())
     }
 
     /// Whether task `index`'s result is in the results bucket.
@@ -234,7 +236,7 @@ impl Job {
             ended_at_ms: self.ended_at_ms,
             reason: self.reason.clone(),
             waiting: None,
-            placement: self.placement.as_ref().map(|p| p.wire.clone()),
+            placement: self.submitted_placement(),
             speculative: self.speculation.as_ref().map(|s| s.counts()),
             waits_for: Vec::new(),
         }

@@ -117,7 +117,7 @@ impl Core {
         let dry = self
             .jobs
             .get(&job_id)
-            .is_none_or(|job| !job.is_active() || !job.tasks.has_waiting());
+            .map_or(true, |job| !job.is_active() || !job.tasks.has_waiting());
         if dry {
             if let Some(at) = self.queue.iter().position(|id| *id == job_id) {
                 self.queue.remove(at);

@@ -37,6 +37,9 @@ pub struct JobPlacement {
     meets: HashSet<ExecutorId>,
     /// Executors that meet the constraints and that the job prefers.
     preferred: HashSet<ExecutorId>,
+    /// Set by the driver, not submitted: the executor that produced the job's largest input
+    /// (see `prefer_inputs`). Left out of the job's submission and summary.
+    pub from_inputs: bool,
 }
 
 impl JobPlacement {
@@ -55,6 +58,7 @@ impl JobPlacement {
             last_preferred_ms: now,
             meets: HashSet::new(),
             preferred: HashSet::new(),
+            from_inputs: false,
             wire,
         }))
     }

@@ -418,3 +418,64 @@ fn a_job_is_kept_past_the_limit_with_its_results_while_a_job_after_it_is_open() 
     assert!(gone.contains("forgotten"), "{gone}");
     check_retention(&core);
 }
+
+#[test]
+fn a_job_after_others_prefers_the_executor_that_made_its_largest_stored_input() {
+    let mut core = new_core(0);
+    add(&mut core, "e1", 1, 0);
+    add(&mut core, "e2", 1, 0);
+    let (upstream, launched) = start(&mut core, job(2, 1, 1), 1);
+    let on = |executor: &str| {
+        let (_, tasks) = launched
+            .iter()
+            .find(|(to, _)| to.as_str() == executor)
+            .expect("a task on each executor");
+        (tasks[0].0, tasks[0].2)
+    };
+    let (dependent, none) = start(&mut core, after(1, &[upstream], &[]), 2);
+    assert!(none.is_empty());
+    // e2's result is large (stored as an object, kept in its cache); e1's is small.
+    let object = |name: &[u8], bytes| crate::protocol::ResultObject {
+        object: crate::objects::ObjectRef::of(name),
+        bytes,
+    };
+    let (task, attempt) = on("e1");
+    let small = StatusUpdate {
+        result_object: Some(object(b"small", 1 << 20)),
+        ..finished(task, attempt)
+    };
+    report(&mut core, "e1", vec![small], 3);
+    let (task, attempt) = on("e2");
+    let large = StatusUpdate {
+        result_object: Some(object(b"large", 16 << 20)),
+        ..finished(task, attempt)
+    };
+    // Both executors are free when the dependent is released: e1 comes first in an offer
+    // round, and is passed over for e2 (which gets the task in the answer to its status).
+    let reply = send_status(&mut core, "e2", "e2", vec![large], 4);
+    let StatusReply::StatusAck { launch, .. } = reply else {
+        panic!("{reply:?}");
+    };
+    // The task goes to e2, in the answer or in a round of every executor; none to e1.
+    let mut sent: Vec<(String, JobId)> = launch
+        .iter()
+        .map(|task| ("e2".to_string(), task.job_id))
+        .collect();
+    for (to, tasks) in launches(&core.take_effects()) {
+        sent.extend(tasks.iter().map(|_| (to.to_string(), dependent)));
+    }
+    assert_eq!(sent, [("e2".to_string(), dependent)]);
+    // The preference is the driver's, not the submission's.
+    assert_eq!(summary(&mut core, dependent).placement, None);
+    let Some(ApiReply::JobAccepted { job_id }) = Some(core.api(
+        ApiRequest::SubmitJob(SubmitJob {
+            submission_id: Some("again".into()),
+            ..after(1, &[upstream], &[])
+        }),
+        5,
+    )) else {
+        panic!("a job after a succeeded one is accepted");
+    };
+    assert!(summary(&mut core, job_id).placement.is_none());
+    check_invariants(&core);
+}

@@ -39,6 +39,25 @@ fn a_submitted_job_is_accepted_and_announced() {
     check_invariants(&core);
 }
 
+/// A python call of `function` (inline; empty for none), its args inline and perhaps also as
+/// `args_object`, reading `upstream`.
+fn python_call(
+    function: &str,
+    args_object: Option<crate::objects::ObjectRef>,
+    upstream: Vec<JobId>,
+) -> TaskSpec {
+    TaskSpec::Python {
+        function: function.into(),
+        args: "gAR9lC4=".into(),
+        map: false,
+        timeout_ms: None,
+        function_object: None,
+        args_object,
+        objects: Vec::new(),
+        upstream,
+    }
+}
+
 #[test]
 fn invalid_jobs_are_refused() {
     let mut core = core_with(0, 64 * 1024);
@@ -104,16 +123,7 @@ fn invalid_jobs_are_refused() {
             "a python task with neither function nor function_object",
             SubmitJob {
                 speculation: None,
-                tasks: vec![TaskSpec::Python {
-                    function: String::new(),
-                    args: "gAR9lC4=".into(),
-                    map: false,
-                    timeout_ms: None,
-                    function_object: None,
-                    args_object: None,
-                    objects: Vec::new(),
-                    upstream: Vec::new(),
-                }],
+                tasks: vec![python_call("", None, Vec::new())],
                 ..job(1, 1, 4)
             },
             "a python task needs its `function` either inline or as `function_object`, not \
@@ -124,16 +134,7 @@ fn invalid_jobs_are_refused() {
             "a python task that reads a job it does not run after",
             SubmitJob {
                 speculation: None,
-                tasks: vec![TaskSpec::Python {
-                    function: "gAR9lC4=".into(),
-                    args: "gAR9lC4=".into(),
-                    map: false,
-                    timeout_ms: None,
-                    function_object: None,
-                    args_object: None,
-                    objects: Vec::new(),
-                    upstream: vec![7],
-                }],
+                tasks: vec![python_call("gAR9lC4=", None, vec![7])],
                 ..job(1, 1, 4)
             },
             "a python task reads the results of job 7, which the job does not run after: name \
@@ -144,16 +145,11 @@ fn invalid_jobs_are_refused() {
             "a python task with args both inline and as an object",
             SubmitJob {
                 speculation: None,
-                tasks: vec![TaskSpec::Python {
-                    function: "gAR9lC4=".into(),
-                    args: "gAR9lC4=".into(),
-                    map: false,
-                    timeout_ms: None,
-                    function_object: None,
-                    args_object: Some(crate::objects::ObjectRef::of(b"args")),
-                    objects: Vec::new(),
-                    upstream: Vec::new(),
-                }],
+                tasks: vec![python_call(
+                    "gAR9lC4=",
+                    Some(crate::objects::ObjectRef::of(b"args")),
+                    Vec::new(),
+                )],
                 ..job(1, 1, 4)
             },
             "a python task needs its `args` either inline or as `args_object`, not both nor \
