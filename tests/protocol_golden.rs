@@ -2,7 +2,7 @@
 //! exact JSON written out here (the shapes docs/protocol.md documents), and that JSON must decode
 //! back to the same value through `ember::protocol::decode`. Also: what `decode` refuses.
 
-use ember::ids::{ExecutorId, InstanceId};
+use ember::ids::{ExecutorId, InstanceId, JobId};
 use ember::protocol::*;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -1102,7 +1102,7 @@ fn task_spec_python() {
         }),
     );
     // map is written only when true, timeout_ms only when set.
-    let call = TaskSpec::Python {
+    let reading = |upstream: Vec<JobId>| TaskSpec::Python {
         function: function.into(),
         args: args.into(),
         map: false,
@@ -1110,8 +1110,9 @@ fn task_spec_python() {
         function_object: None,
         args_object: None,
         objects: Vec::new(),
-        upstream: Vec::new(),
+        upstream,
     };
+    let call = reading(Vec::new());
     golden(
         &call,
         json!({"kind": "python", "function": function, "args": args}),
@@ -1121,18 +1122,8 @@ fn task_spec_python() {
         &call,
     );
     // A call that reads the results of jobs 4 and 9 (futures in its arguments).
-    let reading = TaskSpec::Python {
-        function: function.into(),
-        args: args.into(),
-        map: false,
-        timeout_ms: None,
-        function_object: None,
-        args_object: None,
-        objects: Vec::new(),
-        upstream: vec![4, 9],
-    };
     golden(
-        &reading,
+        &reading(vec![4, 9]),
         json!({"kind": "python", "function": function, "args": args, "upstream": [4, 9]}),
     );
     // Inside a launch (the fast path reads the spec with serde too).
