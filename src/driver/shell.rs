@@ -168,12 +168,21 @@ impl Shell {
     /// Reads `indices` of `page` from the results bucket and answers with the page, off the
     /// actor's loop: the reads take round trips, and need nothing of the core.
     pub(super) fn answer_with_results(&self, reply: ReplyTo, page: ResultsPage, indices: Vec<u32>) {
-        if let Some(results) = self.results.clone() {
-            let max_bytes = self.limit - PAYLOAD_HEADROOM;
-            self.answer_off_loop(reply, async move {
-                results.fill(page, indices, max_bytes).await
-            });
+        if let Some(read) = self.read_results(page, indices) {
+            self.answer_off_loop(reply, read);
         }
+    }
+
+    /// The answer `page` makes once `indices` are read from the results bucket, if there is
+    /// one; cut to fit one message.
+    fn read_results(
+        &self,
+        page: ResultsPage,
+        indices: Vec<u32>,
+    ) -> Option<impl Future<Output = ApiReply> + Send + 'static> {
+        let results = self.results.clone()?;
+        let max_bytes = self.limit - PAYLOAD_HEADROOM;
+        Some(async move { results.fill(page, indices, max_bytes).await })
     }
 
     /// [`Shell::answer_with_results`] for an executor's read, answered on its reply subject.
@@ -183,17 +192,16 @@ impl Shell {
         page: ResultsPage,
         indices: Vec<u32>,
     ) {
-        let Some(results) = self.results.clone() else {
+        let Some(read) = self.read_results(page, indices) else {
             return;
         };
-        let max_bytes = self.limit - PAYLOAD_HEADROOM;
         let (client, guard, headers) = (
             self.client.clone(),
             self.guard().cloned(),
             self.headers.clone(),
         );
         tokio::spawn(async move {
-            let payload = encode(&results.fill(page, indices, max_bytes).await);
+            let payload = encode(&read.await);
             send(&client, guard.as_ref(), headers.as_ref(), reply, payload).await;
         });
     }

@@ -120,12 +120,17 @@ pub(crate) async fn fetch_pickles(
     let Some(access) = access else {
         return Err("this executor cannot reach the object store".into());
     };
-    let results = if upstream.is_empty() {
-        None
-    } else {
-        Some(super::upstream::read_results(access, upstream).await?)
+    // The upstream results and the objects, fetched at once.
+    let results = async {
+        match upstream.is_empty() {
+            true => Ok(None),
+            false => super::upstream::read_results(access, upstream)
+                .await
+                .map(Some),
+        }
     };
-    let held = access.hold_all(&named).await?;
+    let (results, held) = futures::join!(results, access.hold_all(&named));
+    let (results, held) = (results?, held?);
     let path_of = |object: &ObjectRef| {
         let at = named.iter().position(|n| *n == object)?;
         Some(held[at].path().to_string_lossy().into_owned())

@@ -126,22 +126,22 @@ impl Core {
         if job.placement.is_some() {
             return;
         }
-        let mut largest: Option<(u64, &crate::ids::ExecutorId)> = None;
-        for upstream in job.after.iter().filter_map(|id| self.jobs.get(id)) {
-            // In index order, so that of equal sizes the first is taken on every driver.
-            let objects: std::collections::BTreeMap<_, _> =
-                upstream.result_objects.iter().collect();
-            for (index, object) in objects {
-                let producer = upstream.tasks.launched().get(*index as usize);
-                let Some(executor) = producer.and_then(|record| record.executor.as_ref()) else {
-                    continue;
-                };
-                if largest.map_or(true, |(bytes, _)| object.bytes > bytes) {
-                    largest = Some((object.bytes, executor));
-                }
-            }
-        }
-        let Some((_, executor)) = largest else {
+        // Of equal sizes, the first job's first task's, whatever order the maps hold them in.
+        let produced = job
+            .after
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .flat_map(|upstream| {
+                upstream
+                    .result_objects
+                    .iter()
+                    .filter_map(move |(index, object)| {
+                        let record = upstream.tasks.launched().get(*index as usize)?;
+                        let order = std::cmp::Reverse((upstream.id, *index));
+                        Some(((object.bytes, order), record.executor.as_ref()?))
+                    })
+            });
+        let Some((_, executor)) = produced.max_by_key(|(key, _)| *key) else {
             return;
         };
         let wire = crate::placement::Placement {

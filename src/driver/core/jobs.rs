@@ -530,7 +530,7 @@ impl Core {
             reason: reason.clone(),
         };
         if queued {
-            self.queue.retain(|id| *id != job_id);
+            self.unqueue(job_id);
         }
         self.pools_job_ended(job_id);
         let reason = reason.unwrap_or_default();

@@ -109,22 +109,28 @@ impl Core {
         );
     }
 
-    /// Launches one waiting task on `executor` if one fits: of the first job that has one, in
-    /// the order `--scheduling` gives the jobs.
     /// Takes job `job_id` out of the offer queue if it is there and has no task left to
-    /// offer (or has ended). Looked for from the front, where the jobs being dealt are.
+    /// offer (or has ended).
     pub(super) fn unqueue_if_dry(&mut self, job_id: JobId) {
         let dry = self
             .jobs
             .get(&job_id)
             .map_or(true, |job| !job.is_active() || !job.tasks.has_waiting());
         if dry {
-            if let Some(at) = self.queue.iter().position(|id| *id == job_id) {
-                self.queue.remove(at);
-            }
+            self.unqueue(job_id);
         }
     }
 
+    /// Takes job `job_id` out of the offer queue, looked for from the front, where the jobs
+    /// being dealt are.
+    pub(super) fn unqueue(&mut self, job_id: JobId) {
+        if let Some(at) = self.queue.iter().position(|id| *id == job_id) {
+            self.queue.remove(at);
+        }
+    }
+
+    /// Launches one waiting task on `executor` if one fits: of the first job that has one, in
+    /// the order `--scheduling` gives the jobs.
     fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
         let data = self.executors.get(executor)?;
         let free = data.free_cores;
