@@ -115,6 +115,13 @@ impl Subjects {
         format!("EMBER_{cluster}_RESULTS")
     }
 
+    /// The name of the key-value bucket that holds the results tasks read (pinned results):
+    /// `EMBER_<cluster>_PINNED`, its keys `<job_id>.<index>` as the results bucket's.
+    pub fn pinned_bucket(&self) -> String {
+        let cluster = self.prefix.trim_start_matches("ember.");
+        format!("EMBER_{cluster}_PINNED")
+    }
+
     /// The name of the JetStream object store that holds the cluster's objects:
     /// `EMBER_<cluster>_OBJECTS` (its stream `OBJ_EMBER_<cluster>_OBJECTS`).
     pub fn objects_bucket(&self) -> String {

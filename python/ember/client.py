@@ -31,6 +31,7 @@ from .errors import (
     RemoteError,
     RemoteTraceback,
     RequestTooLarge,
+    ResultGone,
     TaskError,
     Unavailable,
     UpstreamError,
@@ -842,6 +843,12 @@ class Job(_objects.Upstream):
         results = []
         for outcome in outcomes:
             value = outcome.get("result")
+            if value is None and self.python is not None and outcome.get("error"):
+                # Finished, but its result is no longer kept (the results bucket's limits).
+                raise ResultGone(
+                    f"task {outcome['index']} of job {self.job_id} finished, but its result "
+                    f"is gone: {outcome['error']}"
+                )
             if self.python is None:
                 results.append(value)
             elif self.python == "map":

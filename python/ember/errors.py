@@ -41,6 +41,12 @@ class TaskError(EmberError):
         self.state = state
 
 
+class ResultGone(EmberError):
+    """A task finished, but its result is no longer kept: the results bucket keeps results
+    for `--results-max-age` and up to `--results-max-bytes`, the oldest going first (what a
+    waiting task reads excepted)."""
+
+
 class RemoteTraceback(Exception):
     """The traceback of an exception raised on an executor, set as the `__cause__` of the
     exception re-raised here (as `concurrent.futures` does), so both tracebacks print."""

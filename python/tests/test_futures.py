@@ -133,3 +133,47 @@ def test_a_job_read_by_a_queued_one_outlives_retention(tmp_path):
                 upstream.job.summary()
     finally:
         cluster.stop()
+
+
+def wait_for_file(path):
+    import os
+    import time
+
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return os.path.exists(path)
+
+
+def size_once_released(data, released):
+    return len(data) if released else -1
+
+
+def test_what_a_waiting_task_reads_stays_while_the_bucket_drops_older_results(tmp_path):
+    """A results bucket of 300 kB, filled four times over while a reader waits: a result no
+    task reads is dropped, the one the reader reads is pinned and reaches it."""
+    from conftest import Cluster
+
+    cluster = Cluster()
+    flag = str(tmp_path / "released")
+    try:
+        cluster.driver("--results-max-bytes", "300000")
+        cluster.executor("exec-1", cores=2)
+        cluster.wait_for_executors(1)
+        with ember.connect(cluster.url, cluster=cluster.name) as client:
+            unread = client.submit(payload, 50_000)
+            upstream = client.submit(payload, 50_000)
+            assert len(unread.result(60)) == len(upstream.result(60)) == 50_000
+            # The reader waits, holding no core, for a task that holds one until released.
+            gate = client.submit(wait_for_file, flag)
+            reader = client.submit(size_once_released, upstream, gate)
+            flood = client.map(payload, [50_000] * 24, chunksize=1)
+            assert flood.wait(120)["state"] == "SUCCEEDED"
+            for read in (unread.result, flood.results):
+                with pytest.raises(ember.ResultGone, match="no longer in the results bucket"):
+                    read(60)
+            open(flag, "w").close()
+            assert reader.result(60) == 50_000
+            assert len(upstream.result(60)) == 50_000
+    finally:
+        cluster.stop()

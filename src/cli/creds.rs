@@ -214,8 +214,17 @@ fn journal_rights(subjects: &Subjects) -> Vec<String> {
     ] {
         rights.push(format!("$JS.API.{call}.{stream}.>"));
     }
-    // The results bucket and the leader lease: key-value buckets, each a stream KV_<bucket>.
-    for bucket in [subjects.results_bucket(), subjects.leader_bucket()] {
+    // The results bucket, its pinned results and the leader lease: key-value buckets, each a
+    // stream KV_<bucket>; the pinned results' stream is purged of a forgotten job's.
+    rights.push(format!(
+        "$JS.API.STREAM.PURGE.KV_{}",
+        subjects.pinned_bucket()
+    ));
+    for bucket in [
+        subjects.results_bucket(),
+        subjects.pinned_bucket(),
+        subjects.leader_bucket(),
+    ] {
         rights.push(format!("$KV.{bucket}.>"));
         for call in [
             "STREAM.CREATE",
@@ -531,13 +540,15 @@ mod tests {
     }
 
     #[test]
-    fn only_the_driver_may_write_the_journal_the_results_and_the_lease() {
+    fn only_the_driver_may_write_the_journal_the_results_the_pinned_results_and_the_lease() {
         let s = Subjects::new("prod").unwrap();
         let driver = Role::Driver.permissions(&s, &[]);
         for subject in [
             "ember.prod.journal",
             "$KV.EMBER_prod_RESULTS.>",
+            "$KV.EMBER_prod_PINNED.>",
             "$KV.EMBER_prod_LEADER.>",
+            "$JS.API.STREAM.PURGE.KV_EMBER_prod_PINNED",
         ] {
             assert!(driver.publish_allow.contains(&subject.to_string()));
         }
@@ -549,6 +560,7 @@ mod tests {
                 ".EMBER_prod_JOURNAL",
                 ".EMBER_prod_EVENTS",
                 ".KV_EMBER_prod_RESULTS",
+                ".KV_EMBER_prod_PINNED",
                 ".KV_EMBER_prod_LEADER",
                 ".OBJ_EMBER_prod_OBJECTS"
             ]

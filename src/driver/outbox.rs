@@ -64,11 +64,10 @@ pub enum Output {
     ExecutorReply(async_nats::Subject, bytes::Bytes),
     /// An event or an executor's message.
     Effect(Effect),
-    /// A page of results to read from the results bucket (`indices`) before it is sent.
+    /// A page of results to fill from the results bucket before it is sent.
     Results {
         reply: ReplyTo,
-        page: crate::protocol::ResultsPage,
-        indices: Vec<u32>,
+        read: super::core::BucketRead,
     },
 }
 

@@ -14,12 +14,25 @@ use tokio::time::Instant;
 pub type Write = BoxFuture<'static, Option<u64>>;
 
 /// What the driver sends, held behind the writes in flight.
-#[derive(Default)]
 pub struct Outgoing {
     outbox: Outbox<Output, bytes::Bytes, Instant>,
     /// The writes in flight, in the order they started: each gives its number and, for a
     /// journal write of a leader, the sequence it took.
     writes: FuturesOrdered<BoxFuture<'static, (u64, Option<u64>)>>,
+    /// How many writes have started, and how many of them `released` has given back.
+    started: u64,
+    ended: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Outgoing {
+    fn default() -> Self {
+        Self {
+            outbox: Outbox::default(),
+            writes: FuturesOrdered::new(),
+            started: 0,
+            ended: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl Outgoing {
@@ -43,10 +56,21 @@ impl Outgoing {
     ) {
         let (sealed, number) = self.outbox.write(Instant::now());
         self.start(sealed, store);
+        self.started += 1;
         self.writes.push_back(Box::pin(async move {
             write.await;
             (number, None)
         }));
+    }
+
+    /// Completes once every write started so far is stored (a write that reads what they
+    /// wrote awaits it before it starts).
+    pub fn after_writes(&self) -> BoxFuture<'static, ()> {
+        let (before, mut ended) = (self.started, self.ended.subscribe());
+        Box::pin(async move {
+            // Dropped with the driver's loop: nothing is left to wait for.
+            let _ = ended.wait_for(|ended| *ended >= before).await;
+        })
     }
 
     /// Adds one encoded journal record (at most `max_bytes`) to the group gathering; a group
@@ -93,7 +117,10 @@ impl Outgoing {
     /// order. Never completes while no write is in flight. Cancel-safe.
     pub async fn released(&mut self) -> Vec<Output> {
         match self.writes.next().await {
-            Some((write, sequence)) => self.outbox.stored(write, sequence),
+            Some((write, sequence)) => {
+                self.ended.send_modify(|ended| *ended += 1);
+                self.outbox.stored(write, sequence)
+            }
             None => std::future::pending().await,
         }
     }
@@ -107,6 +134,7 @@ impl Outgoing {
             return;
         };
         let stored = store(lines(records));
+        self.started += 1;
         self.writes
             .push_back(Box::pin(async move { (write, stored.await) }));
     }
@@ -235,6 +263,28 @@ mod tests {
         assert_eq!(names(&outgoing.released().await), ["r3"]);
         assert_eq!(outgoing.released_through(), 2);
         assert!(outgoing.is_clear());
+    }
+
+    #[tokio::test]
+    async fn what_waits_for_the_writes_started_waits_for_them_and_not_for_later_ones() {
+        let (mut outgoing, journal) = (Outgoing::default(), Journal::default());
+        tokio::time::timeout(Duration::from_millis(20), outgoing.after_writes())
+            .await
+            .expect("no write: nothing to wait for");
+        let (first, write) = gate();
+        outgoing.write(write, journal.store());
+        let after_first = outgoing.after_writes();
+        let (_second, write) = gate();
+        outgoing.write(write, journal.store());
+        let mut after_first = tokio::spawn(after_first);
+        let early = tokio::time::timeout(Duration::from_millis(10), &mut after_first).await;
+        assert!(early.is_err(), "done before the first write was stored");
+        first.send(()).unwrap();
+        outgoing.released().await;
+        tokio::time::timeout(Duration::from_secs(5), after_first)
+            .await
+            .expect("done once the first write is stored, the second still in flight")
+            .unwrap();
     }
 
     #[tokio::test]

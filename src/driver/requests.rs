@@ -103,8 +103,8 @@ impl Shell {
         };
         match answer {
             Answer::Reply(answer) => Some(Output::ExecutorReply(reply, encode(&answer))),
-            Answer::Results { page, indices } => {
-                self.answer_executor_with_results(reply, page, indices);
+            Answer::Results(read) => {
+                self.answer_executor_with_results(reply, read);
                 None
             }
         }
@@ -196,11 +196,7 @@ impl Shell {
         }
         match answer {
             Answer::Reply(answer) => Output::Reply(reply, encode(&answer)),
-            Answer::Results { page, indices } => Output::Results {
-                reply,
-                page,
-                indices,
-            },
+            Answer::Results(read) => Output::Results { reply, read },
         }
     }
 
@@ -228,16 +224,16 @@ impl Shell {
         };
         let reply = match reply {
             Answer::Reply(reply) => reply,
-            Answer::Results { page, indices } => match self.results.clone() {
+            Answer::Results(read) => match self.results.clone() {
                 Some(results) => {
                     tokio::spawn(async move {
-                        let reply = results.fill(page, indices, usize::MAX).await;
+                        let reply = results.fill(read, usize::MAX).await;
                         let _ = answer.send(web::Answer { reply, now_ms });
                     });
                     return None;
                 }
                 // No bucket to read from: the page as the core has it, never no answer.
-                None => ApiReply::Results(page),
+                None => ApiReply::Results(read.page),
             },
         };
         let _ = answer.send(web::Answer { reply, now_ms });

@@ -2,8 +2,11 @@
 //! that holds task results instead of the driver's memory, each under `<job_id>.<index>`, for
 //! `--results-max-age` and up to `--results-max-bytes` (the oldest go first). The driver
 //! stores a result before it publishes the task's end, as it does journal records, and reads
-//! a page's results back when `GetResults` asks.
+//! a page's results back when `GetResults` asks. The results of a job a task reads are pinned:
+//! they go to a second bucket (`EMBER_<cluster>_PINNED`), with no limit of age or size, and
+//! are deleted when their job is forgotten.
 
+use super::core::BucketRead;
 use super::journal::{store, JournalError};
 use crate::ids::JobId;
 use crate::protocol::{encode, ApiReply, ResultsPage};
@@ -11,7 +14,12 @@ use crate::subjects::Subjects;
 use async_nats::jetstream::stream::{self, DiscardPolicy, StorageType};
 use async_nats::jetstream::{self, kv};
 use futures::future::BoxFuture;
+use futures::future::{FutureExt, Shared};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::{debug, warn};
 
 /// How long the bucket keeps a result unless told otherwise.
 pub const DEFAULT_RESULTS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
@@ -22,16 +30,29 @@ pub const DEFAULT_RESULTS_MAX_BYTES: u64 = 256 << 20;
 const EXPIRED: &str = "the result is no longer in the results bucket, which keeps results for \
                        --results-max-age and up to --results-max-bytes";
 
-/// The results bucket of one cluster.
+/// How many results one pin copies at a time.
+const COPIES_IN_FLIGHT: usize = 256;
+
+/// The results bucket of one cluster, and beside it the stream of its pinned results: those a
+/// task reads (a python task's `upstream`), which the bucket's limits do not reach and which
+/// stay until their job is forgotten.
 #[derive(Clone)]
 pub struct ResultsBucket {
     context: jetstream::Context,
     store: kv::Store,
     bucket: String,
+    pinned: kv::Store,
+    pinned_bucket: String,
+    pinned_stream: stream::Stream,
+    /// The copies to the pinned results under way, by job: a read of the job waits for its.
+    copies: Arc<Mutex<HashMap<JobId, Copy>>>,
 }
 
+/// A copy of results to the pinned results, which many may wait for.
+type Copy = Shared<BoxFuture<'static, ()>>;
+
 impl ResultsBucket {
-    /// Opens the bucket, creating it if needed, beside the journal.
+    /// Opens the bucket and its pinned results, creating them if needed, beside the journal.
     pub async fn open(
         context: &jetstream::Context,
         subjects: &Subjects,
@@ -40,62 +61,147 @@ impl ResultsBucket {
         replicas: usize,
     ) -> Result<Self, JournalError> {
         let bucket = subjects.results_bucket();
-        // The bucket's stream made here rather than by `create_key_value`, whose buckets
-        // refuse writes once full: this one drops its oldest results instead.
-        let config = stream::Config {
-            name: format!("KV_{bucket}"),
-            subjects: vec![format!("$KV.{bucket}.>")],
-            max_messages_per_subject: 1,
-            max_age,
-            max_bytes: i64::try_from(max_bytes).unwrap_or(i64::MAX),
-            discard: DiscardPolicy::Old,
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            storage: StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        };
-        let failed = |message: String| JournalError::Stream {
-            stream: bucket.clone(),
-            message,
-        };
-        context
-            .create_or_update_stream(config)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        let store = context
-            .get_key_value(&bucket)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let max_bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+        let (store, _) = open_bucket(context, &bucket, max_age, max_bytes, replicas).await?;
+        // Pinned results leave with their job, not by age or size.
+        let pinned_bucket = subjects.pinned_bucket();
+        let (pinned, pinned_stream) =
+            open_bucket(context, &pinned_bucket, Duration::ZERO, -1, replicas).await?;
         Ok(Self {
             context: context.clone(),
             store,
             bucket,
+            pinned,
+            pinned_bucket,
+            pinned_stream,
+            copies: Arc::default(),
         })
     }
 
-    /// Stores the result of task `index` of job `job_id`, trying again until it is stored.
-    pub fn put(&self, job_id: JobId, index: u32, payload: bytes::Bytes) -> BoxFuture<'static, ()> {
-        let subject = format!("$KV.{}.{job_id}.{index}", self.bucket);
+    /// Stores the result of task `index` of job `job_id`, among the pinned results if
+    /// `pinned`, trying again until it is stored.
+    pub fn put(
+        &self,
+        job_id: JobId,
+        index: u32,
+        payload: bytes::Bytes,
+        pinned: bool,
+    ) -> BoxFuture<'static, ()> {
+        let bucket = if pinned {
+            &self.pinned_bucket
+        } else {
+            &self.bucket
+        };
+        let subject = format!("$KV.{bucket}.{job_id}.{index}");
         store(self.context.clone(), subject, payload, None)
     }
 
-    /// `page` with the results of `indices` read from the bucket, cut short if they no longer
-    /// fit in one reply of `max_bytes`.
-    pub async fn fill(
+    /// Copies the results of tasks `indices` of job `job_id` from the bucket to the pinned
+    /// results, once `after` (the writes that stored them) is done; reads of the job wait
+    /// for it. One the bucket no longer holds is left out: the task that reads it is told.
+    pub fn pin(
         &self,
-        mut page: ResultsPage,
+        job_id: JobId,
         indices: Vec<u32>,
-        max_bytes: usize,
-    ) -> ApiReply {
+        after: BoxFuture<'static, ()>,
+    ) -> BoxFuture<'static, ()> {
+        let this = self.clone();
+        let copy = async move {
+            after.await;
+            futures::stream::iter(indices)
+                .map(|index| this.copy(job_id, index))
+                .buffer_unordered(COPIES_IN_FLIGHT)
+                .collect::<()>()
+                .await;
+        };
+        let copy = copy.boxed().shared();
+        let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+        copies.retain(|_, copy| copy.peek().is_none());
+        copies.insert(job_id, copy.clone());
+        copy.boxed()
+    }
+
+    /// The copy of job `job_id`'s results to the pinned results under way, if one is.
+    fn copying(&self, job_id: JobId) -> Option<Copy> {
+        let copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
+        copies
+            .get(&job_id)
+            .filter(|copy| copy.peek().is_none())
+            .cloned()
+    }
+
+    async fn copy(&self, job_id: JobId, index: u32) {
+        let key = format!("{job_id}.{index}");
+        let mut delay = Duration::from_millis(50);
+        for tries in 1.. {
+            match self.store.get(&key).await {
+                Ok(Some(value)) => {
+                    let subject = format!("$KV.{}.{key}", self.pinned_bucket);
+                    return store(self.context.clone(), subject, value, None).await;
+                }
+                Ok(None) => return,
+                Err(error) if tries < 5 => {
+                    debug!(%error, job_id, index, "could not read a result to pin; again");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(error) => {
+                    return warn!(%error, job_id, index, "a result read by a task was not pinned")
+                }
+            }
+        }
+    }
+
+    /// Deletes the pinned results of job `job_id`, forgotten.
+    pub fn unpin(&self, job_id: JobId) -> BoxFuture<'static, ()> {
+        let (stream, filter) = (
+            self.pinned_stream.clone(),
+            format!("$KV.{}.{job_id}.>", self.pinned_bucket),
+        );
+        Box::pin(async move {
+            let mut delay = Duration::from_millis(50);
+            for tries in 1..=5 {
+                match stream.purge().filter(filter.clone()).await {
+                    Ok(_) => return,
+                    Err(error) if tries == 5 => {
+                        warn!(%error, job_id, "the pinned results of a forgotten job stay")
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                }
+            }
+        })
+    }
+
+    /// `read`'s page with the results of its `indices` read from the bucket (or the pinned
+    /// results, first if `read.pinned`), cut short if they no longer fit in one reply of
+    /// `max_bytes`.
+    pub async fn fill(&self, read: BucketRead, max_bytes: usize) -> ApiReply {
+        let BucketRead {
+            mut page,
+            indices,
+            pinned,
+        } = read;
         let job_id = page.job_id;
-        let reads = indices.iter().map(|index| {
-            let store = self.store.clone();
-            async move { (*index, store.get(format!("{job_id}.{index}")).await) }
+        if let Some(copy) = self.copying(job_id) {
+            copy.await;
+        }
+        let (first, then) = match pinned {
+            true => (&self.pinned, &self.store),
+            false => (&self.store, &self.pinned),
+        };
+        let reads = indices.iter().map(|index| async move {
+            let key = format!("{job_id}.{index}");
+            let value = match first.get(&key).await {
+                Ok(None) => then.get(&key).await,
+                found => found,
+            };
+            (*index, value)
         });
         let read = futures::future::join_all(reads).await;
-        let mut found = std::collections::HashMap::with_capacity(read.len());
+        let mut found = HashMap::with_capacity(read.len());
         for (index, value) in read {
             let value = match value {
                 Ok(Some(bytes)) => serde_json::from_slice(&bytes).map_err(|e| e.to_string()),
@@ -116,6 +222,50 @@ impl ResultsBucket {
         fit_page(&mut page, max_bytes);
         ApiReply::Results(page)
     }
+}
+
+/// Opens key-value bucket `bucket`, creating or updating its stream (`KV_<bucket>`): made
+/// here rather than by `create_key_value`, whose buckets refuse writes once full; these drop
+/// their oldest entries instead.
+async fn open_bucket(
+    context: &jetstream::Context,
+    bucket: &str,
+    max_age: Duration,
+    max_bytes: i64,
+    replicas: usize,
+) -> Result<(kv::Store, stream::Stream), JournalError> {
+    let config = stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_age,
+        max_bytes,
+        discard: DiscardPolicy::Old,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        storage: StorageType::File,
+        num_replicas: replicas,
+        ..Default::default()
+    };
+    let failed = |message: String| JournalError::Stream {
+        stream: bucket.to_string(),
+        message,
+    };
+    let name = config.name.clone();
+    context
+        .create_or_update_stream(config)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let stream = context
+        .get_stream(name)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let store = context
+        .get_key_value(bucket)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    Ok((store, stream))
 }
 
 /// Cuts `page` after the outcomes that fit in `max_bytes` (keeping at least one), pointing

@@ -4,7 +4,7 @@
 
 use super::admission::Admission;
 use super::coalesce::TaskEvents;
-use super::core::{Core, Effect};
+use super::core::{BucketRead, Core, Effect};
 use super::history::{History, Stamp, Stamps};
 use super::journal::Journal;
 use super::lease::{Guard, Tenure};
@@ -13,7 +13,7 @@ use super::outgoing::Outgoing;
 use super::results::ResultsBucket;
 use super::snapshots::{Encoded, Schedule, Stored};
 use crate::metrics::DriverMetrics;
-use crate::protocol::{encode, fit, ApiReply, Batch, Event, JournalRecord, ResultsPage};
+use crate::protocol::{encode, fit, ApiReply, Batch, Event, JournalRecord};
 use crate::subjects::Subjects;
 use crate::{now_ms, PAYLOAD_HEADROOM};
 use async_nats::{Client, Subject};
@@ -165,34 +165,28 @@ impl Shell {
         }
     }
 
-    /// Reads `indices` of `page` from the results bucket and answers with the page, off the
-    /// actor's loop: the reads take round trips, and need nothing of the core.
-    pub(super) fn answer_with_results(&self, reply: ReplyTo, page: ResultsPage, indices: Vec<u32>) {
-        if let Some(read) = self.read_results(page, indices) {
+    /// Fills `read`'s page from the results bucket and answers with it, off the actor's loop:
+    /// the reads take round trips, and need nothing of the core.
+    pub(super) fn answer_with_results(&self, reply: ReplyTo, read: BucketRead) {
+        if let Some(read) = self.read_results(read) {
             self.answer_off_loop(reply, read);
         }
     }
 
-    /// The answer `page` makes once `indices` are read from the results bucket, if there is
-    /// one; cut to fit one message.
+    /// The answer `read` makes once its results are read from the results bucket, if there
+    /// is one; cut to fit one message.
     fn read_results(
         &self,
-        page: ResultsPage,
-        indices: Vec<u32>,
+        read: BucketRead,
     ) -> Option<impl Future<Output = ApiReply> + Send + 'static> {
         let results = self.results.clone()?;
         let max_bytes = self.limit - PAYLOAD_HEADROOM;
-        Some(async move { results.fill(page, indices, max_bytes).await })
+        Some(async move { results.fill(read, max_bytes).await })
     }
 
     /// [`Shell::answer_with_results`] for an executor's read, answered on its reply subject.
-    pub(super) fn answer_executor_with_results(
-        &self,
-        reply: Subject,
-        page: ResultsPage,
-        indices: Vec<u32>,
-    ) {
-        let Some(read) = self.read_results(page, indices) else {
+    pub(super) fn answer_executor_with_results(&self, reply: Subject, read: BucketRead) {
+        let Some(read) = self.read_results(read) else {
             return;
         };
         let (client, guard, headers) = (
@@ -241,10 +235,30 @@ impl Shell {
                     job_id,
                     index,
                     result,
+                    pinned,
                 } => {
                     if let (Some(results), Some(journal)) = (&self.results, &self.journal) {
-                        let put = results.put(job_id, index, encode(&result));
+                        let put = results.put(job_id, index, encode(&result), pinned);
                         outbox.write(put, |group| journal.store(group));
+                    }
+                }
+                // Both read or delete what the writes before them stored: they start once
+                // those are done.
+                Effect::PinResults { job_id, indices } => {
+                    if let (Some(results), Some(journal)) = (&self.results, &self.journal) {
+                        let copy = results.pin(job_id, indices, outbox.after_writes());
+                        outbox.write(copy, |group| journal.store(group));
+                    }
+                }
+                Effect::UnpinResults { job_id } => {
+                    if let (Some(results), Some(journal)) = (&self.results, &self.journal) {
+                        let after = outbox.after_writes();
+                        let unpin = results.unpin(job_id);
+                        let purge = Box::pin(async move {
+                            after.await;
+                            unpin.await;
+                        });
+                        outbox.write(purge, |group| journal.store(group));
                     }
                 }
                 _ => {}
@@ -325,18 +339,19 @@ impl Shell {
                 let subject = self.subjects.executor_inbox(&to).into();
                 self.publish_batch(subject, message).await;
             }
-            Output::Results {
-                reply,
-                page,
-                indices,
-            } => self.answer_with_results(reply, page, indices),
+            Output::Results { reply, read } => self.answer_with_results(reply, read),
             Output::Effect(Effect::Release {
                 job_id,
                 state,
                 reason,
             }) => self.releases.push((job_id, state, reason)),
             // `emit` hands writes to the journal and the bucket; none reaches here.
-            Output::Effect(Effect::Journal(_) | Effect::StoreResult { .. }) => {}
+            Output::Effect(
+                Effect::Journal(_)
+                | Effect::StoreResult { .. }
+                | Effect::PinResults { .. }
+                | Effect::UnpinResults { .. },
+            ) => {}
         }
     }
 

@@ -589,6 +589,11 @@ impl World {
                         "a core without a results bucket stored job {job_id}'s result {index}"
                     ));
                 }
+                Effect::PinResults { job_id, .. } | Effect::UnpinResults { job_id } => {
+                    return Err(format!(
+                        "a core without a results bucket pinned job {job_id}'s results"
+                    ));
+                }
                 _ => unreachable!("partitioned by is_write"),
             }
         }

@@ -44,8 +44,11 @@ pub struct Job {
     /// from a status that was never ours.
     pub past_attempts: HashMap<(u32, u32), ExecutorId, IdHasher>,
     pub results: HashMap<u32, Value, IdHasher>,
-    /// What `results` holds, as JSON bytes.
+    /// The bytes of its results counted against its cap: those `results` holds, those in the
+    /// results bucket and its result objects.
     pub result_bytes: u64,
+    /// What `results` holds, as JSON bytes.
+    pub held_bytes: u64,
     /// Whether the results were dropped to keep all results under the driver's cap.
     pub results_dropped: bool,
     /// Which tasks have their result in the results bucket, a bit each (empty until one has).
@@ -72,6 +75,21 @@ pub struct Job {
     /// The jobs it runs after once they succeed, and once they end however they end.
     pub after: Vec<JobId>,
     pub after_any: Vec<JobId>,
+    /// Whether its results are pinned: kept where the results bucket's limits do not reach.
+    pub pin: Pin,
+}
+
+/// Whether a job's results are pinned, in the results bucket's pinned stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pin {
+    /// No task has read them: they are where the results bucket's limits reach.
+    Never,
+    /// A task reads them (a python task's `upstream`): results stored from then on go to the
+    /// pinned stream, those stored before were copied there, and they stay until the job is
+    /// forgotten.
+    Pinned,
+    /// Restored from the journal, which does not say: they may be in either place.
+    Unknown,
 }
 
 impl Job {
@@ -93,6 +111,7 @@ impl Job {
             past_attempts: HashMap::default(),
             results: HashMap::default(),
             result_bytes: 0,
+            held_bytes: 0,
             results_dropped: false,
             in_bucket: Vec::new(),
             result_objects: HashMap::default(),
@@ -113,7 +132,38 @@ impl Job {
             term: None,
             after: submit.after,
             after_any: submit.after_any,
+            pin: Pin::Never,
         }
+    }
+
+    /// The jobs whose results its python tasks read (their `upstream`), each once.
+    pub fn reads_results_of(&self) -> Vec<JobId> {
+        let mut read: Vec<JobId> = self
+            .specs
+            .iter()
+            .filter_map(|spec| match &**spec {
+                TaskSpec::Python { upstream, .. } => Some(upstream.iter().copied()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        read.sort_unstable();
+        read.dedup();
+        read
+    }
+
+    /// The tasks whose results are in the results bucket.
+    pub fn bucket_indices(&self) -> Vec<u32> {
+        let mut indices = Vec::new();
+        for (word, bits) in self.in_bucket.iter().enumerate() {
+            let mut bits = *bits;
+            while bits != 0 {
+                let bit = bits.trailing_zeros();
+                indices.push(word as u32 * 64 + bit);
+                bits &= bits - 1;
+            }
+        }
+        indices
     }
 
     pub fn len(&self) -> u32 {
@@ -177,6 +227,11 @@ impl Job {
             .is_some_and(|w| w & (1 << bit) != 0)
     }
 
+    /// Whether any task's result is in the results bucket.
+    pub fn any_in_bucket(&self) -> bool {
+        self.in_bucket.iter().any(|word| *word != 0)
+    }
+
     /// Notes that task `index`'s result is in the results bucket.
     pub fn put_in_bucket(&mut self, index: u32) {
         if self.in_bucket.is_empty() {
@@ -185,11 +240,13 @@ impl Job {
         self.in_bucket[index as usize / 64] |= 1 << (index % 64);
     }
 
-    /// Drops every result, to make room for newer ones.
-    pub fn drop_results(&mut self) {
+    /// Drops every result it holds, to make room for newer ones; returns their bytes.
+    pub fn drop_results(&mut self) -> u64 {
+        let freed = std::mem::take(&mut self.held_bytes);
         self.results = HashMap::default();
-        self.result_bytes = 0;
+        self.result_bytes -= freed;
         self.results_dropped = true;
+        freed
     }
 
     /// The objects task `index`'s result names.
@@ -321,7 +378,9 @@ impl Core {
             name: job.name.clone(),
             tasks: job.len(),
         });
+        let read = job.reads_results_of();
         self.add_job(job);
+        self.pin_results(&read);
         self.track_speculation(id);
         self.settle_waiting(id, None, now);
         self.make_offers(None, now);

@@ -40,7 +40,7 @@ pub use exclusion::{
     DEFAULT_EXCLUDE_TASK_FAILURES, DEFAULT_EXCLUDE_TIMEOUT, DEFAULT_UNSCHEDULABLE_TIMEOUT,
 };
 pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
-pub use jobs::Job;
+pub use jobs::{Job, Pin};
 pub use liveness::Liveness;
 pub use placement::JobPlacement;
 pub use pools::{PoolConfig, Scheduling, SchedulingMode, DEFAULT_POOL};
@@ -73,7 +73,17 @@ pub enum Effect {
         job_id: JobId,
         index: u32,
         result: serde_json::Value,
+        /// Whether it goes to the pinned stream: a task reads the job's results.
+        pinned: bool,
     },
+    /// A task now reads job `job_id`'s results: copy those of tasks `indices` from the results
+    /// bucket to its pinned stream, where the bucket's limits do not reach them (those the
+    /// pinned stream has are left). Started once the writes before it are stored (the results
+    /// it copies among them); what follows waits for it, as for a write.
+    PinResults { job_id: JobId, indices: Vec<u32> },
+    /// Job `job_id`, whose results may be pinned, was forgotten: delete them from the pinned
+    /// stream, once the writes before this are stored.
+    UnpinResults { job_id: JobId },
     /// Job `job_id` ended `state` for `reason`, and jobs wait on it: once every journal write
     /// before this is stored, hand it back with [`Core::release`], which starts them (or fails
     /// them). A job never starts before the end of the job it runs after is stored.
@@ -87,7 +97,13 @@ pub enum Effect {
 impl Effect {
     /// Whether this effect is a write that what follows it must wait for.
     pub fn is_write(&self) -> bool {
-        matches!(self, Effect::Journal(_) | Effect::StoreResult { .. })
+        matches!(
+            self,
+            Effect::Journal(_)
+                | Effect::StoreResult { .. }
+                | Effect::PinResults { .. }
+                | Effect::UnpinResults { .. }
+        )
     }
 }
 
@@ -240,7 +256,15 @@ impl Core {
                 if indices.is_empty() {
                     Answer::Reply(ApiReply::Results(page))
                 } else {
-                    Answer::Results { page, indices }
+                    let pinned = self
+                        .jobs
+                        .get(&page.job_id)
+                        .is_some_and(|job| job.pin == Pin::Pinned);
+                    Answer::Results(BucketRead {
+                        page,
+                        indices,
+                        pinned,
+                    })
                 }
             }
             reply => Answer::Reply(reply),
@@ -374,12 +398,17 @@ fn page<T: serde::Serialize>(
 pub enum Answer {
     /// Sent as it is.
     Reply(ApiReply),
-    /// A page of results, the results of tasks `indices` to be read from the results bucket
-    /// into it before it is sent.
-    Results {
-        page: ResultsPage,
-        indices: Vec<u32>,
-    },
+    /// A page of results to fill from the results bucket before it is sent.
+    Results(BucketRead),
+}
+
+/// A page of results, and the results of tasks `indices` to read from the results bucket into
+/// it, from the pinned stream first if `pinned`.
+#[derive(Debug)]
+pub struct BucketRead {
+    pub page: ResultsPage,
+    pub indices: Vec<u32>,
+    pub pinned: bool,
 }
 
 /// What the core counts of itself: the metrics' gauges (`ember_*` in `--metrics-addr`).

@@ -142,6 +142,7 @@ impl Core {
             ..Restored::default()
         };
         self.queue.clear();
+        self.pin_restored();
         let failing = self.resume_waiting();
         let mut done = Vec::new();
         for job in self.jobs.values_mut() {

@@ -3,7 +3,7 @@
 //! carries to the next driver; running and queued jobs never are. Ids keep counting up, so an
 //! id below the next one that names no job was forgotten, and the api says so.
 
-use super::jobs::TaskStatus;
+use super::jobs::{Pin, TaskStatus};
 use super::ReplayError;
 use super::{Core, Effect};
 use crate::ids::JobId;
@@ -94,6 +94,48 @@ impl Core {
         }
     }
 
+    /// A new job's python tasks read the results of the jobs `read`: each is pinned, and the
+    /// results it has in the bucket already are copied to the pinned stream.
+    pub(super) fn pin_results(&mut self, read: &[JobId]) {
+        if !self.config.results_bucket {
+            return;
+        }
+        for id in read {
+            let Some(job) = self.jobs.get_mut(id) else {
+                continue;
+            };
+            if job.pin == Pin::Pinned {
+                continue;
+            }
+            job.pin = Pin::Pinned;
+            let indices = job.bucket_indices();
+            if !indices.is_empty() {
+                self.effects.push(Effect::PinResults {
+                    job_id: *id,
+                    indices,
+                });
+            }
+        }
+    }
+
+    /// After a restart: the journal does not say where each job's results are, so each may be
+    /// pinned, and those the open jobs read are pinned again (copied where they are not yet).
+    pub(super) fn pin_restored(&mut self) {
+        if !self.config.results_bucket {
+            return;
+        }
+        let mut read = Vec::new();
+        for job in self.jobs.values_mut() {
+            job.pin = Pin::Unknown;
+            if job.is_open() {
+                read.extend(job.reads_results_of());
+            }
+        }
+        read.sort_unstable();
+        read.dedup();
+        self.pin_results(&read);
+    }
+
     /// A job that ran after `upstreams` has ended: one no other open job runs after, kept
     /// past the limit only for it, is forgotten now.
     fn let_go_of_upstreams(&mut self, upstreams: &[JobId]) {
@@ -157,7 +199,10 @@ impl Core {
             if let Some(key) = &job.submission_id {
                 self.submissions.remove(key);
             }
-            self.result_bytes -= job.result_bytes;
+            self.result_bytes -= job.held_bytes;
+            if job.pin != Pin::Never && job.any_in_bucket() {
+                self.effects.push(Effect::UnpinResults { job_id });
+            }
         }
     }
 
@@ -234,6 +279,7 @@ impl Core {
         if let Some(old) = job.results.remove(&index) {
             let size = json_size(&old);
             job.result_bytes -= size;
+            job.held_bytes -= size;
             self.result_bytes -= size;
         }
         let Some(result) = result else {
@@ -256,14 +302,17 @@ impl Core {
         job.result_bytes += size;
         if to_bucket {
             job.put_in_bucket(index);
+            let pinned = job.pin == Pin::Pinned;
             self.effects.push(Effect::StoreResult {
                 job_id,
                 index,
                 result,
+                pinned,
             });
             return;
         }
         job.results.insert(index, result);
+        job.held_bytes += size;
         self.result_bytes += size;
         self.trim_results(replaying);
     }
@@ -281,9 +330,8 @@ impl Core {
             let Some(job) = self.jobs.get_mut(&id) else {
                 continue;
             };
-            if job.result_bytes > 0 {
-                self.result_bytes -= job.result_bytes;
-                job.drop_results();
+            if job.held_bytes > 0 {
+                self.result_bytes -= job.drop_results();
                 if !replaying {
                     self.journal(|| JournalRecord::ResultsDropped { job_id: id });
                 }
@@ -298,8 +346,7 @@ impl Core {
             None if job_id < self.next_job => return Ok(()),
             None => return Err(ReplayError::UnknownJob(job_id)),
         };
-        self.result_bytes -= job.result_bytes;
-        job.drop_results();
+        self.result_bytes -= job.drop_results();
         Ok(())
     }
 

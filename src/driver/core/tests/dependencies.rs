@@ -3,6 +3,8 @@
 //! (or settled) from the journal.
 
 use super::*;
+use crate::driver::core::{Answer, Pin};
+use serde_json::json;
 
 /// A waiting job: nothing of it has run nor is queued; it waits for kept jobs that have not
 /// ended (or whose end is not yet handed back stored), and each of them knows it.
@@ -478,4 +480,93 @@ fn a_job_after_others_prefers_the_executor_that_made_its_largest_stored_input() 
     };
     assert!(summary(&mut core, job_id).placement.is_none());
     check_invariants(&core);
+}
+
+/// The pins among `effects`: (job, tasks copied) for a copy, (job, none) for a deletion.
+fn pins(effects: &[Effect]) -> Vec<(JobId, Option<Vec<u32>>)> {
+    effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::PinResults { job_id, indices } => Some((*job_id, Some(indices.clone()))),
+            Effect::UnpinResults { job_id } => Some((*job_id, None)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where each result stored among `effects` goes: (job, task, pinned).
+fn stores(effects: &[Effect]) -> Vec<(JobId, u32, bool)> {
+    effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::StoreResult {
+                job_id,
+                index,
+                pinned,
+                ..
+            } => Some((*job_id, *index, *pinned)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_results_a_python_task_reads_are_pinned_from_its_submission_until_their_job_is_forgotten() {
+    let mut core = core_retaining(1);
+    core.config.results_bucket = true;
+    add(&mut core, "e1", 2, 0);
+    let (upstream, launched) = start(&mut core, job(2, 1, 1), 1);
+    let tasks: Vec<_> = launched[0].1.clone();
+    let result = |(task, _, attempt): (TaskId, u32, u32)| finished_with(task, attempt, json!(1));
+    let effects = report(&mut core, "e1", vec![result(tasks[0])], 2);
+    assert_eq!(
+        stores(&effects),
+        [(upstream, 0, false)],
+        "no task reads it yet"
+    );
+    // A python task reads the job's results: the one stored is copied where the bucket's
+    // limits do not reach, the next goes there at once.
+    let reads = |upstream: JobId| SubmitJob {
+        tasks: vec![super::jobs::python_call("gAR9lC4=", None, vec![upstream])],
+        after: vec![upstream],
+        ..job(1, 1, 1)
+    };
+    let reader = submit(&mut core, reads(upstream), 3);
+    assert_eq!(pins(&core.take_effects()), [(upstream, Some(vec![0]))]);
+    let effects = report(&mut core, "e1", vec![result(tasks[1])], 4);
+    assert_eq!(stores(&effects), [(upstream, 1, true)]);
+    // A second reader finds them pinned: nothing to copy.
+    let second = submit(&mut core, reads(upstream), 5);
+    assert_eq!(pins(&core.take_effects()), []);
+    let page = ApiRequest::GetResults {
+        job_id: upstream,
+        offset: 0,
+        limit: 10,
+    };
+    let Answer::Results(read) = core.answer(page.clone(), 6) else {
+        panic!("the results are read from the bucket");
+    };
+    assert_eq!((read.indices, read.pinned), (vec![0, 1], true));
+    // A restored driver cannot know where each job's results are, and pins again those an
+    // open job reads (copying what is not there yet).
+    let mut back = core_retaining(1);
+    back.config.results_bucket = true;
+    back.replay(snapshot_record(&core, 1, 6)).unwrap();
+    back.resume(6);
+    assert_eq!(pins(&back.take_effects()), [(upstream, Some(vec![0, 1]))]);
+    assert!(back.jobs.values().all(|job| job.pin
+        == if job.id == upstream {
+            Pin::Pinned
+        } else {
+            Pin::Unknown
+        }));
+    // The readers end past the limit of one kept job: the upstream, kept for them, goes
+    // once the last has ended, and its pinned results with it (after the writes before).
+    core.api(ApiRequest::KillJob { job_id: reader }, 7);
+    assert_eq!(pins(&core.take_effects()), []);
+    core.api(ApiRequest::KillJob { job_id: second }, 8);
+    assert_eq!(pins(&core.take_effects()), [(upstream, None)]);
+    let gone = api_error(core.api(ApiRequest::GetJob { job_id: upstream }, 11));
+    assert!(gone.contains("forgotten"), "{gone}");
+    check_retention(&core);
 }

@@ -41,7 +41,7 @@ fn a_submitted_job_is_accepted_and_announced() {
 
 /// A python call of `function` (inline; empty for none), its args inline and perhaps also as
 /// `args_object`, reading `upstream`.
-fn python_call(
+pub(super) fn python_call(
     function: &str,
     args_object: Option<crate::objects::ObjectRef>,
     upstream: Vec<JobId>,

@@ -223,9 +223,11 @@ fn send_status(
                 .position(|effect| match effect {
                     Effect::Send { to: other, .. } => *other > to,
                     Effect::Publish(event) => matches!(event, Event::TaskStart { .. }),
-                    Effect::Journal(_) | Effect::StoreResult { .. } | Effect::Release { .. } => {
-                        false
-                    }
+                    Effect::Journal(_)
+                    | Effect::StoreResult { .. }
+                    | Effect::PinResults { .. }
+                    | Effect::UnpinResults { .. }
+                    | Effect::Release { .. } => false,
                 })
                 .unwrap_or(core.effects.len());
             let tasks = std::mem::take(launch);
@@ -703,6 +705,19 @@ fn check_retention(core: &Core) {
         }
     }
     assert_eq!(readers, core.readers, "the open jobs' upstreams");
+    // What an open job's python tasks read is pinned.
+    if core.config.results_bucket {
+        for job in core.jobs.values().filter(|job| job.is_open()) {
+            for up in job.reads_results_of() {
+                let pin = core.jobs.get(&up).map(|up| up.pin);
+                assert!(
+                    matches!(pin, None | Some(super::Pin::Pinned)),
+                    "job {} reads job {up}'s results, {pin:?}",
+                    job.id
+                );
+            }
+        }
+    }
     for id in &core.held {
         assert!(
             core.readers.contains_key(id),
@@ -743,6 +758,7 @@ fn check_retention(core: &Core) {
             );
         }
         assert!(!job.results_dropped || job.results.is_empty());
+        assert_eq!(job.held_bytes, held, "job {}'s held result bytes", job.id);
         all += held;
     }
     assert_eq!(
