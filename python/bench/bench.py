@@ -13,7 +13,7 @@ timed to the end of the last. The overhead per dependency edge is the difference
 
     EMBER_NATS_SERVER=.tools/bin/nats-server .tools/venv/bin/python python/bench/bench.py
 
-It starts its own nats-server (max_payload 8 MB, no JetStream), a driver and the executors
+It starts its own nats-server (max_payload 8 MB; JetStream only with --journal), a driver and the executors
 from target/release (or $EMBER_BIN_DIR) on a loopback port, and stops them at the end. Each
 figure is the median of --runs runs; every map's results are checked. With --json it prints
 one JSON list of the figures and nothing else (`ember bench --python` reads it).
@@ -56,7 +56,7 @@ def wait_listening(port, limit=20):
 
 
 class Cluster:
-    def __init__(self, executors, workers):
+    def __init__(self, executors, workers, journal=False):
         self.dir = tempfile.mkdtemp(prefix="ember-bench-")
         config = Path(self.dir) / "nats.conf"
         config.write_text("max_payload: 8MB\n")
@@ -69,9 +69,11 @@ class Cluster:
         server = os.path.abspath(server)
         bins = Path(os.environ.get("EMBER_BIN_DIR", REPO / "target" / "release")).resolve()
         quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
+        # With JetStream, the driver keeps its journal and results bucket there.
+        store = ["-js", "-sd", str(Path(self.dir) / "jetstream")] if journal else []
         self.processes = [
             subprocess.Popen(
-                [server, "-c", str(config), "-a", "127.0.0.1", "-p", str(self.port)],
+                [server, "-c", str(config), "-a", "127.0.0.1", "-p", str(self.port), *store],
                 stderr=subprocess.DEVNULL,
                 **quiet,
             )
@@ -156,8 +158,8 @@ def measure_tree(url, name, leaves, fan, runs):
     return statistics.median(tree), statistics.median(flat)
 
 
-def measure(executors, workers, calls, runs, chunksizes, round_trips, leaves, fan):
-    cluster = Cluster(executors, workers)
+def measure(executors, workers, calls, runs, chunksizes, round_trips, leaves, fan, journal):
+    cluster = Cluster(executors, workers, journal)
     try:
         with ember.connect(cluster.url, cluster=cluster.name) as client:
             deadline = time.monotonic() + 30
@@ -206,6 +208,9 @@ def main():
                         help="leaf calls of the tree (0 skips it)")
     parser.add_argument("--tree-fan", type=int, default=100,
                         help="futures each reduce of the tree reads")
+    parser.add_argument("--journal", action="store_true",
+                        help="run the server with JetStream: the driver keeps its journal and "
+                             "results bucket there (without, it keeps them in memory)")
     parser.add_argument("--json", action="store_true", help="print one JSON list only")
     args = parser.parse_args()
     chunksizes = [None, 1]
@@ -217,7 +222,8 @@ def main():
     rows = []
     for workers in args.workers:
         figures, p50, tree = measure(args.executors, workers, args.calls, args.runs, chunksizes,
-                                     args.round_trips, args.tree_leaves, args.tree_fan)
+                                     args.round_trips, args.tree_leaves, args.tree_fan,
+                                     args.journal)
         print(f"{f'{args.executors} x {workers}':>20} {figures['default']:>27,.0f} "
               f"{figures[1]:>21,.0f} {p50:>8.2f}", file=table)
         row = {"executors": args.executors, "workers": workers,

@@ -242,23 +242,20 @@ impl Shell {
                         outbox.write(put, |group| journal.store(group));
                     }
                 }
-                // Both read or delete what the writes before them stored: they start once
-                // those are done.
+                // Both read or delete what the writes before them stored, so they start once
+                // those are done; nothing waits for them but reads of the job's results.
                 Effect::PinResults { job_id, indices } => {
-                    if let (Some(results), Some(journal)) = (&self.results, &self.journal) {
-                        let copy = results.pin(job_id, indices, outbox.after_writes());
-                        outbox.write(copy, |group| journal.store(group));
+                    if let Some(results) = &self.results {
+                        tokio::spawn(results.pin(job_id, indices, outbox.after_writes()));
                     }
                 }
                 Effect::UnpinResults { job_id } => {
-                    if let (Some(results), Some(journal)) = (&self.results, &self.journal) {
-                        let after = outbox.after_writes();
-                        let unpin = results.unpin(job_id);
-                        let purge = Box::pin(async move {
+                    if let Some(results) = &self.results {
+                        let (after, unpin) = (outbox.after_writes(), results.unpin(job_id));
+                        tokio::spawn(async move {
                             after.await;
                             unpin.await;
                         });
-                        outbox.write(purge, |group| journal.store(group));
                     }
                 }
                 _ => {}

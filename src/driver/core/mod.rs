@@ -77,12 +77,12 @@ pub enum Effect {
         pinned: bool,
     },
     /// A task now reads job `job_id`'s results: copy those of tasks `indices` from the results
-    /// bucket to its pinned stream, where the bucket's limits do not reach them (those the
-    /// pinned stream has are left). Started once the writes before it are stored (the results
-    /// it copies among them); what follows waits for it, as for a write.
+    /// bucket to the pinned results, where the bucket's limits do not reach them. Started
+    /// once the writes before it are stored (the results it copies among them); reads of the
+    /// job's results wait for it, and nothing else does.
     PinResults { job_id: JobId, indices: Vec<u32> },
-    /// Job `job_id`, whose results may be pinned, was forgotten: delete them from the pinned
-    /// stream, once the writes before this are stored.
+    /// Job `job_id`, whose results may be pinned, was forgotten: delete its pinned results,
+    /// once the writes before this are stored.
     UnpinResults { job_id: JobId },
     /// Job `job_id` ended `state` for `reason`, and jobs wait on it: once every journal write
     /// before this is stored, hand it back with [`Core::release`], which starts them (or fails
@@ -95,7 +95,9 @@ pub enum Effect {
 }
 
 impl Effect {
-    /// Whether this effect is a write that what follows it must wait for.
+    /// Whether this effect is a write to JetStream, which the shell starts at once (what
+    /// follows waits for a journal record or a result; a pin's copy or deletion only orders
+    /// itself after the writes before it).
     pub fn is_write(&self) -> bool {
         matches!(
             self,
