@@ -175,6 +175,8 @@ class Client:
         self._watch = None
         self._watch_lock = asyncio.Lock()
         self._store = None
+        # Whether a driver has answered this client: once one has, finding none is a failover.
+        self._driver_seen = False
 
     @classmethod
     async def connect(
@@ -266,6 +268,7 @@ class Client:
             ) from None
         except nats.errors.TimeoutError:
             raise NoAnswer(f"the driver did not answer within {timeout}s") from None
+        self._driver_seen = True
         try:
             answer = json.loads(reply.data)
         except ValueError as error:
@@ -376,14 +379,16 @@ class Client:
     async def _through_failover(self, attempt):
         """Awaits `attempt()` again every 0.2 s for up to 30 s while the driver answers
         `Unavailable`, or no driver answers after one did (finding none at all on the first
-        try is final: the cluster may have none). For requests that are safe to send again."""
+        try, from a client no driver has answered yet, is final: the cluster may have none).
+        For requests that are safe to send again."""
         deadline = time.monotonic() + FAILOVER_PATIENCE
         first = True
         while True:
             try:
                 return await attempt()
             except (Unavailable, NoDriver, NoAnswer) as error:
-                if (first and isinstance(error, NoDriver)) or time.monotonic() >= deadline:
+                never = first and isinstance(error, NoDriver) and not self._driver_seen
+                if never or time.monotonic() >= deadline:
                     raise
             first = False
             await asyncio.sleep(0.2)

@@ -177,3 +177,34 @@ def test_what_a_waiting_task_reads_stays_while_the_bucket_drops_older_results(tm
             assert len(upstream.result(60)) == 50_000
     finally:
         cluster.stop()
+
+
+def test_a_reader_waiting_through_a_driver_sigkill_reads_its_pinned_upstream(tmp_path):
+    """The driver is killed with SIGKILL while a reader waits, and a new one fills the bucket
+    over before the reader runs: the restored driver pins again what the reader reads."""
+    from conftest import Cluster
+
+    cluster = Cluster()
+    flag = str(tmp_path / "released")
+    args = ("--results-max-bytes", "300000")
+    try:
+        driver = cluster.driver(*args)
+        cluster.executor("exec-1", cores=2)
+        cluster.wait_for_executors(1)
+        with ember.connect(cluster.url, cluster=cluster.name) as client:
+            upstream = client.submit(payload, 50_000)
+            assert len(upstream.result(60)) == 50_000
+            gate = client.submit(wait_for_file, flag)
+            reader = client.submit(size_once_released, upstream, gate)
+            driver.kill()
+            driver.wait(10)
+            cluster.driver(*args)
+            flood = client.map(payload, [50_000] * 24, chunksize=1)
+            assert flood.wait(120)["state"] == "SUCCEEDED"
+            with pytest.raises(ember.ResultGone):
+                flood.results(60)
+            open(flag, "w").close()
+            assert reader.result(60) == 50_000
+            assert gate.result(60) is True
+    finally:
+        cluster.stop()
