@@ -233,6 +233,34 @@ impl Tail {
     }
 }
 
+/// How long the driver waits for JetStream to answer at start: a clustered server's
+/// JetStream answers only once its nodes have elected a leader.
+const JETSTREAM_WAIT: Duration = Duration::from_secs(30);
+/// How long one such question waits for its answer.
+const JETSTREAM_ASK: Duration = Duration::from_secs(2);
+
+/// The account's JetStream information, asked again while the server does not answer (for up
+/// to `JETSTREAM_WAIT`); an answer that JetStream is off comes back at once.
+async fn query_account(
+    context: &jetstream::Context,
+) -> Result<jetstream::account::Account, AccountError> {
+    let deadline = tokio::time::Instant::now() + JETSTREAM_WAIT;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        // A server whose JetStream has no leader yet lets the request wait out its timeout:
+        // asked again sooner, it answers once it has one.
+        let asked = tokio::time::timeout(JETSTREAM_ASK, context.query_account()).await;
+        match asked.unwrap_or_else(|_| Err(AccountErrorKind::TimedOut.into())) {
+            Err(error) if !says_no_jetstream(&error) && tokio::time::Instant::now() < deadline => {
+                warn!(%error, retry_in = ?delay, "JetStream did not answer; asking again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            answered => return answered,
+        }
+    }
+}
+
 impl Journal {
     /// Opens (creating it if needed) the journal stream, or `None` if the journal is off, or
     /// `auto` and the server has no JetStream. Records older than `max_age` are dropped; the
@@ -250,7 +278,7 @@ impl Journal {
             return Ok(None);
         }
         let context = jetstream::new(client.clone());
-        match context.query_account().await {
+        match query_account(&context).await {
             Ok(_) => {}
             // A server that did not answer may well have JetStream, and a journal in it.
             Err(error) if !says_no_jetstream(&error) => {

@@ -2,6 +2,8 @@
 //! in-process or as real processes, each test on its own cluster name.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use async_nats::Client;
 use ember::driver::{self, DriverConfig};
 use ember::executor::{self, ExecutorConfig, ExecutorError, Handlers};
