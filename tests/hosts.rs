@@ -234,79 +234,213 @@ async fn judge(
     runs
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_across_hosts_loses_nothing_when_an_executor_host_is_cut_off() {
-    let Some(mut net) = Net::new() else {
-        return;
-    };
-    let nodes: Vec<Host> = (1..=3).map(|n| net.host(&format!("n{n}"))).collect();
-    let (driver_host, client_host) = (net.host("d1"), net.host("c1"));
-    let workers = [net.host("e1"), net.host("e2")];
-    let scratch = Scratch::new("hosts-cut");
-    let ledger = scratch.0.join("ledger");
-    let nats = NatsCluster::start(nodes, &scratch.0);
-    nats.listening(&client_host).await;
-    let (url, cluster) = (nats.url(), format!("hosts{}", std::process::id()));
-    let _driver = ember(
-        &driver_host,
-        env!("CARGO_BIN_EXE_ember-driver"),
-        &url,
-        &cluster,
-        &[
+/// The topology these tests share: three NATS nodes, `drivers` drivers, two executors and a
+/// client, each on a host of its own; everything stopped and deleted on drop.
+struct Site {
+    // Dropped in order: the processes before the net they run in.
+    drivers: Vec<Child>,
+    _executors: Vec<Child>,
+    _nats: NatsCluster,
+    driver_hosts: Vec<Host>,
+    workers: Vec<Host>,
+    client_host: Host,
+    url: String,
+    cluster: String,
+    scratch: Scratch,
+    _net: Net,
+}
+
+impl Site {
+    /// The site, once two executors have registered with a leading driver; `None` when these
+    /// tests are skipped.
+    async fn start(tag: &str, drivers: usize) -> Option<Site> {
+        let mut net = Net::new()?;
+        let nodes: Vec<Host> = (1..=3).map(|n| net.host(&format!("n{n}"))).collect();
+        let driver_hosts: Vec<Host> = (1..=drivers).map(|n| net.host(&format!("d{n}"))).collect();
+        let workers = vec![net.host("e1"), net.host("e2")];
+        let client_host = net.host("c1");
+        let scratch = Scratch::new(tag);
+        let nats = NatsCluster::start(nodes, &scratch.0);
+        nats.listening(&client_host).await;
+        let (url, cluster) = (nats.url(), format!("{tag}{}", std::process::id()));
+        let flags = [
             "--journal",
             "on",
             "--executor-timeout",
             "2s",
             "--revive-interval",
             "200ms",
-        ],
-    );
-    let _executors: Vec<Child> = workers
-        .iter()
-        .map(|host| {
-            let args = ["--executor-id", &host.name];
-            let args: Vec<&str> = args.into_iter().chain(common::FAST_EXECUTOR).collect();
-            ember(
-                host,
-                env!("CARGO_BIN_EXE_ember-executor"),
-                &url,
-                &cluster,
-                &args,
-            )
-        })
-        .collect();
-    const TASKS: u32 = 40;
-    let job = ledgered(TASKS, "0.3", &ledger);
-    let (url2, cluster2) = (url.clone(), cluster.clone());
-    let job_id = client_host
-        .run(move || async move {
-            let api = client(url2, cluster2).await;
+        ];
+        let driver = env!("CARGO_BIN_EXE_ember-driver");
+        let drivers = driver_hosts
+            .iter()
+            .map(|host| ember(host, driver, &url, &cluster, &flags))
+            .collect();
+        let executors = workers
+            .iter()
+            .map(|host| {
+                let args = ["--executor-id", &host.name];
+                let args: Vec<&str> = args.into_iter().chain(common::FAST_EXECUTOR).collect();
+                ember(
+                    host,
+                    env!("CARGO_BIN_EXE_ember-executor"),
+                    &url,
+                    &cluster,
+                    &args,
+                )
+            })
+            .collect();
+        let site = Site {
+            drivers,
+            _executors: executors,
+            _nats: nats,
+            driver_hosts,
+            workers,
+            client_host,
+            url,
+            cluster,
+            scratch,
+            _net: net,
+        };
+        site.client(|api| async move {
             let deadline = Instant::now() + LIMIT;
             while api.executors().await.unwrap().registered_executors < 2 {
                 assert!(Instant::now() < deadline, "two executors register");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            api.submit(job).await.expect("the job is accepted")
         })
         .await;
+        Some(site)
+    }
+
+    fn ledger(&self) -> PathBuf {
+        self.scratch.0.join("ledger")
+    }
+
+    /// Runs `work` with a client on the client's host.
+    async fn client<T, F, Fut>(&self, work: F) -> T
+    where
+        F: FnOnce(EmberClient) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+        T: Send + 'static,
+    {
+        let (url, cluster) = (self.url.clone(), self.cluster.clone());
+        self.client_host
+            .run(move || async move { work(client(url, cluster).await).await })
+            .await
+    }
+
+    /// Submits a ledgered job of `tasks` tasks of `sleep` each.
+    async fn submit(&self, tasks: u32, sleep: &str) -> u64 {
+        let job = ledgered(tasks, sleep, &self.ledger());
+        self.client(|api| async move { api.submit(job).await.expect("the job is accepted") })
+            .await
+    }
+
+    /// Waits for job `job_id` to end and judges it (see [`judge`]); the runs of each task.
+    async fn judge(&self, job_id: u64, tasks: u32) -> BTreeMap<u32, u32> {
+        let (ledger, cluster) = (self.ledger(), self.cluster.clone());
+        self.client(move |api| async move {
+            within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+            judge(&api, &cluster, job_id, tasks, &ledger).await
+        })
+        .await
+    }
+
+    /// Which driver holds the lease now, by its index, if one does.
+    async fn leader(&self) -> Option<usize> {
+        let pids: Vec<Option<u32>> = self.drivers.iter().map(Child::id).collect();
+        let cluster = self.cluster.clone();
+        self.client(move |api| async move {
+            let subjects = Subjects::new(&cluster).unwrap();
+            let holder = common::holder_of(api.nats(), &subjects).await?;
+            pids.iter().position(|pid| *pid == Some(holder.pid))
+        })
+        .await
+    }
+}
+
+/// Re-runs in a ledger: runs past each task's first.
+fn reruns(runs: &BTreeMap<u32, u32>) -> u32 {
+    runs.values().map(|n| n - 1).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_across_hosts_loses_nothing_when_an_executor_host_is_cut_off() {
+    let Some(site) = Site::start("hostcut", 1).await else {
+        return;
+    };
+    const TASKS: u32 = 40;
+    let job_id = site.submit(TASKS, "0.3").await;
     // Cut e1 off once tasks run, for twice the executor timeout, then heal it.
+    let ledger = site.ledger();
     common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
     let cut_at = Instant::now();
-    workers[0].cut();
+    site.workers[0].cut();
     tokio::time::sleep(Duration::from_secs(4)).await;
-    workers[0].heal();
-    let (ledger2, url2, cluster2) = (ledger.clone(), url.clone(), cluster.clone());
-    let runs = client_host
-        .run(move || async move {
-            let api = client(url2, cluster2.clone()).await;
-            within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
-            judge(&api, &cluster2, job_id, TASKS, &ledger2).await
-        })
-        .await;
-    let reruns: u32 = runs.values().map(|n| n - 1).sum();
+    site.workers[0].heal();
+    let runs = site.judge(job_id, TASKS).await;
     eprintln!(
-        "ledger: {TASKS} tasks, {reruns} re-runs; the job ended {:.1} s after the cut",
+        "executor host cut: {TASKS} tasks, {} re-runs; the job ended {:.1} s after the cut",
+        reruns(&runs),
         cut_at.elapsed().as_secs_f64()
     );
-    drop(nats);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_loses_nothing_while_every_executor_host_drops_two_percent_of_its_packets() {
+    let Some(site) = Site::start("lossy", 1).await else {
+        return;
+    };
+    for host in &site.workers {
+        host.lossy(2);
+    }
+    const TASKS: u32 = 60;
+    let started = Instant::now();
+    let job_id = site.submit(TASKS, "0.1").await;
+    let runs = site.judge(job_id, TASKS).await;
+    for host in &site.workers {
+        host.clear_loss();
+    }
+    eprintln!(
+        "2% loss on every executor host: {TASKS} tasks, {} re-runs, {:.1} s",
+        reruns(&runs),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_stands_by() {
+    let Some(site) = Site::start("leadercut", 2).await else {
+        return;
+    };
+    const TASKS: u32 = 40;
+    let job_id = site.submit(TASKS, "0.3").await;
+    let ledger = site.ledger();
+    common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
+    let old = site.leader().await.expect("a driver leads");
+    let cut_at = Instant::now();
+    site.driver_hosts[old].cut();
+    // The other driver leads once the lease lapses; the cut one sends nothing acted upon.
+    let deadline = Instant::now() + LIMIT;
+    while site.leader().await != Some(1 - old) {
+        assert!(Instant::now() < deadline, "the standby leads");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took_over = cut_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    site.driver_hosts[old].heal();
+    let runs = site.judge(job_id, TASKS).await;
+    // Healed, the old leader stands by: the new one keeps the lease.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        site.leader().await,
+        Some(1 - old),
+        "the new leader keeps leading"
+    );
+    eprintln!(
+        "leader's host cut: a standby led {:.1} s after the cut; {TASKS} tasks, {} re-runs",
+        took_over.as_secs_f64(),
+        reruns(&runs)
+    );
 }

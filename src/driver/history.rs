@@ -252,8 +252,7 @@ pub async fn open(
         num_replicas: replicas,
         ..Default::default()
     };
-    context
-        .create_or_update_stream(config)
+    super::journal::until_answered(&name, || context.create_or_update_stream(config.clone()))
         .await
         .map_err(|e| JournalError::Stream {
             stream: name.clone(),

@@ -64,21 +64,53 @@ impl Replicas {
     }
 
     /// Makes something with `wanted` replicas by `make`, and with `auto`, falls back to one
-    /// replica (with a warning) if the cluster cannot place that many.
+    /// replica (with a warning) if the cluster cannot place that many. A request that timed
+    /// out (a cluster still electing its leaders, or busy) is sent again, for up to
+    /// `JETSTREAM_WAIT`, rather than taken for a cluster that cannot place them.
     pub async fn make<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
         self,
         wanted: usize,
         what: &str,
         mut make: impl FnMut(usize) -> F,
     ) -> Result<T, E> {
-        match make(wanted).await {
+        match until_answered(what, || make(wanted)).await {
             Err(error) if self == Replicas::Auto && wanted > 1 => {
                 warn!(%error, what, wanted, "could not keep that many replicas; keeping one");
-                make(1).await
+                until_answered(what, || make(1)).await
             }
             made => made,
         }
     }
+}
+
+/// What `ask` gives, asked again while JetStream does not answer it (a cluster still electing
+/// its leaders, or busy), for up to `JETSTREAM_WAIT`.
+pub async fn until_answered<T, E, F>(what: &str, mut ask: impl FnMut() -> F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + JETSTREAM_WAIT;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match ask().await {
+            Err(error)
+                if unanswered(&error.to_string()) && tokio::time::Instant::now() < deadline =>
+            {
+                warn!(%error, what, retry_in = ?delay, "JetStream did not answer; asking again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            answered => return answered,
+        }
+    }
+}
+
+/// Whether a JetStream request's error says it went unanswered, rather than refused.
+fn unanswered(error: &str) -> bool {
+    ["timed out", "temporarily unavailable", "no responders"]
+        .iter()
+        .any(|words| error.contains(words))
 }
 
 /// `auto` or the number, as [`Replicas::parse`] reads it.
@@ -754,5 +786,50 @@ impl Retry {
         );
         tokio::time::sleep(self.delay).await;
         self.delay = (self.delay * 2).min(MAX_RETRY_DELAY);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// What `Replicas::make` asked for, answering each ask with the next of `answers`.
+    async fn asks(
+        replicas: Replicas,
+        answers: &[Result<usize, &str>],
+    ) -> (Vec<usize>, Result<usize, String>) {
+        let (asked, next) = (RefCell::new(Vec::new()), RefCell::new(answers.iter()));
+        let made = replicas
+            .make(3, "test", |n| {
+                asked.borrow_mut().push(n);
+                let answer = next
+                    .borrow_mut()
+                    .next()
+                    .expect("an answer")
+                    .map_err(String::from);
+                async move { answer }
+            })
+            .await;
+        (asked.into_inner(), made)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replicas_are_asked_for_again_when_unanswered_and_given_up_only_when_refused() {
+        let timed_out = Err("jetstream request timed out");
+        let refused = Err("insufficient resources");
+        // Unanswered: asked again for three; then placed.
+        assert_eq!(
+            asks(Replicas::Auto, &[timed_out, timed_out, Ok(3)]).await,
+            (vec![3, 3, 3], Ok(3))
+        );
+        // Refused: one replica, with auto.
+        assert_eq!(
+            asks(Replicas::Auto, &[refused, Ok(1)]).await,
+            (vec![3, 1], Ok(1))
+        );
+        // Refused with an exact count: the error.
+        let (asked, made) = asks(Replicas::Exactly(3), &[refused]).await;
+        assert_eq!((asked, made.is_err()), (vec![3], true));
     }
 }

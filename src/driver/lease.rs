@@ -107,16 +107,17 @@ impl Lease {
         };
         let store = match context.get_key_value(&bucket).await {
             Ok(store) => store,
-            Err(_) => context
-                .create_key_value(kv::Config {
+            Err(_) => super::journal::until_answered(&bucket, || {
+                context.create_key_value(kv::Config {
                     bucket: bucket.clone(),
                     history: 1,
                     storage: jetstream::stream::StorageType::File,
                     num_replicas: replicas,
                     ..Default::default()
                 })
-                .await
-                .map_err(|e| failed(e.to_string()))?,
+            })
+            .await
+            .map_err(|e| failed(e.to_string()))?,
         };
         Ok(Self { store, lease })
     }

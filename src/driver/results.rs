@@ -7,7 +7,7 @@
 //! are deleted when their job is forgotten.
 
 use super::core::BucketRead;
-use super::journal::{store, JournalError};
+use super::journal::{store, until_answered, JournalError};
 use crate::ids::JobId;
 use crate::protocol::{encode, ApiReply, ResultsPage};
 use crate::subjects::Subjects;
@@ -253,8 +253,7 @@ async fn open_bucket(
         message,
     };
     let name = config.name.clone();
-    context
-        .create_or_update_stream(config)
+    until_answered(bucket, || context.create_or_update_stream(config.clone()))
         .await
         .map_err(|e| failed(e.to_string()))?;
     let stream = context
