@@ -252,7 +252,7 @@ pub async fn open(
         num_replicas: replicas,
         ..Default::default()
     };
-    super::journal::until_answered(&name, || context.create_or_update_stream(config.clone()))
+    super::jetstream::until_answered(&name, || context.create_or_update_stream(config.clone()))
         .await
         .map_err(|e| JournalError::Stream {
             stream: name.clone(),

@@ -107,7 +107,7 @@ impl Lease {
         };
         let store = match context.get_key_value(&bucket).await {
             Ok(store) => store,
-            Err(_) => super::journal::until_answered(&bucket, || {
+            Err(_) => super::jetstream::until_answered(&bucket, || {
                 context.create_key_value(kv::Config {
                     bucket: bucket.clone(),
                     history: 1,

@@ -9,6 +9,7 @@ pub mod config;
 pub mod core;
 pub mod discovery;
 pub mod history;
+pub mod jetstream;
 pub mod journal;
 pub mod lease;
 pub(crate) mod lease_clock;

@@ -7,7 +7,8 @@
 //! are deleted when their job is forgotten.
 
 use super::core::BucketRead;
-use super::journal::{store, until_answered, JournalError};
+use super::jetstream::until_answered;
+use super::journal::{store, JournalError};
 use crate::ids::JobId;
 use crate::protocol::{encode, ApiReply, ResultsPage};
 use crate::subjects::Subjects;
