@@ -11,7 +11,20 @@ pub const JETSTREAM_WAIT: Duration = Duration::from_secs(30);
 
 /// What `ask` gives, asked again while JetStream does not answer it (a cluster still electing
 /// its leaders, or busy), for up to `JETSTREAM_WAIT`.
-pub async fn until_answered<T, E, F>(what: &str, mut ask: impl FnMut() -> F) -> Result<T, E>
+pub async fn until_answered<T, E, F>(what: &str, ask: impl FnMut() -> F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    retry_while(what, |error: &E| unanswered(&error.to_string()), ask).await
+}
+
+/// What `ask` gives, asked again while its error is `unanswered`, for up to `JETSTREAM_WAIT`.
+pub async fn retry_while<T, E, F>(
+    what: &str,
+    unanswered: impl Fn(&E) -> bool,
+    mut ask: impl FnMut() -> F,
+) -> Result<T, E>
 where
     E: std::fmt::Display,
     F: std::future::Future<Output = Result<T, E>>,
@@ -20,9 +33,7 @@ where
     let mut delay = Duration::from_millis(100);
     loop {
         match ask().await {
-            Err(error)
-                if unanswered(&error.to_string()) && tokio::time::Instant::now() < deadline =>
-            {
+            Err(error) if unanswered(&error) && tokio::time::Instant::now() < deadline => {
                 warn!(%error, what, retry_in = ?delay, "JetStream did not answer; asking again");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));

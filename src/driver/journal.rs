@@ -5,7 +5,7 @@
 
 use super::chain::{Writer, Writers};
 use super::core::{Core, Restored};
-use super::jetstream::{until_answered, JETSTREAM_WAIT};
+use super::jetstream::{retry_while, until_answered};
 use super::lease::Guard;
 use super::snapshots::Stored;
 use crate::metrics::JournalWrites;
@@ -244,21 +244,13 @@ const JETSTREAM_ASK: Duration = Duration::from_secs(2);
 async fn query_account(
     context: &jetstream::Context,
 ) -> Result<jetstream::account::Account, AccountError> {
-    let deadline = tokio::time::Instant::now() + JETSTREAM_WAIT;
-    let mut delay = Duration::from_millis(100);
-    loop {
-        // A server whose JetStream has no leader yet lets the request wait out its timeout:
-        // asked again sooner, it answers once it has one.
+    // A server whose JetStream has no leader yet lets the request wait out its timeout: asked
+    // again sooner, it answers once it has one.
+    let ask = || async {
         let asked = tokio::time::timeout(JETSTREAM_ASK, context.query_account()).await;
-        match asked.unwrap_or_else(|_| Err(AccountErrorKind::TimedOut.into())) {
-            Err(error) if !says_no_jetstream(&error) && tokio::time::Instant::now() < deadline => {
-                warn!(%error, retry_in = ?delay, "JetStream did not answer; asking again");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-            answered => return answered,
-        }
-    }
+        asked.unwrap_or_else(|_| Err(AccountErrorKind::TimedOut.into()))
+    };
+    retry_while("JetStream", |error| !says_no_jetstream(error), ask).await
 }
 
 impl Journal {
