@@ -2,7 +2,10 @@
 //! the connection options Ember needs (inbox prefix, subscription capacity, event logging).
 
 use crate::subjects::Subjects;
-use crate::{DEFAULT_CLUSTER, DEFAULT_NATS_URL, REQUEST_TIMEOUT, SUBSCRIPTION_CAPACITY};
+use crate::{
+    CONNECT_TIMEOUT, DEFAULT_CLUSTER, DEFAULT_NATS_URL, PING_INTERVAL, REQUEST_TIMEOUT,
+    SUBSCRIPTION_CAPACITY,
+};
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
 use prometheus_client::metrics::counter::Counter;
 use std::path::{Path, PathBuf};
@@ -113,6 +116,8 @@ impl NatsArgs {
         let mut options = ConnectOptions::new()
             .name(name)
             .subscription_capacity(SUBSCRIPTION_CAPACITY)
+            .ping_interval(PING_INTERVAL)
+            .connection_timeout(CONNECT_TIMEOUT)
             .event_callback(move |event| {
                 if let Event::SlowConsumer(_) = event {
                     slow_consumers.inc();

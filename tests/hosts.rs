@@ -11,6 +11,8 @@ use ember::protocol::{Event, JobState, SubmitJob, TaskState};
 use ember::subjects::Subjects;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::process::Child;
 
@@ -19,8 +21,10 @@ const LIMIT: Duration = Duration::from_secs(90);
 /// Three NATS nodes routed to each other, JetStream on each, one per host.
 struct NatsCluster {
     nodes: Vec<Host>,
-    /// The nodes' processes, killed on drop.
-    _processes: Vec<Child>,
+    binary: PathBuf,
+    configs: Vec<PathBuf>,
+    /// The nodes' processes, killed on drop; `None` for a node killed.
+    processes: Vec<Option<Child>>,
 }
 
 impl NatsCluster {
@@ -30,7 +34,7 @@ impl NatsCluster {
             .iter()
             .map(|n| format!("nats-route://{}:6222", n.addr))
             .collect();
-        let processes = nodes
+        let configs = nodes
             .iter()
             .map(|node| {
                 let store = dir.join(&node.name);
@@ -48,22 +52,54 @@ impl NatsCluster {
                     ),
                 )
                 .unwrap();
-                node.command(&binary)
-                    .arg("-c")
-                    .arg(&config)
-                    .stdout(std::process::Stdio::null())
-                    .stderr(match std::env::var("EMBER_TEST_LOG") {
-                        Ok(_) => std::process::Stdio::inherit(),
-                        Err(_) => std::process::Stdio::null(),
-                    })
-                    .spawn()
-                    .expect("nats-server starts")
+                config
             })
             .collect();
-        NatsCluster {
+        let mut cluster = NatsCluster {
             nodes,
-            _processes: processes,
+            binary,
+            configs,
+            processes: Vec::new(),
+        };
+        cluster.processes = (0..cluster.nodes.len())
+            .map(|n| Some(cluster.spawn(n)))
+            .collect();
+        cluster
+    }
+
+    fn spawn(&self, n: usize) -> Child {
+        self.nodes[n]
+            .command(&self.binary)
+            .arg("-c")
+            .arg(&self.configs[n])
+            .stdout(std::process::Stdio::null())
+            .stderr(match std::env::var("EMBER_TEST_LOG") {
+                Ok(_) => std::process::Stdio::inherit(),
+                Err(_) => std::process::Stdio::null(),
+            })
+            .spawn()
+            .expect("nats-server starts")
+    }
+
+    /// The index of the node named `name`.
+    fn node(&self, name: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// Kills node `n` with SIGKILL.
+    async fn kill(&mut self, n: usize) {
+        if let Some(mut process) = self.processes[n].take() {
+            process.kill().await.expect("SIGKILL");
         }
+    }
+
+    /// Starts node `n` again, on its store.
+    fn restart(&mut self, n: usize) {
+        assert!(self.processes[n].is_none(), "node {n} runs");
+        self.processes[n] = Some(self.spawn(n));
     }
 
     /// Waits until every node takes connections, as seen from `from`.
@@ -109,18 +145,29 @@ fn ember(host: &Host, binary: &str, url: &str, cluster: &str, args: &[&str]) -> 
         .expect("an ember process starts")
 }
 
-/// A client of `cluster` on `url`, connected from the host it runs on, once the cluster's
-/// driver answers.
+/// Ember's NATS flags for `cluster` on `url`, nothing else set.
+fn nats_args(url: &str, cluster: &str) -> ember::connect::NatsArgs {
+    ember::connect::NatsArgs {
+        nats_url: url.into(),
+        cluster: cluster.into(),
+        user: None,
+        password: None,
+        token: None,
+        creds: None,
+        nkey: None,
+        tls_ca: None,
+        tls_cert: None,
+        tls_key: None,
+    }
+}
+
+/// A client of `cluster` on `url` (with Ember's connection options), connected from the host
+/// it runs on, once the cluster's driver answers.
 async fn client(url: String, cluster: String) -> EmberClient {
     let deadline = Instant::now() + LIMIT;
+    let args = nats_args(&url, &cluster);
     loop {
-        let servers: Vec<async_nats::ServerAddr> =
-            url.split(',').map(|u| u.parse().unwrap()).collect();
-        if let Ok(nats) = async_nats::ConnectOptions::new()
-            .connection_timeout(Duration::from_secs(2))
-            .connect(servers)
-            .await
-        {
+        if let Ok(nats) = args.connect("hosts-test", None).await {
             let api = EmberClient::new(nats, Subjects::new(&cluster).unwrap());
             if api.executors().await.is_ok() {
                 return api;
@@ -240,7 +287,7 @@ struct Site {
     // Dropped in order: the processes before the net they run in.
     drivers: Vec<Child>,
     _executors: Vec<Child>,
-    _nats: NatsCluster,
+    nats: NatsCluster,
     driver_hosts: Vec<Host>,
     workers: Vec<Host>,
     client_host: Host,
@@ -293,7 +340,7 @@ impl Site {
         let site = Site {
             drivers,
             _executors: executors,
-            _nats: nats,
+            nats,
             driver_hosts,
             workers,
             client_host,
@@ -360,6 +407,66 @@ impl Site {
     }
 }
 
+impl Site {
+    /// Starts watching the api from the client's host: asked every 100 ms, each ask given 1 s.
+    fn watch_api(&self) -> ApiWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (url, cluster, host) = (
+            self.url.clone(),
+            self.cluster.clone(),
+            self.client_host.clone(),
+        );
+        let stopped = stop.clone();
+        let watching = tokio::spawn(async move {
+            host.run(move || async move {
+                let api = client(url, cluster).await;
+                let (mut answered, mut longest) = (Instant::now(), Duration::ZERO);
+                while !stopped.load(SeqCst) {
+                    let asked = tokio::time::timeout(Duration::from_secs(1), api.executors()).await;
+                    let now = Instant::now();
+                    longest = longest.max(now - answered);
+                    if matches!(asked, Ok(Ok(_))) {
+                        answered = now;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                longest
+            })
+            .await
+        });
+        ApiWatch { stop, watching }
+    }
+
+    /// The name of the NATS node that leads the cluster's journal stream.
+    async fn journal_leader(&self) -> String {
+        let stream = Subjects::new(&self.cluster).unwrap().journal_stream();
+        self.client(move |api| async move {
+            let js = async_nats::jetstream::new(api.nats().clone());
+            let mut journal = js.get_stream(&stream).await.expect("the journal stream");
+            let info = journal.info().await.expect("the journal's info");
+            info.cluster
+                .as_ref()
+                .and_then(|c| c.leader.clone())
+                .expect("the journal has a leader")
+        })
+        .await
+    }
+}
+
+/// A watch of the api's answers, from [`Site::watch_api`].
+struct ApiWatch {
+    stop: Arc<AtomicBool>,
+    watching: tokio::task::JoinHandle<Duration>,
+}
+
+impl ApiWatch {
+    /// Stops watching: the longest stretch the api went without answering.
+    async fn stop(self) -> Duration {
+        self.stop.store(true, SeqCst);
+        self.watching.await.expect("the watch")
+    }
+}
+
 /// Re-runs in a ledger: runs past each task's first.
 fn reruns(runs: &BTreeMap<u32, u32>) -> u32 {
     runs.values().map(|n| n - 1).sum()
@@ -410,8 +517,6 @@ async fn a_job_loses_nothing_while_every_executor_host_drops_two_percent_of_its_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "under the whole suite's load its drivers once did not answer within 90 s of starting; \
-            run with --ignored while that is found"]
 async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_stands_by() {
     let Some(site) = Site::start("leadercut", 2).await else {
         return;
@@ -421,6 +526,7 @@ async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_sta
     let ledger = site.ledger();
     common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
     let old = site.leader().await.expect("a driver leads");
+    let watch = site.watch_api();
     let cut_at = Instant::now();
     site.driver_hosts[old].cut();
     // The other driver leads once the lease lapses; the cut one sends nothing acted upon.
@@ -440,9 +546,120 @@ async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_sta
         Some(1 - old),
         "the new leader keeps leading"
     );
+    let unanswered = watch.stop().await;
     eprintln!(
-        "leader's host cut: a standby led {:.1} s after the cut; {TASKS} tasks, {} re-runs",
+        "leader's host cut: a standby led {:.1} s after the cut; the api went unanswered for \
+         at most {:.1} s; {TASKS} tasks, {} re-runs",
         took_over.as_secs_f64(),
+        unanswered.as_secs_f64(),
         reruns(&runs)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ember_connection_leaves_a_nats_node_cut_off_for_a_live_one_within_seconds() {
+    let Some(mut net) = Net::new() else {
+        return;
+    };
+    let nodes: Vec<Host> = (1..=3).map(|n| net.host(&format!("n{n}"))).collect();
+    let client_host = net.host("c1");
+    let scratch = Scratch::new("nodecut");
+    let nats = NatsCluster::start(nodes.clone(), &scratch.0);
+    nats.listening(&client_host).await;
+    let args = nats_args(&nats.url(), "nodecut");
+    let (left_after, node) = client_host
+        .run(move || async move {
+            let client = args.connect("nodecut", None).await.expect("connects");
+            let first = client.server_info().server_name;
+            let node = nodes
+                .iter()
+                .find(|n| n.name == first)
+                .expect("a node of ours");
+            node.cut();
+            let cut_at = Instant::now();
+            // Connected again, to another node, and able to make a round trip there.
+            let deadline = cut_at + LIMIT;
+            loop {
+                assert!(Instant::now() < deadline, "left {first} within {LIMIT:?}");
+                if client.server_info().server_name != first
+                    && client.connection_state() == async_nats::connection::State::Connected
+                    && tokio::time::timeout(Duration::from_secs(1), client.flush())
+                        .await
+                        .is_ok_and(|flushed| flushed.is_ok())
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (cut_at.elapsed(), node.clone())
+        })
+        .await;
+    node.heal();
+    eprintln!(
+        "a NATS node cut off: the connection on it was on another node {:.2} s later",
+        left_after.as_secs_f64()
+    );
+    // NATS's own default (a ping every 60 s, two unanswered) would take minutes.
+    assert!(
+        left_after < Duration::from_secs(10),
+        "the connection left the cut node only after {left_after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_loses_nothing_when_the_journals_nats_node_is_killed_and_restarted() {
+    let Some(mut site) = Site::start("nodekill", 1).await else {
+        return;
+    };
+    const TASKS: u32 = 40;
+    let job_id = site.submit(TASKS, "0.3").await;
+    let ledger = site.ledger();
+    common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
+    let watch = site.watch_api();
+    let node = site.nats.node(&site.journal_leader().await);
+    let killed_at = Instant::now();
+    site.nats.kill(node).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    site.nats.restart(node);
+    let runs = site.judge(job_id, TASKS).await;
+    let ended = killed_at.elapsed();
+    let unanswered = watch.stop().await;
+    eprintln!(
+        "the journal's NATS node (its stream leader) killed for 3 s: {TASKS} tasks, {} re-runs; \
+         the api went unanswered for at most {:.1} s; the job ended {:.1} s after the kill",
+        reruns(&runs),
+        unanswered.as_secs_f64(),
+        ended.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_loses_nothing_when_the_journals_nats_node_is_parted_from_the_other_two() {
+    let Some(site) = Site::start("minority", 2).await else {
+        return;
+    };
+    const TASKS: u32 = 40;
+    let job_id = site.submit(TASKS, "0.3").await;
+    let ledger = site.ledger();
+    common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
+    let watch = site.watch_api();
+    let nodes = &site.nats.nodes;
+    let parted = &nodes[site.nats.node(&site.journal_leader().await)];
+    let others: Vec<&Host> = nodes.iter().filter(|n| n.name != parted.name).collect();
+    let parted_at = Instant::now();
+    parted.part_from(&others);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    parted.heal();
+    let healed_at = Instant::now();
+    let runs = site.judge(job_id, TASKS).await;
+    let unanswered = watch.stop().await;
+    eprintln!(
+        "the journal's NATS node (its stream leader) parted from the other two for 6 s: \
+         {TASKS} tasks, {} re-runs; the api went unanswered for at most {:.1} s; the job \
+         ended {:.1} s after the partition, {:.1} s after it healed",
+        reruns(&runs),
+        unanswered.as_secs_f64(),
+        parted_at.elapsed().as_secs_f64(),
+        healed_at.elapsed().as_secs_f64()
     );
 }

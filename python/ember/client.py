@@ -208,6 +208,10 @@ class Client:
         servers = [url] if isinstance(url, str) else list(url)
         options.setdefault("connect_timeout", 5)
         options.setdefault("max_reconnect_attempts", 10)
+        # As every Ember connection: a server that has not answered three pings 0.6 s apart is
+        # left for another (nats-py's own default waits minutes on a node cut off silently).
+        options.setdefault("ping_interval", 0.6)
+        options.setdefault("max_outstanding_pings", 2)
         errors = []
         given_error_cb = options.pop("error_cb", None)
 

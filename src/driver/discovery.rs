@@ -94,9 +94,14 @@ pub async fn leading(
         .stats_handler(move |_endpoint, _stats| counts.data())
         .start(NAME, env!("CARGO_PKG_VERSION"))
         .await?;
+    // A queue group of this leadership's own: a leader whose host was cut off stays subscribed
+    // in its server's eyes until the server's pings give it up (minutes, by default), and in a
+    // group shared with its successor it would take its share of the requests, unanswered.
+    // Each in a group of its own, every leader gets every request and only a live one answers.
     let endpoint = service
         .endpoint_builder()
         .name(API_ENDPOINT)
+        .queue_group(who.driver_instance)
         .add(api)
         .await?;
     Ok((service, endpoint))

@@ -236,9 +236,6 @@ impl Tail {
     }
 }
 
-/// How long one such question waits for its answer.
-const JETSTREAM_ASK: Duration = Duration::from_secs(2);
-
 /// The account's JetStream information, asked again while the server does not answer (for up
 /// to `JETSTREAM_WAIT`); an answer that JetStream is off comes back at once.
 async fn query_account(
@@ -246,11 +243,12 @@ async fn query_account(
 ) -> Result<jetstream::account::Account, AccountError> {
     // A server whose JetStream has no leader yet lets the request wait out its timeout: asked
     // again sooner, it answers once it has one.
-    let ask = || async {
-        let asked = tokio::time::timeout(JETSTREAM_ASK, context.query_account()).await;
-        asked.unwrap_or_else(|_| Err(AccountErrorKind::TimedOut.into()))
-    };
-    retry_while("JetStream", |error| !says_no_jetstream(error), ask).await
+    retry_while(
+        "JetStream",
+        |error| !says_no_jetstream(error),
+        || context.query_account(),
+    )
+    .await
 }
 
 impl Journal {

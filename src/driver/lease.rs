@@ -173,10 +173,17 @@ impl Lease {
     /// One look at the key, and a compare-and-set on it if it is free or, in `watch`'s eyes,
     /// lapsed.
     async fn try_take(&self, me: &Holder, watch: &mut Watch<Instant>) -> Taken {
-        let entry = match self.store.entry(KEY).await {
-            Ok(entry) => entry,
-            Err(error) => {
+        // Each read and write is given a third of the lease: one whose answer was lost would
+        // otherwise hold this standby for JetStream's own timeout (10 s).
+        let patience = self.lease / 3;
+        let entry = match tokio::time::timeout(patience, self.store.entry(KEY)).await {
+            Ok(Ok(entry)) => entry,
+            Ok(Err(error)) => {
                 warn!(%error, "could not read the lease; trying again");
+                return Taken::Unknown;
+            }
+            Err(_) => {
+                warn!(?patience, "the lease was not read in time; trying again");
                 return Taken::Unknown;
             }
         };
@@ -187,16 +194,23 @@ impl Lease {
                 (e.kind() != kv::CreateErrorKind::AlreadyExists).then(|| e.to_string())
             })
         };
+        let create = || async {
+            match tokio::time::timeout(patience, self.store.create(KEY, me.encode())).await {
+                Ok(written) => created(written),
+                Err(_) => Err(None),
+            }
+        };
         let written = match entry {
             // Never written, or deleted by hand: free.
-            None => created(self.store.create(KEY, me.encode()).await),
-            Some(entry) if entry.operation != kv::Operation::Put => {
-                created(self.store.create(KEY, me.encode()).await)
-            }
+            None => create().await,
+            Some(entry) if entry.operation != kv::Operation::Put => create().await,
             Some(entry) => {
                 let holder = Holder::decode(&entry.value);
                 let key = match &holder {
                     Some(h) if h.released => Key::Free,
+                    // Its own write, stored though its answer was lost: taken again by a
+                    // compare-and-set on that revision, whose sending it can count from.
+                    Some(h) if h.driver_instance == me.driver_instance => Key::Free,
                     _ => Key::Held {
                         revision: entry.revision,
                         lease: holder
@@ -210,12 +224,13 @@ impl Lease {
                         None => Taken::Unknown,
                     };
                 }
-                self.store
-                    .update(KEY, me.encode(), entry.revision)
-                    .await
-                    .map_err(|e| {
+                let update = self.store.update(KEY, me.encode(), entry.revision);
+                match tokio::time::timeout(patience, update).await {
+                    Ok(written) => written.map_err(|e| {
                         (e.kind() != kv::UpdateErrorKind::WrongLastRevision).then(|| e.to_string())
-                    })
+                    }),
+                    Err(_) => Err(None),
+                }
             }
         };
         match written {
@@ -232,7 +247,7 @@ enum Taken {
     HeldBy(Holder),
     /// The key is free or lapsed, and the server refused to write it, saying this.
     Refused(String),
-    /// The key could not be read or the write lost a race: look again.
+    /// The key could not be read, the write lost a race, or went unanswered: look again.
     Unknown,
 }
 

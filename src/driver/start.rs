@@ -7,6 +7,7 @@ use super::config::DriverConfig;
 use super::core::{Core, CoreConfig};
 use super::discovery::{self, ApiCounts, Identity};
 use super::history::{self, Fill, History, Stamps};
+use super::jetstream::until_answered;
 use super::journal::{Journal, JournalError, Replayed, Tail};
 use super::lease::{Lease, LeaseError, Tenure};
 use super::results::ResultsBucket;
@@ -74,49 +75,58 @@ pub(super) async fn start(
         config.metrics.journal.clone(),
     )
     .await?;
-    let results = match &journal {
-        Some(journal) => Some(
-            ResultsBucket::open(
-                journal.context(),
-                &subjects,
-                config.results_max_age,
-                config.results_max_bytes,
-                journal.replicas,
-            )
-            .await?,
-        ),
-        None => None,
+    // The journal's companions, made at once: a reply JetStream loses (as it does to two
+    // drivers that create the same stream at the same moment) then costs one wait, not one
+    // per stream.
+    let (results, objects, lease) = match &journal {
+        Some(journal) => {
+            let context = journal.context();
+            let (results, objects, lease, ()) = tokio::try_join!(
+                async {
+                    let bucket = ResultsBucket::open(
+                        context,
+                        &subjects,
+                        config.results_max_age,
+                        config.results_max_bytes,
+                        journal.replicas,
+                    );
+                    Ok::<_, DriverError>(bucket.await?)
+                },
+                async {
+                    let store = until_answered("the object store", || {
+                        crate::objects::Objects::create(
+                            context,
+                            &subjects,
+                            config.objects_max_bytes,
+                            journal.replicas,
+                        )
+                    });
+                    store.await.map_err(|e| DriverError::Objects(e.to_string()))
+                },
+                async {
+                    let lease = Lease::open(context, &subjects, config.lease, journal.replicas);
+                    Ok(lease.await?)
+                },
+                async {
+                    let history = history::open(
+                        context,
+                        &subjects,
+                        config.events_max_age,
+                        config.events_max_bytes,
+                        journal.replicas,
+                    );
+                    Ok(history.await?)
+                },
+            )?;
+            (Some(results), Some(objects), Some(lease))
+        }
+        None => (None, None, None),
     };
-    let objects = match &journal {
-        Some(journal) => Some(
-            crate::objects::Objects::create(
-                journal.context(),
-                &subjects,
-                config.objects_max_bytes,
-                journal.replicas,
-            )
-            .await
-            .map_err(|e| DriverError::Objects(e.to_string()))?,
-        ),
-        None => None,
-    };
-    if let Some(journal) = &journal {
-        history::open(
-            journal.context(),
-            &subjects,
-            config.events_max_age,
-            config.events_max_bytes,
-            journal.replicas,
-        )
-        .await?;
-    }
     let driver_instance = uuid::Uuid::new_v4();
     let mut tenure = None;
     let mut history_after = None;
     let mut journal = journal;
-    if let Some(journal) = journal.as_mut() {
-        let lease =
-            Lease::open(journal.context(), &subjects, config.lease, journal.replicas).await?;
+    if let (Some(journal), Some(lease)) = (journal.as_mut(), lease) {
         let who = Identity {
             subjects: &subjects,
             driver_instance,

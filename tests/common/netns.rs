@@ -232,9 +232,25 @@ impl Host {
         nft(&self.ns, script).expect("cut");
     }
 
-    /// Ends a cut.
+    /// Ends a cut, or a partition.
     pub fn heal(&self) {
         nft(&self.ns, "delete table inet ember_cut").expect("heal");
+    }
+
+    /// Parts this host from `others`: every packet between it and them is dropped until
+    /// [`Host::heal`]; the rest of the net still reaches it.
+    pub fn part_from(&self, others: &[&Host]) {
+        let addrs: Vec<&str> = others.iter().map(|h| h.addr.as_str()).collect();
+        let set = addrs.join(", ");
+        let script = format!(
+            "table inet ember_cut {{
+                chain input {{ type filter hook input priority -10; policy accept;
+                    ip saddr {{ {set} }} drop; }}
+                chain output {{ type filter hook output priority -10; policy accept;
+                    ip daddr {{ {set} }} drop; }}
+            }}"
+        );
+        nft(&self.ns, &script).expect("part");
     }
 
     /// Drops `percent` of the packets in each direction, at random, until [`Host::clear_loss`].
