@@ -419,8 +419,10 @@ impl Site {
         let stopped = stop.clone();
         let watching = tokio::spawn(async move {
             host.run(move || async move {
+                // Counted from the watch's start: a first answer slow to come counts too.
+                let started = Instant::now();
                 let api = client(url, cluster).await;
-                let (mut answered, mut longest) = (Instant::now(), Duration::ZERO);
+                let (mut answered, mut longest) = (Instant::now(), started.elapsed());
                 while !stopped.load(SeqCst) {
                     let asked = tokio::time::timeout(Duration::from_secs(1), api.executors()).await;
                     let now = Instant::now();
@@ -461,9 +463,31 @@ struct ApiWatch {
 
 impl ApiWatch {
     /// Stops watching: the longest stretch the api went without answering.
-    async fn stop(self) -> Duration {
+    async fn stop(mut self) -> Duration {
         self.stop.store(true, SeqCst);
-        self.watching.await.expect("the watch")
+        (&mut self.watching).await.expect("the watch")
+    }
+}
+
+impl Drop for ApiWatch {
+    /// A test that failed stops its watch too, or its runtime would wait for it for ever.
+    fn drop(&mut self) {
+        self.stop.store(true, SeqCst);
+    }
+}
+
+/// The tasks of the jobs the faults interrupt.
+const TASKS: u32 = 40;
+
+impl Site {
+    /// A site of `drivers` drivers, once a ledgered job of [`TASKS`] tasks of 0.3 s each is
+    /// under way (four tasks have run); with the job's id.
+    async fn mid_job(tag: &str, drivers: usize) -> Option<(Site, u64)> {
+        let site = Site::start(tag, drivers).await?;
+        let job_id = site.submit(TASKS, "0.3").await;
+        let ledger = site.ledger();
+        common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
+        Some((site, job_id))
     }
 }
 
@@ -474,14 +498,10 @@ fn reruns(runs: &BTreeMap<u32, u32>) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_across_hosts_loses_nothing_when_an_executor_host_is_cut_off() {
-    let Some(site) = Site::start("hostcut", 1).await else {
+    let Some((site, job_id)) = Site::mid_job("hostcut", 1).await else {
         return;
     };
-    const TASKS: u32 = 40;
-    let job_id = site.submit(TASKS, "0.3").await;
     // Cut e1 off once tasks run, for twice the executor timeout, then heal it.
-    let ledger = site.ledger();
-    common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
     let cut_at = Instant::now();
     site.workers[0].cut();
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -502,15 +522,15 @@ async fn a_job_loses_nothing_while_every_executor_host_drops_two_percent_of_its_
     for host in &site.workers {
         host.lossy(2);
     }
-    const TASKS: u32 = 60;
+    const LOSSY_TASKS: u32 = 60;
     let started = Instant::now();
-    let job_id = site.submit(TASKS, "0.1").await;
-    let runs = site.judge(job_id, TASKS).await;
+    let job_id = site.submit(LOSSY_TASKS, "0.1").await;
+    let runs = site.judge(job_id, LOSSY_TASKS).await;
     for host in &site.workers {
         host.clear_loss();
     }
     eprintln!(
-        "2% loss on every executor host: {TASKS} tasks, {} re-runs, {:.1} s",
+        "2% loss on every executor host: {LOSSY_TASKS} tasks, {} re-runs, {:.1} s",
         reruns(&runs),
         started.elapsed().as_secs_f64()
     );
@@ -518,13 +538,9 @@ async fn a_job_loses_nothing_while_every_executor_host_drops_two_percent_of_its_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_stands_by() {
-    let Some(site) = Site::start("leadercut", 2).await else {
+    let Some((site, job_id)) = Site::mid_job("leadercut", 2).await else {
         return;
     };
-    const TASKS: u32 = 40;
-    let job_id = site.submit(TASKS, "0.3").await;
-    let ledger = site.ledger();
-    common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
     let old = site.leader().await.expect("a driver leads");
     let watch = site.watch_api();
     let cut_at = Instant::now();
@@ -608,13 +624,9 @@ async fn an_ember_connection_leaves_a_nats_node_cut_off_for_a_live_one_within_se
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_loses_nothing_when_the_journals_nats_node_is_killed_and_restarted() {
-    let Some(mut site) = Site::start("nodekill", 1).await else {
+    let Some((mut site, job_id)) = Site::mid_job("nodekill", 1).await else {
         return;
     };
-    const TASKS: u32 = 40;
-    let job_id = site.submit(TASKS, "0.3").await;
-    let ledger = site.ledger();
-    common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
     let watch = site.watch_api();
     let node = site.nats.node(&site.journal_leader().await);
     let killed_at = Instant::now();
@@ -635,13 +647,9 @@ async fn a_job_loses_nothing_when_the_journals_nats_node_is_killed_and_restarted
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_loses_nothing_when_the_journals_nats_node_is_parted_from_the_other_two() {
-    let Some(site) = Site::start("minority", 2).await else {
+    let Some((site, job_id)) = Site::mid_job("minority", 2).await else {
         return;
     };
-    const TASKS: u32 = 40;
-    let job_id = site.submit(TASKS, "0.3").await;
-    let ledger = site.ledger();
-    common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
     let watch = site.watch_api();
     let nodes = &site.nats.nodes;
     let parted = &nodes[site.nats.node(&site.journal_leader().await)];

@@ -9,18 +9,26 @@
 //! A writer task of its own stores them, in the order the actor hands them over (which is the
 //! order the outbox releases them, behind the journal records they depend on), and keeps up to
 //! `IN_FLIGHT` unacknowledged: the actor never waits for an acknowledgement. Each carries a
-//! message id (`Nats-Msg-Id`: the epoch, the driver instance, a count) and the id of the one
-//! before it (`Nats-Expected-Last-Msg-Id`). When an event is not acknowledged (a server that
-//! restarted lost it, or its answer), that event and every one after it are sent again, in
-//! order: those already stored are known by their ids and stored once, and none is stored
-//! before the one it follows, since each expects its predecessor to be the stream's last.
+//! message id (`Nats-Msg-Id`: the epoch, the driver instance, a count) and the stream sequence
+//! it must follow (`Nats-Expected-Last-Sequence`), so none is stored but right after the one
+//! before it. When an event is not acknowledged (a server that restarted lost it, or its
+//! answer), the writer reads the stream's end and sends that event and every one after it
+//! again, one by one, each expecting the stream's last sequence as it then stands: those
+//! already stored are known by their ids and stored once.
 //!
-//! A refusal because the stream's last event is not the expected one means another writer came
-//! between (a deposed leader's late event, or a server that forgot the last id). A writer that
-//! still leads starts its chain again from the stream's end; one that no longer leads gives its
-//! remaining events up: they would land after its successor's, whose epoch readers hold to.
-//! So a deposed leader's late events are stored only in their place, before any successor's,
-//! and a reader's epoch fence (see [`crate::epoch`]) drops whatever else carries an old epoch.
+//! The sequence, not the last message id (`Nats-Expected-Last-Msg-Id`), is the fence: a
+//! clustered JetStream checks an expected sequence before it replicates the message, but an
+//! expected id only as each replica applies it, where a late event of a deposed leader,
+//! arriving once its host is reachable again, stopped every replica of the stream with a
+//! "critical write error" (nats-server 2.15.1).
+//!
+//! A refusal because the stream's last sequence is not the expected one means another writer
+//! came between (a deposed leader's late event, or a server that lost the last one). A writer
+//! that still leads sends again from the stream's end; one that no longer leads gives its
+//! remaining events up at its first failure: they would land after its successor's, whose
+//! epoch readers hold to, and the successor tells again what they told (below). So a deposed
+//! leader's late events are stored only in their place, before any successor's, and a reader's
+//! epoch fence (see [`crate::epoch`]) drops whatever else carries an old epoch.
 //!
 //! A leader killed before the stream acknowledged its last events leaves the history short of
 //! them, though the journal holds what they told. So each stored event carries a [`Stamp`]
@@ -67,8 +75,6 @@ const QUEUE: usize = 4096;
 const ACK_TIMEOUT: Duration = Duration::from_secs(3);
 /// The longest pause between two tries.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
-/// How long a writer whose leadership is lost goes on trying to store the events it holds.
-const LATE_PATIENCE: Duration = Duration::from_secs(30);
 /// The header that carries an event's [`Stamp`].
 pub const JOURNAL_HEADER: &str = "Ember-Journal";
 /// How many stored events a new leader reads back at most, looking for those of the
@@ -272,6 +278,8 @@ pub struct History {
 pub struct Writer {
     pub guard: super::lease::Guard,
     pub driver_instance: uuid::Uuid,
+    /// The events stream's name.
+    pub stream: String,
 }
 
 impl History {
@@ -289,10 +297,11 @@ impl History {
             guard: writer.guard,
             headers: crate::epoch::headers(epoch).unwrap_or_default(),
             id_prefix: format!("{epoch}-{}", &instance[..8]),
+            stream: writer.stream,
             pending: VecDeque::new(),
             acks: FuturesOrdered::new(),
             next: 0,
-            stored: None,
+            last: None,
         };
         let task = tokio::spawn(async move {
             let mut chain = chain;
@@ -331,15 +340,18 @@ struct Pending {
 /// The writer's state: the events not yet acknowledged, in order, and their acknowledgements.
 struct Chain {
     context: Context,
+    /// The events stream's name.
+    stream: String,
     guard: super::lease::Guard,
     headers: async_nats::HeaderMap,
     id_prefix: String,
     pending: VecDeque<Pending>,
-    acks: FuturesOrdered<BoxFuture<'static, Result<(), PublishError>>>,
+    acks: FuturesOrdered<BoxFuture<'static, Result<u64, PublishError>>>,
     next: u64,
-    /// The number of this writer's last event known stored, while the stream's last event is
-    /// expected to be it.
-    stored: Option<u64>,
+    /// The stream's last sequence before the first pending event, while this writer knows
+    /// it: the pending events are then in flight, each expecting the sequence of the one
+    /// before it. `None` until the writer has read the stream's end, and after a failure.
+    last: Option<u64>,
 }
 
 impl Chain {
@@ -347,17 +359,24 @@ impl Chain {
         let mut open = true;
         let mut retry = Retry::default();
         loop {
+            if self.last.is_none() && !self.resync(&mut retry).await {
+                return;
+            }
             tokio::select! {
                 biased;
                 Some(acked) = self.acks.next() => match acked {
-                    Ok(()) => {
-                        self.stored = self.pending.pop_front().map(|p| p.number);
+                    Ok(sequence) => {
+                        self.pending.pop_front();
+                        self.last = Some(sequence);
                         retry.stored();
                     }
                     Err(error) => {
-                        if !self.recover(&error, &mut retry).await {
+                        self.acks = FuturesOrdered::new();
+                        self.last = None;
+                        if !self.may_go_on(&error, &retry) {
                             return;
                         }
+                        retry.failed(&error).await;
                     }
                 },
                 event = received.recv(), if open && self.pending.len() < IN_FLIGHT => match event {
@@ -378,63 +397,99 @@ impl Chain {
             payload,
             stamp,
         });
-        self.send(self.pending.len() - 1).await;
+        if let Some(last) = self.last {
+            let index = self.pending.len() - 1;
+            let sent = self.send(index, last + index as u64).await;
+            self.acks.push_back(match sent {
+                Ok(ack) => Box::pin(async move { ack.await.map(|ack| ack.sequence) }),
+                Err(error) => Box::pin(std::future::ready(Err(error))),
+            });
+        }
     }
 
-    /// After the oldest event failed with `error`: waits, then sends it and every event after
-    /// it again, in order. Returns false if the writer gives up.
-    async fn recover(&mut self, error: &PublishError, retry: &mut Retry) -> bool {
-        self.acks = FuturesOrdered::new();
-        let leads = self.guard.is_current();
-        if error.kind() == PublishErrorKind::WrongLastMessageId {
-            if !leads {
-                warn!(
-                    events = self.pending.len(),
-                    "a newer leader wrote the event history first; the events this deposed \
-                     driver still held are not stored"
-                );
-                return false;
-            }
-            // Another writer came between: the chain starts again from the stream's end.
-            self.stored = None;
+    /// Whether the writer goes on after `error`: a writer that no longer leads gives its
+    /// events up at once, since they could land after its successor's (whose epoch readers
+    /// hold to); the successor tells again from the journal what they told.
+    fn may_go_on(&self, error: &PublishError, retry: &Retry) -> bool {
+        if self.guard.is_current() {
+            return true;
         }
-        if !leads && retry.failing_for() > LATE_PATIENCE {
-            warn!(
-                events = self.pending.len(),
-                "events of a leadership since lost could not be stored; given up"
-            );
-            return false;
-        }
-        retry.failed(error).await;
-        for index in 0..self.pending.len() {
-            self.send(index).await;
-        }
-        true
-    }
-
-    /// Sends the event at `index` of the pending ones, expecting the one before it (or the
-    /// last one stored) to be the stream's last.
-    async fn send(&mut self, index: usize) {
-        let event = &self.pending[index];
-        let before = match index {
-            0 => self.stored,
-            _ => Some(self.pending[index - 1].number),
+        let why = match error.kind() {
+            PublishErrorKind::WrongLastSequence => "a newer leader wrote the event history first",
+            _ => "the history did not store them before this driver stopped leading",
         };
-        let mut publish = PublishMessage::build()
+        warn!(
+            events = self.pending.len(),
+            attempts = retry.attempts + 1,
+            why,
+            "events of a leadership since lost are not stored"
+        );
+        false
+    }
+
+    /// Reads the stream's end and sends the pending events again one by one, each expecting
+    /// the stream's last sequence as it stands: one stored already (its acknowledgement was
+    /// lost) is known by its id and stored once, and moves nothing. Returns false if the
+    /// writer gives up.
+    async fn resync(&mut self, retry: &mut Retry) -> bool {
+        loop {
+            match self.resend().await {
+                Ok(last) => {
+                    self.last = Some(last);
+                    retry.stored();
+                    return true;
+                }
+                Err(error) => {
+                    if !self.may_go_on(&error, retry) {
+                        return false;
+                    }
+                    retry.failed(&error).await;
+                }
+            }
+        }
+    }
+
+    async fn resend(&mut self) -> Result<u64, PublishError> {
+        let unread = |e: &dyn std::fmt::Display| {
+            PublishError::with_source(PublishErrorKind::Other, e.to_string())
+        };
+        let mut stream = self
+            .context
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| unread(&e))?;
+        let mut last = stream
+            .info()
+            .await
+            .map_err(|e| unread(&e))?
+            .state
+            .last_sequence;
+        while !self.pending.is_empty() {
+            let ack = self.send(0, last).await?.await?;
+            if !ack.duplicate {
+                last = ack.sequence;
+            }
+            self.pending.pop_front();
+        }
+        Ok(last)
+    }
+
+    /// Sends the event at `index` of the pending ones, expecting the stream's last sequence
+    /// to be `expected`.
+    async fn send(
+        &mut self,
+        index: usize,
+        expected: u64,
+    ) -> Result<async_nats::jetstream::context::PublishAckFuture, PublishError> {
+        let event = &self.pending[index];
+        let publish = PublishMessage::build()
             .payload(event.payload.clone())
             .headers(self.stamped(event.stamp))
-            .message_id(format!("{}.{}", self.id_prefix, event.number));
-        if let Some(before) = before {
-            publish = publish.expected_last_message_id(format!("{}.{before}", self.id_prefix));
-        }
-        let sent = self
-            .context
+            .message_id(format!("{}.{}", self.id_prefix, event.number))
+            .expected_last_sequence(expected);
+        self.context
             .send_publish(event.subject.clone(), publish)
-            .await;
-        self.acks.push_back(match sent {
-            Ok(ack) => Box::pin(async move { ack.await.map(drop) }),
-            Err(error) => Box::pin(std::future::ready(Err(error))),
-        });
+            .await
     }
 }
 
@@ -562,11 +617,7 @@ impl Retry {
         }
     }
 
-    fn failing_for(&self) -> Duration {
-        self.failing_since.map_or(Duration::ZERO, |s| s.elapsed())
-    }
-
-    async fn failed(&mut self, error: &PublishError) {
+    async fn failed(&mut self, error: &(dyn std::fmt::Display + Sync)) {
         self.failing_since
             .get_or_insert_with(std::time::Instant::now);
         self.attempts += 1;

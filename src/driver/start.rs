@@ -249,6 +249,7 @@ pub(super) async fn start(
             history::Writer {
                 guard,
                 driver_instance,
+                stream: subjects.events_stream(),
             },
             fill,
         )
