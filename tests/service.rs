@@ -403,7 +403,8 @@ async fn gather(client: &async_nats::Client, subject: String) -> Vec<serde_json:
 
 /// A plain NATS client finds both drivers of a cluster by `$SRV.PING.ember-driver`, tells the
 /// leader from the standby by their metadata, reads the leader's api endpoint from
-/// `$SRV.INFO`, and sees the api's requests counted in `$SRV.STATS`, error answers apart.
+/// `$SRV.INFO`, sees the api's requests counted in `$SRV.STATS`, error answers apart, and a
+/// refusal's service error headers.
 #[tokio::test]
 async fn nats_service_discovery_finds_every_driver_and_counts_the_api() {
     let cluster = TestCluster::start_with_jetstream("discovery");
@@ -474,6 +475,14 @@ async fn nats_service_discovery_finds_every_driver_and_counts_the_api() {
         .await
         .unwrap();
     assert!(String::from_utf8_lossy(&raw.payload).contains("could not decode"));
+    // The refusal is a micro service error too (ADR-32), beside its JSON.
+    let headers = raw.headers.expect("a refusal's headers");
+    let header = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
+    assert_eq!(header("Nats-Service-Error-Code").as_deref(), Some("400"));
+    assert!(
+        header("Nats-Service-Error").is_some_and(|e| e.contains("could not decode")),
+        "{headers:?}"
+    );
 
     let id = leader["id"].as_str().unwrap();
     let stats = gather(&client, format!("$SRV.STATS.ember-driver.{id}")).await;

@@ -176,7 +176,11 @@ pub async fn unavailable_while<T>(
                     ),
                 };
                 let payload = crate::protocol::encode(&answer);
-                if let Err(error) = client.publish(reply, payload).await {
+                let mut headers = async_nats::HeaderMap::new();
+                if let Some(error) = super::outbox::ServiceError::of(&answer) {
+                    error.add_to(&mut headers);
+                }
+                if let Err(error) = client.publish_with_headers(reply, headers, payload).await {
                     tracing::warn!(%error, "could not answer an api request");
                 }
             }

@@ -56,10 +56,50 @@ pub fn urgent(record: &JournalRecord) -> bool {
 /// that `$SRV.STATS` counts it.
 pub type ReplyTo = Box<async_nats::service::Request>;
 
+/// A refusal, as a NATS micro service error (ADR-32): the answer keeps its JSON body and
+/// carries `Nats-Service-Error` (the message) and `Nats-Service-Error-Code` beside it, so that
+/// NATS tooling counts it as an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceError {
+    pub code: u16,
+    pub description: String,
+}
+
+impl ServiceError {
+    /// The error `reply` stands for, if it refuses: 400 for a request refused, 503 while no
+    /// driver can lead.
+    pub fn of(reply: &crate::protocol::ApiReply) -> Option<Self> {
+        use crate::protocol::ApiReply;
+        let (code, message) = match reply {
+            ApiReply::Error { message } => (400, message),
+            ApiReply::Unavailable { message } => (503, message),
+            _ => return None,
+        };
+        // A header value is one line.
+        let description = message
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        Some(Self { code, description })
+    }
+
+    /// Adds the error's headers to `headers`.
+    pub fn add_to(&self, headers: &mut async_nats::HeaderMap) {
+        headers.insert(
+            async_nats::service::NATS_SERVICE_ERROR,
+            self.description.as_str(),
+        );
+        headers.insert(
+            async_nats::service::NATS_SERVICE_ERROR_CODE,
+            self.code.to_string().as_str(),
+        );
+    }
+}
+
 /// One thing the driver sends.
 pub enum Output {
-    /// The answer to a client's request: (where it goes, payload).
-    Reply(ReplyTo, bytes::Bytes),
+    /// The answer to a client's request: (where it goes, payload, the error it stands for).
+    Reply(ReplyTo, bytes::Bytes, Option<ServiceError>),
     /// The answer to an executor's request: (reply subject, payload).
     ExecutorReply(async_nats::Subject, bytes::Bytes),
     /// An event or an executor's message.

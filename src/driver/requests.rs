@@ -4,7 +4,7 @@
 use super::admission::Refusal;
 use super::core::{Answer, Core};
 use super::objects::Checked;
-use super::outbox::{Output, ReplyTo};
+use super::outbox::{Output, ReplyTo, ServiceError};
 use super::shell::Shell;
 use crate::now_ms;
 use crate::protocol::{
@@ -195,7 +195,9 @@ impl Shell {
             self.admission.api_error();
         }
         match answer {
-            Answer::Reply(answer) => Output::Reply(reply, encode(&answer)),
+            Answer::Reply(answer) => {
+                Output::Reply(reply, encode(&answer), ServiceError::of(&answer))
+            }
             Answer::Results(read) => Output::Results { reply, read },
         }
     }

@@ -8,7 +8,7 @@ use super::core::{BucketRead, Core, Effect};
 use super::history::{History, Stamp, Stamps};
 use super::journal::Journal;
 use super::lease::{Guard, Tenure};
-use super::outbox::{Output, ReplyTo};
+use super::outbox::{Output, ReplyTo, ServiceError};
 use super::outgoing::Outgoing;
 use super::results::ResultsBucket;
 use super::snapshots::{Encoded, Schedule, Stored};
@@ -208,8 +208,9 @@ impl Shell {
     ) {
         let (guard, headers) = (self.guard().cloned(), self.headers.clone());
         tokio::spawn(async move {
-            let payload = encode(&reply.await);
-            answer(guard.as_ref(), headers.as_ref(), to, payload).await;
+            let reply = reply.await;
+            let error = ServiceError::of(&reply);
+            answer(guard.as_ref(), headers.as_ref(), to, encode(&reply), error).await;
         });
     }
 
@@ -315,9 +316,9 @@ impl Shell {
 
     pub(super) async fn send(&mut self, output: Output) {
         match output {
-            Output::Reply(to, payload) => {
+            Output::Reply(to, payload, error) => {
                 let (guard, headers) = (self.guard(), self.headers.as_ref());
-                answer(guard, headers, to, payload).await
+                answer(guard, headers, to, payload, error).await
             }
             Output::ExecutorReply(reply, payload) => self.publish(reply, payload).await,
             Output::Effect(Effect::Publish(event)) => {
@@ -459,17 +460,22 @@ impl Shell {
     }
 }
 
-/// Sends a client's answer as [`send`] does, through the service endpoint it came from.
+/// Sends a client's answer as [`send`] does, through the service endpoint it came from, with
+/// the service error headers of a refusal.
 async fn answer(
     guard: Option<&Guard>,
     headers: Option<&async_nats::HeaderMap>,
     to: ReplyTo,
     payload: bytes::Bytes,
+    error: Option<ServiceError>,
 ) {
     if !guard.map_or(true, Guard::is_current) {
         return;
     }
-    let headers = headers.cloned().unwrap_or_default();
+    let mut headers = headers.cloned().unwrap_or_default();
+    if let Some(error) = error {
+        error.add_to(&mut headers);
+    }
     if let Err(error) = to.respond_with_headers(Ok(payload), headers).await {
         warn!(%error, "could not answer an api request");
     }
