@@ -177,9 +177,7 @@ pub async fn unavailable_while<T>(
                 };
                 let payload = crate::protocol::encode(&answer);
                 let mut headers = async_nats::HeaderMap::new();
-                if let Some(error) = super::outbox::ServiceError::of(&answer) {
-                    error.add_to(&mut headers);
-                }
+                super::outbox::ServiceError::add_for(&answer, &mut headers);
                 if let Err(error) = client.publish_with_headers(reply, headers, payload).await {
                     tracing::warn!(%error, "could not answer an api request");
                 }

@@ -18,7 +18,7 @@
 //! When to read the key, take it, renew it and stop is decided by [`lease_clock`](super::lease_clock),
 //! on the clock this passes in; the simulator runs the same decisions on virtual time.
 
-use super::lease_clock::{poll_interval, Hold, Key, Watch};
+use super::lease_clock::{ask_patience, poll_interval, Hold, Key, Watch};
 use crate::subjects::Subjects;
 use async_nats::jetstream::{self, kv};
 use serde::{Deserialize, Serialize};
@@ -173,9 +173,7 @@ impl Lease {
     /// One look at the key, and a compare-and-set on it if it is free or, in `watch`'s eyes,
     /// lapsed.
     async fn try_take(&self, me: &Holder, watch: &mut Watch<Instant>) -> Taken {
-        // Each read and write is given a third of the lease: one whose answer was lost would
-        // otherwise hold this standby for JetStream's own timeout (10 s).
-        let patience = self.lease / 3;
+        let patience = ask_patience(self.lease);
         let entry = match tokio::time::timeout(patience, self.store.entry(KEY)).await {
             Ok(Ok(entry)) => entry,
             Ok(Err(error)) => {

@@ -22,6 +22,12 @@ pub fn renew_interval(lease: Duration) -> Duration {
     lease / 3
 }
 
+/// How long a standby waits for one read or write of the key: one whose answer was lost
+/// would otherwise hold it for JetStream's own timeout (10 s), well past the lease.
+pub fn ask_patience(lease: Duration) -> Duration {
+    renew_interval(lease)
+}
+
 /// What a standby read in the lease key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Key {
@@ -142,6 +148,7 @@ mod tests {
         assert_eq!(poll_interval(at(100)), at(20));
         assert_eq!(poll_interval(at(60_000)), at(500));
         assert_eq!(renew_interval(LEASE), at(1_000));
+        assert_eq!(ask_patience(LEASE), at(1_000));
     }
 
     #[test]

@@ -83,6 +83,13 @@ impl ServiceError {
         Some(Self { code, description })
     }
 
+    /// Adds the headers of the error `reply` stands for, if any, to `headers`.
+    pub fn add_for(reply: &crate::protocol::ApiReply, headers: &mut async_nats::HeaderMap) {
+        if let Some(error) = Self::of(reply) {
+            error.add_to(headers);
+        }
+    }
+
     /// Adds the error's headers to `headers`.
     pub fn add_to(&self, headers: &mut async_nats::HeaderMap) {
         headers.insert(
