@@ -1,5 +1,10 @@
-//! How every binary reaches NATS: the shared flags (`--nats-url`, `--cluster`, credentials) and
-//! the connection options Ember needs (inbox prefix, subscription capacity, event logging).
+//! How every binary reaches NATS: the shared flags (`--nats-url`, `--cluster`, credentials, a
+//! `nats` CLI `--context`) and the connection options Ember needs (inbox prefix, subscription
+//! capacity, event logging).
+
+mod context;
+
+pub use context::{Context, ContextError};
 
 use crate::subjects::Subjects;
 use crate::{
@@ -14,11 +19,16 @@ use tracing::{info, warn};
 
 /// The NATS flags every Ember binary takes. `Debug` leaves the password and token out, so the
 /// flags can be logged.
-#[derive(Clone, clap::Args)]
+#[derive(Clone, Default, clap::Args)]
 pub struct NatsArgs {
-    /// NATS server URL(s); several, comma-separated, for a cluster.
-    #[arg(long, global = true, env = "EMBER_NATS_URL", default_value = DEFAULT_NATS_URL)]
-    pub nats_url: String,
+    /// NATS server URL(s); several, comma-separated, for a cluster [default:
+    /// nats://127.0.0.1:4222, or the --context's].
+    #[arg(long, global = true, env = "EMBER_NATS_URL")]
+    pub nats_url: Option<String>,
+    /// A `nats` CLI context (a name from `nats context ls`, or a path to its JSON file): its
+    /// servers, credentials, TLS files and inbox prefix, for whatever the flags here leave unset.
+    #[arg(long, global = true, env = "EMBER_CONTEXT")]
+    pub context: Option<String>,
     /// Cluster name: subjects live under `ember.<cluster>`, so clusters can share one NATS.
     #[arg(long, global = true, env = "EMBER_CLUSTER", default_value = DEFAULT_CLUSTER)]
     pub cluster: String,
@@ -47,6 +57,12 @@ pub struct NatsArgs {
     /// PEM private key of --tls-cert.
     #[arg(long, global = true, env = "EMBER_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// The prefix of this connection's reply subjects (a context's `inbox_prefix`).
+    #[arg(skip)]
+    pub inbox_prefix: Option<String>,
+    /// Start TLS before the server's greeting (a context's `tls_first`).
+    #[arg(skip)]
+    pub tls_first: bool,
 }
 
 impl std::fmt::Debug for NatsArgs {
@@ -54,6 +70,7 @@ impl std::fmt::Debug for NatsArgs {
         let hidden = |secret: &Option<String>| secret.as_ref().map(|_| "<hidden>");
         f.debug_struct("NatsArgs")
             .field("nats_url", &self.nats_url)
+            .field("context", &self.context)
             .field("cluster", &self.cluster)
             .field("user", &self.user)
             .field("password", &hidden(&self.password))
@@ -63,6 +80,8 @@ impl std::fmt::Debug for NatsArgs {
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
+            .field("inbox_prefix", &self.inbox_prefix)
+            .field("tls_first", &self.tls_first)
             .finish()
     }
 }
@@ -82,6 +101,8 @@ pub enum ConnectError {
     Nkey { path: PathBuf, reason: String },
     #[error("--password needs --user (and --user needs --password)")]
     UserPassword,
+    #[error(transparent)]
+    Context(#[from] ContextError),
     /// The cause is kept as text, not as the error's source: a source would be printed
     /// again after the hint by whoever prints the chain.
     #[error("could not connect to NATS at {url}: {cause} (is nats-server running? `ember up` starts one)")]
@@ -94,7 +115,48 @@ impl NatsArgs {
         Subjects::new(&self.cluster).map_err(ConnectError::Cluster)
     }
 
-    /// Connects as `name`. `inbox_prefix`, for executors, keeps replies under their own id.
+    /// The server URL(s) to reach: `--nats-url`, else the context's, else the default.
+    pub fn url(&self) -> &str {
+        self.nats_url.as_deref().unwrap_or(DEFAULT_NATS_URL)
+    }
+
+    /// These flags with the `--context` read into them: a setting given as a flag (or its
+    /// `EMBER_*` variable) wins over the context's. A context's user and password come as a
+    /// pair, and only when no flag names another way to authenticate.
+    pub fn resolved(&self) -> Result<NatsArgs, ConnectError> {
+        let Some(name) = &self.context else {
+            return Ok(self.clone());
+        };
+        let context = Context::load(name)?;
+        let mut args = self.clone();
+        args.context = None;
+        args.nats_url = args.nats_url.or_else(|| Context::text(&context.url));
+        let flags_authenticate = self.user.is_some()
+            || self.password.is_some()
+            || self.token.is_some()
+            || self.creds.is_some()
+            || self.nkey.is_some();
+        if !flags_authenticate {
+            args.user = Context::text(&context.user);
+            args.password = Context::text(&context.password);
+            args.token = Context::text(&context.token);
+            args.creds = Context::file(&context.creds);
+            args.nkey = Context::file(&context.nkey);
+        }
+        args.tls_ca = args.tls_ca.or_else(|| Context::file(&context.ca));
+        if args.tls_cert.is_none() {
+            args.tls_cert = Context::file(&context.cert);
+            args.tls_key = Context::file(&context.key);
+        }
+        args.inbox_prefix = args
+            .inbox_prefix
+            .or_else(|| Context::text(&context.inbox_prefix));
+        args.tls_first |= context.tls_first;
+        Ok(args)
+    }
+
+    /// Connects as `name`. `inbox_prefix`, for executors, keeps replies under their own id
+    /// (and wins over a context's).
     pub async fn connect(
         &self,
         name: &str,
@@ -112,7 +174,8 @@ impl NatsArgs {
         inbox_prefix: Option<String>,
         slow_consumers: Counter,
     ) -> Result<Client, ConnectError> {
-        let servers = parse_urls(&self.nats_url)?;
+        let args = self.resolved()?;
+        let servers = parse_urls(args.url())?;
         let mut options = ConnectOptions::new()
             .name(name)
             .subscription_capacity(SUBSCRIPTION_CAPACITY)
@@ -124,22 +187,22 @@ impl NatsArgs {
                 }
                 async move { log_event(event) }
             });
-        if let Some(prefix) = inbox_prefix {
+        if let Some(prefix) = inbox_prefix.or_else(|| args.inbox_prefix.clone()) {
             options = options.custom_inbox_prefix(prefix);
         }
-        options = self.authenticate(options).await?;
+        options = args.authenticate(options).await?;
         options
             .connect(servers)
             .await
             .map_err(|error| ConnectError::Connect {
-                url: self.nats_url.clone(),
+                url: args.url().to_string(),
                 cause: error.to_string(),
             })
     }
 
-    /// Adds the credentials and TLS settings these flags name to `options`: for programs that
-    /// build their own [`ConnectOptions`] (an event callback of their own, say) and still want
-    /// Ember's flags.
+    /// Adds the credentials and TLS settings these flags name to `options` (call it on
+    /// [`Self::resolved`] flags for a context's): for programs that build their own
+    /// [`ConnectOptions`] (an event callback of their own, say) and still want Ember's flags.
     pub async fn authenticate(
         &self,
         mut options: ConnectOptions,
@@ -174,6 +237,9 @@ impl NatsArgs {
             options = options
                 .add_client_certificate(cert.clone(), key.clone())
                 .require_tls(true);
+        }
+        if self.tls_first {
+            options = options.tls_first();
         }
         Ok(options)
     }

@@ -148,16 +148,9 @@ fn ember(host: &Host, binary: &str, url: &str, cluster: &str, args: &[&str]) -> 
 /// Ember's NATS flags for `cluster` on `url`, nothing else set.
 fn nats_args(url: &str, cluster: &str) -> ember::connect::NatsArgs {
     ember::connect::NatsArgs {
-        nats_url: url.into(),
+        nats_url: Some(url.into()),
         cluster: cluster.into(),
-        user: None,
-        password: None,
-        token: None,
-        creds: None,
-        nkey: None,
-        tls_ca: None,
-        tls_cert: None,
-        tls_key: None,
+        ..Default::default()
     }
 }
 

@@ -1166,6 +1166,22 @@ async fn tls_flags_connect_to_a_server_that_verifies_clients() {
         connect(wrong_ca).await.is_err(),
         "a CA that did not sign the server"
     );
+    // A `nats` CLI context names the same files (and the server) just as well.
+    let context = TempFile::new(
+        "tls-context.json",
+        &serde_json::json!({
+            "url": url, "ca": file("ca.pem"), "cert": file("client.pem"),
+            "key": file("client.key"), "user": "", "jetstream_domain": "",
+        })
+        .to_string(),
+    );
+    let flags = Flags::try_parse_from(["test", "--context", context.path()]).expect("flags");
+    let client = flags
+        .nats
+        .connect("test", None)
+        .await
+        .expect("context connects");
+    client.flush().await.expect("a round trip over TLS");
     #[derive(Parser)]
     struct Flags {
         #[command(flatten)]
@@ -1173,6 +1189,69 @@ async fn tls_flags_connect_to_a_server_that_verifies_clients() {
     }
     let half = Flags::try_parse_from(["test", "--tls-cert", "c.pem"]);
     assert!(half.is_err(), "--tls-cert needs --tls-key");
+}
+
+#[tokio::test]
+async fn a_nats_context_gives_the_servers_credentials_and_inbox_and_flags_win() {
+    let secure = Secure::start("context");
+    let user = secure.user("client");
+    let context = |password: &str| {
+        let text = serde_json::json!({
+            "description": "", "url": secure.cluster.url(), "user": user,
+            "password": password, "token": "", "creds": "", "nkey": "", "cert": "", "key": "",
+            "ca": "", "inbox_prefix": "_INBOX_ctx", "tls_first": false,
+        });
+        TempFile::new("context.json", &text.to_string())
+    };
+    let flags = |argv: &[&str]| {
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            nats: NatsArgs,
+        }
+        let mut all = vec!["test", "--cluster", &secure.name];
+        all.extend(argv);
+        Flags::try_parse_from(all).expect("flags parse").nats
+    };
+    let right = context(&password(&user));
+    let client = flags(&["--context", right.path()])
+        .connect("test", None)
+        .await
+        .expect("the context's server and user");
+    assert!(client.new_inbox().starts_with("_INBOX_ctx."));
+    client.flush().await.expect("a round trip");
+
+    let wrong = context("wrong");
+    let refused = flags(&["--context", wrong.path()])
+        .connect("test", None)
+        .await;
+    assert!(refused.is_err(), "the context's wrong password got in");
+    let pw = password(&user);
+    let fixed = flags(&[
+        "--context",
+        wrong.path(),
+        "--user",
+        &user,
+        "--password",
+        &pw,
+    ]);
+    fixed
+        .connect("test", None)
+        .await
+        .expect("flags win over the context");
+    let elsewhere = flags(&[
+        "--context",
+        right.path(),
+        "--nats-url",
+        "nats://127.0.0.1:1",
+    ]);
+    assert!(
+        elsewhere.connect("test", None).await.is_err(),
+        "--nats-url wins over the context's url"
+    );
+    let missing = flags(&["--context", "/nonexistent/ember-context.json"]);
+    let error = missing.connect("test", None).await.unwrap_err().to_string();
+    assert!(error.contains("no nats context"), "{error}");
 }
 
 /// The binaries read their credentials from EMBER_USER and EMBER_PASSWORD; an executor started

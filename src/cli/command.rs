@@ -110,16 +110,19 @@ pub enum Command {
     Sim(SimArgs),
 }
 
-/// The command line; `ember up` joins the server of a `--nats-url` given on it. One from
-/// `EMBER_NATS_URL` does not count: an environment set for the other commands (as the demo's)
-/// may still start a server with `ember up --port`.
+/// The command line; `ember up` joins the server of a `--nats-url` or `--context` given on it.
+/// One from `EMBER_NATS_URL` or `EMBER_CONTEXT` does not count: an environment set for the other
+/// commands (as the demo's) may still start a server with `ember up --port`.
 pub fn parse() -> Cli {
     use clap::{parser::ValueSource, CommandFactory, FromArgMatches};
     let matches = Cli::command().get_matches();
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Up(args) = &mut cli.command {
-        let given =
-            |m: &clap::ArgMatches| m.value_source("nats_url") == Some(ValueSource::CommandLine);
+        let given = |m: &clap::ArgMatches| {
+            ["nats_url", "context"]
+                .iter()
+                .any(|id| m.value_source(id) == Some(ValueSource::CommandLine))
+        };
         args.join = given(&matches) || matches.subcommand_matches("up").is_some_and(given);
     }
     cli

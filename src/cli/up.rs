@@ -188,7 +188,8 @@ fn server(
                  joins the server there instead"
             );
         }
-        eprintln!("joining the NATS server at {}", nats.nats_url);
+        // The children are given the context itself, to read as this process did.
+        eprintln!("joining the NATS server at {}", nats.resolved()?.url());
         return Ok((None, None, nats.clone()));
     }
     let (run_dir, config) = match &args.config {
@@ -204,7 +205,8 @@ fn server(
         .map_err(|e| anyhow::anyhow!("{e} (is port {} already in use? try --port)", args.port))?;
     eprintln!("nats-server listening on {}", server.url());
     let nats = NatsArgs {
-        nats_url: server.url(),
+        nats_url: Some(server.url()),
+        context: None,
         ..nats.clone()
     };
     Ok((Some(server), run_dir, nats))

@@ -155,7 +155,8 @@ impl Launcher {
 pub fn child_env(nats: &NatsArgs) -> Vec<(&'static str, String)> {
     let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
     [
-        ("EMBER_NATS_URL", Some(nats.nats_url.clone())),
+        ("EMBER_NATS_URL", nats.nats_url.clone()),
+        ("EMBER_CONTEXT", nats.context.clone()),
         ("EMBER_CLUSTER", Some(nats.cluster.clone())),
         ("EMBER_USER", nats.user.clone()),
         ("EMBER_PASSWORD", nats.password.clone()),
@@ -192,16 +193,12 @@ mod tests {
     #[test]
     fn children_get_every_credential_flag_given_and_no_other() {
         let mut nats = NatsArgs {
-            nats_url: "nats://h:1".into(),
+            nats_url: Some("nats://h:1".into()),
             cluster: "c".into(),
-            user: None,
-            password: None,
             token: Some("t".into()),
             creds: Some("/x.creds".into()),
-            nkey: None,
             tls_ca: Some("/ca.pem".into()),
-            tls_cert: None,
-            tls_key: None,
+            ..Default::default()
         };
         let env: BTreeMap<_, _> = child_env(&nats).into_iter().collect();
         assert_eq!(env.len(), 5, "{env:?}");
