@@ -13,9 +13,12 @@
 //!
 //!   A key is letters, digits and `_ . - / :`; a value is any text without `,`, `(`, `)`, `=`
 //!   or a control character, spaces around it trimmed.
-//! - **Preferences** (Spark's locality preferences, for a whole job): executors by id and
-//!   hosts by name on which the job would rather run, and how long it waits for a slot there
-//!   (Spark's `spark.locality.wait`, 3s) before it takes any executor.
+//! - **Preferences** (Spark's locality preferences, for a whole job): executors by id, hosts
+//!   by name and sites by name on which the job would rather run, and how long it waits for a
+//!   slot there (Spark's `spark.locality.wait`, 3s) before it takes any executor.
+//! - **Sites**: an executor's site is its attribute [`SITE`] (`ember-executor --site edge` is
+//!   `--attribute site=edge`), so a job requires one with the constraint `site=edge` and
+//!   prefers one with `prefer_sites`.
 //!
 //! This module holds what the CLI and the driver share: the wire form, the language, the
 //! limits and the checks. The driver's use of it is in `driver::core::placement`.
@@ -33,6 +36,10 @@ pub const MAX_VALUES: usize = 64;
 pub const MAX_CONSTRAINT_LEN: usize = 2048;
 /// The longest preferred host name, in bytes.
 pub const MAX_HOST_LEN: usize = 255;
+/// The attribute that names an executor's site.
+pub const SITE: &str = "site";
+/// The longest site name, in bytes.
+pub const MAX_SITE_LEN: usize = 64;
 /// How long a job waits for a slot on a preferred executor or host by default (Spark's
 /// `spark.locality.wait`).
 pub const DEFAULT_LOCALITY_WAIT_MS: u64 = 3000;
@@ -53,6 +60,9 @@ pub struct Placement {
     /// Hosts the job would rather run on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub prefer_hosts: Vec<String>,
+    /// Sites (the executors' [`SITE`] attribute) the job would rather run on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prefer_sites: Vec<String>,
     /// How long tasks wait for a preferred slot before they take any executor, in
     /// milliseconds; [`DEFAULT_LOCALITY_WAIT_MS`] if absent, 0 to take any at once.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -65,12 +75,15 @@ impl Placement {
         self.constraints.is_empty()
             && self.prefer_executors.is_empty()
             && self.prefer_hosts.is_empty()
+            && self.prefer_sites.is_empty()
             && self.locality_wait_ms.is_none()
     }
 
-    /// Whether the job prefers some executors or hosts.
+    /// Whether the job prefers some executors, hosts or sites.
     pub fn has_preferences(&self) -> bool {
-        !self.prefer_executors.is_empty() || !self.prefer_hosts.is_empty()
+        !self.prefer_executors.is_empty()
+            || !self.prefer_hosts.is_empty()
+            || !self.prefer_sites.is_empty()
     }
 
     /// The locality wait, its default filled in.
@@ -94,6 +107,7 @@ impl Placement {
         for (what, count) in [
             ("prefer_executors", self.prefer_executors.len()),
             ("prefer_hosts", self.prefer_hosts.len()),
+            ("prefer_sites", self.prefer_sites.len()),
         ] {
             if count > MAX_VALUES {
                 return Err(format!("{what} lists {count}; the limit is {MAX_VALUES}"));
@@ -101,6 +115,9 @@ impl Placement {
         }
         for host in &self.prefer_hosts {
             validate_host(host)?;
+        }
+        for site in &self.prefer_sites {
+            validate_site(site)?;
         }
         if let Some(wait) = self.locality_wait_ms.filter(|w| *w > MAX_LOCALITY_WAIT_MS) {
             return Err(format!(
@@ -123,6 +140,9 @@ impl Placement {
         }
         if !self.prefer_hosts.is_empty() {
             parts.push(format!("prefers hosts {}", self.prefer_hosts.join(", ")));
+        }
+        if !self.prefer_sites.is_empty() {
+            parts.push(format!("prefers sites {}", self.prefer_sites.join(", ")));
         }
         if self.has_preferences() {
             parts.push(format!("locality wait {} ms", self.locality_wait_ms()));
@@ -277,6 +297,26 @@ pub fn parse_host_flag(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// A site's name: 1 to [`MAX_SITE_LEN`] letters, digits, `_`, `-` and `.`, so that it reads the
+/// same in a constraint (`site=edge-1`), a flag and a table.
+pub fn validate_site(site: &str) -> Result<(), String> {
+    let fits = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if site.is_empty() || site.len() > MAX_SITE_LEN || !site.chars().all(fits) {
+        return Err(format!(
+            "site {:?} is not valid: it must be 1 to {MAX_SITE_LEN} letters, digits, '_', '-' \
+             or '.'",
+            crate::text::clip(site, 64)
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a `--site` or `--prefer-site` flag.
+pub fn parse_site_flag(text: &str) -> Result<String, String> {
+    validate_site(text)?;
+    Ok(text.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,5 +412,14 @@ mod tests {
         assert!(p.validate().is_ok());
         assert_eq!(p.describe(), "prefers hosts h1; locality wait 0 ms");
         assert!(Placement::default().is_empty());
+        p.prefer_sites = vec!["edge one".into()];
+        assert!(p.validate().unwrap_err().contains("site \"edge one\""));
+        p.prefer_sites = vec!["edge-1".into()];
+        assert!(p.validate().is_ok());
+        assert!(
+            p.describe().contains("prefers sites edge-1"),
+            "{}",
+            p.describe()
+        );
     }
 }

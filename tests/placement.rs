@@ -257,3 +257,81 @@ async fn a_restarted_driver_keeps_a_jobs_constraints() {
     assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
     assert_eq!(executors_of(&results), ["e1", "e1", "e1"]);
 }
+
+#[tokio::test]
+async fn executors_started_with_a_site_are_grouped_by_it_and_jobs_require_or_prefer_it() {
+    let cluster = TestCluster::start("sites");
+    let _driver = cluster.driver().await;
+    let mut processes = Vec::new();
+    for (id, site) in [("hub-1", "hub"), ("hub-2", "hub"), ("edge-1", "edge")] {
+        let mut executor = cluster.executor_process(id, &["--cores", "2", "--site", site]);
+        processes.push(executor.spawn().expect("ember-executor starts"));
+    }
+    // Two ways to name one site must agree.
+    let refused = within(
+        LIMIT,
+        cluster
+            .executor_process("odd", &["--site", "hub", "--attribute", "site=edge"])
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("disagree"), "{stderr}");
+    let api = cluster.api(cluster.client().await);
+    until_registered(&api, 3).await;
+
+    // Required: only the edge runs it. Preferred: the edge first, the hub after the wait.
+    let edge_only = with_placement(noops(4), constraints(&["site=edge"]));
+    let (summary, results) = until_ended(&api, api.submit(edge_only).await.unwrap()).await;
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    assert_eq!(executors_of(&results), vec!["edge-1"; 4]);
+    let out = within(
+        LIMIT,
+        cluster
+            .cli(&[
+                "submit",
+                "--tasks",
+                "2",
+                "--prefer-site",
+                "edge",
+                "--results",
+            ])
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(
+        stdout.matches("\"executor_id\":\"edge-1\"").count(),
+        2,
+        "{stdout}"
+    );
+
+    let status: serde_json::Value =
+        serde_json::from_str(&cluster.cli_stdout(&["status", "--json"]).await).unwrap();
+    assert_eq!(
+        status["sites"],
+        serde_json::json!([
+            {"site": "edge", "executors": 1, "cores_total": 2, "cores_free": 2},
+            {"site": "hub", "executors": 2, "cores_total": 4, "cores_free": 4},
+        ])
+    );
+    let screen = cluster.cli_stdout(&["status"]).await;
+    assert!(
+        screen.contains("site hub: 2 executors, cores 4 total"),
+        "{screen}"
+    );
+    let table = cluster.cli_stdout(&["executors"]).await;
+    let edge = table.find("edge-1").expect("edge-1 listed");
+    assert!(
+        table[..edge].find("hub-1").is_none(),
+        "grouped by site: {table}"
+    );
+    assert!(
+        table.contains("site edge: 1 executor, 2 of 2 cores free"),
+        "{table}"
+    );
+}

@@ -3282,6 +3282,7 @@ fn placement() -> ember::placement::Placement {
         constraints: vec!["rack=r1".into(), "os in (linux,freebsd)".into()],
         prefer_executors: vec![exec("worker-3")],
         prefer_hosts: vec!["10.0.0.7".into()],
+        prefer_sites: vec!["edge".into()],
         locality_wait_ms: Some(1500),
     }
 }
@@ -3301,6 +3302,7 @@ fn submit_job_with_a_placement() {
         "constraints": ["rack=r1", "os in (linux,freebsd)"],
         "prefer_executors": ["worker-3"],
         "prefer_hosts": ["10.0.0.7"],
+        "prefer_sites": ["edge"],
         "locality_wait_ms": 1500
     });
     golden(&job, wire.clone());
@@ -3328,6 +3330,7 @@ fn submit_job_with_a_placement() {
         br#"{"tasks":[],"prefer_executors":["a b"]}"#,
         &["executor id"],
     );
+    json_error::<SubmitJob>(br#"{"tasks":[],"prefer_sites":"edge"}"#, &["invalid type"]);
 }
 
 #[test]
@@ -3343,6 +3346,7 @@ fn job_summary_with_a_placement() {
         "constraints": ["rack=r1", "os in (linux,freebsd)"],
         "prefer_executors": ["worker-3"],
         "prefer_hosts": ["10.0.0.7"],
+        "prefer_sites": ["edge"],
         "locality_wait_ms": 1500
     });
     golden(

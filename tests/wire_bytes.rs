@@ -672,6 +672,7 @@ fn job_submitted() {
             constraints: vec!["rack=r1".into()],
             prefer_executors: vec![exec("exec-2")],
             prefer_hosts: vec!["worker-3".into()],
+            prefer_sites: vec![],
             locality_wait_ms: Some(500),
         },
         pool: Some("etl".into()),

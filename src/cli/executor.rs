@@ -8,6 +8,7 @@ use crate::executor::{run, ExecutorConfig, Handlers, PythonConfig, DEFAULT_INTER
 use crate::ids::{validate_host_port, ExecutorId};
 use crate::metrics::ExecutorMetrics;
 use crate::objects::cache::DEFAULT_CACHE_BYTES;
+use crate::placement::SITE;
 use crate::protocol::MAX_CORES;
 use crate::resources::MAX_RESOURCES;
 use crate::subjects::Subjects;
@@ -47,6 +48,11 @@ pub struct ExecutorArgs {
     /// A free-form attribute, as KEY=VALUE (repeatable).
     #[arg(long = "attribute", value_parser = parse_key_value)]
     pub attributes: Vec<(String, String)>,
+    /// The site this executor runs at (a data centre, an edge location): the attribute
+    /// site=NAME, which jobs require with --constraint site=NAME or prefer with --prefer-site,
+    /// and by which `ember status` and the web page group executors.
+    #[arg(long, env = "EMBER_SITE", value_parser = crate::placement::parse_site_flag)]
+    pub site: Option<String>,
     /// A custom resource beside cores (repeatable): NAME=COUNT offers addresses 0 to COUNT-1
     /// (--resource gpu=2), NAME=A,B,.. those addresses (--resource gpu=0,3; one as gpu=3,).
     /// A task that asks for some sees their addresses in EMBER_RESOURCE_<NAME>.
@@ -126,6 +132,8 @@ pub enum ExecutorFlagsError {
     Resources(String),
     #[error("--resource: at most {MAX_RESOURCES} resources")]
     TooManyResources,
+    #[error("--site {site} and --attribute site={attribute} disagree: give one")]
+    Site { site: String, attribute: String },
     #[error(transparent)]
     Cluster(#[from] ConnectError),
 }
@@ -158,9 +166,17 @@ impl ExecutorArgs {
         }
         let cores = self.cores.unwrap_or_else(machine_cores);
         let subjects = self.nats.subjects()?;
+        let mut attributes = to_map(&self.attributes);
+        if let Some(site) = &self.site {
+            let given = attributes.insert(SITE.to_string(), site.clone());
+            if let Some(attribute) = given.filter(|given| given != site) {
+                let site = site.clone();
+                return Err(ExecutorFlagsError::Site { site, attribute });
+            }
+        }
         Ok(ExecutorConfig {
             log_urls: to_map(&self.log_urls),
-            attributes: to_map(&self.attributes),
+            attributes,
             resources,
             register_timeout: self.register_timeout,
             heartbeat_interval: self.heartbeat_interval,

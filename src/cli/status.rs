@@ -3,7 +3,8 @@
 //! second. Once, as JSON, or refreshed in place until Ctrl-C (`--watch`).
 
 use crate::client::EmberClient;
-use crate::protocol::{DriverInfo, JobState, JobSummary};
+use crate::placement::SITE;
+use crate::protocol::{DriverInfo, ExecutorSummary, JobState, JobSummary};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::future::Future;
@@ -49,6 +50,9 @@ pub struct Status {
     pub pending_executors: u64,
     pub cores_total: u64,
     pub cores_free: u64,
+    /// The executors and cores of each site, when some executor has one (`--site`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<SiteCount>,
     /// Jobs the driver holds, by state (finished ones as far as it retains them).
     pub jobs: JobCounts,
     /// The jobs not ended (running, and waiting for the jobs they run after), first submitted
@@ -63,6 +67,38 @@ pub struct Status {
     pub objects: Option<crate::objects::Usage>,
     /// What the registered executors have done with the objects, summed.
     pub executor_objects: crate::protocol::ObjectCounts,
+}
+
+/// The executors at one site, and their cores.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SiteCount {
+    /// The site; none for the executors started without one.
+    pub site: Option<String>,
+    pub executors: u64,
+    pub cores_total: u64,
+    pub cores_free: u64,
+}
+
+/// The executors counted by site, sites by name and those without one last; empty when no
+/// executor has a site.
+pub fn by_site(executors: &[ExecutorSummary]) -> Vec<SiteCount> {
+    if executors.iter().all(|e| !e.attributes.contains_key(SITE)) {
+        return Vec::new();
+    }
+    let mut sites = std::collections::BTreeMap::<(bool, Option<&String>), SiteCount>::new();
+    for e in executors {
+        let site = e.attributes.get(SITE);
+        let count = sites
+            .entry((site.is_none(), site))
+            .or_insert_with(|| SiteCount {
+                site: site.cloned(),
+                ..Default::default()
+            });
+        count.executors += 1;
+        count.cores_total += u64::from(e.total_cores);
+        count.cores_free += u64::from(e.free_cores);
+    }
+    sites.into_values().collect()
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -118,6 +154,7 @@ pub async fn fetch(client: &EmberClient, previous: Option<Previous>) -> anyhow::
             .iter()
             .map(|e| u64::from(e.free_cores))
             .sum(),
+        sites: by_site(&snapshot.executors),
         jobs: counts,
         running: jobs.into_iter().filter(|j| !j.state.is_ended()).collect(),
         tasks_ended,
@@ -157,6 +194,18 @@ pub fn render(status: &Status, cluster: &str) -> String {
         "executors  {} ({} pending), cores {} total, {} free",
         status.executors, status.pending_executors, status.cores_total, status.cores_free
     );
+    for s in &status.sites {
+        let site = s
+            .site
+            .as_ref()
+            .map_or("no site".to_string(), |site| format!("site {site}"));
+        let plural = if s.executors == 1 { "" } else { "s" };
+        let _ = writeln!(
+            out,
+            "           {site}: {} executor{plural}, cores {} total, {} free",
+            s.executors, s.cores_total, s.cores_free
+        );
+    }
     let j = &status.jobs;
     let waiting = match j.waiting {
         0 => String::new(),
@@ -309,6 +358,38 @@ mod tests {
         let done = job_line(&job(3, 3, 0));
         assert!(done.contains("100%"), "{done}");
         assert_eq!(done.matches('█').count(), BAR_WIDTH);
+    }
+
+    #[test]
+    fn executors_are_counted_by_site_only_when_one_has_a_site() {
+        let executor = |id: &str, site: Option<&str>, total: u32, free: u32| {
+            let attributes = site.map(|s| (SITE.to_string(), s.to_string()));
+            serde_json::from_value::<ExecutorSummary>(serde_json::json!({
+                "executor_id": id, "host": "h", "host_port": "h:0", "free_cores": free,
+                "total_cores": total, "log_urls": {}, "registered_at_ms": 0,
+                "attributes": attributes.into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+            }))
+            .expect("an executor summary")
+        };
+        assert!(by_site(&[executor("a", None, 4, 4)]).is_empty());
+        let sites = by_site(&[
+            executor("a", None, 4, 1),
+            executor("b", Some("hub"), 8, 2),
+            executor("c", Some("edge"), 2, 2),
+            executor("d", Some("hub"), 8, 8),
+        ]);
+        let shown: Vec<_> = sites
+            .iter()
+            .map(|s| (s.site.as_deref(), s.executors, s.cores_total, s.cores_free))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (Some("edge"), 1, 2, 2),
+                (Some("hub"), 2, 16, 10),
+                (None, 1, 4, 1)
+            ]
+        );
     }
 
     #[test]

@@ -48,6 +48,10 @@ pub struct SubmitArgs {
     /// Prefer the executors on this host (repeatable), as --prefer-executor does.
     #[arg(long = "prefer-host", value_name = "HOST", value_parser = crate::placement::parse_host_flag)]
     pub prefer_hosts: Vec<String>,
+    /// Prefer the executors at this site (ember-executor --site; repeatable), as
+    /// --prefer-executor does; --constraint site=NAME requires it instead.
+    #[arg(long = "prefer-site", value_name = "SITE", value_parser = crate::placement::parse_site_flag)]
+    pub prefer_sites: Vec<String>,
     /// How long tasks wait for a slot on a preferred executor or host, since the job last
     /// launched on one, before they take any executor (Spark's spark.locality.wait); 0 takes any
     /// at once. [default: 3s]
@@ -188,6 +192,7 @@ impl SubmitArgs {
                 constraints: self.constraints.clone(),
                 prefer_executors: self.prefer_executors.clone(),
                 prefer_hosts: self.prefer_hosts.clone(),
+                prefer_sites: self.prefer_sites.clone(),
                 locality_wait_ms: self.locality_wait.map(|w| w.as_millis() as u64),
             },
             after: self.after.clone(),

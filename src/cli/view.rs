@@ -27,20 +27,31 @@ pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<
     }
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED);
-    // A resources column only when some executor has custom resources.
+    // A resources column only when some executor has custom resources, a site column (and
+    // the rows grouped by site) only when some executor has a site.
     let resources = snapshot.executors.iter().any(|e| !e.resources.is_empty());
-    let mut header = vec!["executor", "host:port", "cores free/total"];
+    let sites = super::status::by_site(&snapshot.executors);
+    fn site(e: &crate::protocol::ExecutorSummary) -> Option<&String> {
+        e.attributes.get(crate::placement::SITE)
+    }
+    let mut executors: Vec<_> = snapshot.executors.iter().collect();
+    executors.sort_by_key(|e| (site(e).is_none(), site(e)));
+    let mut header = vec!["executor", "host:port"];
+    if !sites.is_empty() {
+        header.push("site");
+    }
+    header.push("cores free/total");
     if resources {
         header.push("resources free/total");
     }
     header.push("registered at");
     table.set_header(header);
-    for e in &snapshot.executors {
-        let mut row = vec![
-            e.executor_id.to_string(),
-            e.host_port.clone(),
-            format!("{}/{}", e.free_cores, e.total_cores),
-        ];
+    for e in executors {
+        let mut row = vec![e.executor_id.to_string(), e.host_port.clone()];
+        if !sites.is_empty() {
+            row.push(site(e).cloned().unwrap_or_default());
+        }
+        row.push(format!("{}/{}", e.free_cores, e.total_cores));
         if resources {
             row.push(show_resources(&e.resources));
         }
@@ -63,6 +74,17 @@ pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<
         "{} executors registered, {} cores in total, {} pending",
         snapshot.registered_executors, snapshot.total_cores, snapshot.pending_executors
     );
+    for s in &sites {
+        let site = s
+            .site
+            .as_ref()
+            .map_or("no site".to_string(), |site| format!("site {site}"));
+        let plural = if s.executors == 1 { "" } else { "s" };
+        println!(
+            "{site}: {} executor{plural}, {} of {} cores free",
+            s.executors, s.cores_free, s.cores_total
+        );
+    }
     if let Some(gate) = &snapshot.start_gate {
         match (&gate.opened_at_ms, &gate.reason) {
             (Some(at), Some(reason)) => {

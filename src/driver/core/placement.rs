@@ -7,7 +7,7 @@
 //! running then), so an offer looks them up rather than reads attributes. A job without a
 //! placement holds none, and an offer pays one branch for it.
 //!
-//! Delay scheduling, with one level of locality (a preferred executor or host, then any): an
+//! Delay scheduling, with one level of locality (a preferred executor, host or site, then any): an
 //! executor the job does not prefer gets none of its tasks until `locality_wait_ms` has passed
 //! since the job last launched a task on a preferred one (or since it was submitted, or
 //! restored by a new driver). Then it takes any executor, until a task launches on a preferred
@@ -18,7 +18,7 @@
 
 use super::{Core, ExecutorData, Job};
 use crate::ids::{ExecutorId, JobId};
-use crate::placement::{Constraint, Placement};
+use crate::placement::{Constraint, Placement, SITE};
 use std::collections::{BTreeSet, HashSet};
 
 /// A job's placement, parsed, and its verdicts on the registered executors.
@@ -29,6 +29,7 @@ pub struct JobPlacement {
     constraints: Vec<Constraint>,
     prefer_executors: BTreeSet<ExecutorId>,
     prefer_hosts: BTreeSet<String>,
+    prefer_sites: BTreeSet<String>,
     wait_ms: u64,
     /// When the job last launched a task on a preferred executor, was submitted or restored.
     last_preferred_ms: u64,
@@ -54,6 +55,7 @@ impl JobPlacement {
             constraints,
             prefer_executors: wire.prefer_executors.iter().cloned().collect(),
             prefer_hosts: wire.prefer_hosts.iter().cloned().collect(),
+            prefer_sites: wire.prefer_sites.iter().cloned().collect(),
             wait_ms: wire.locality_wait_ms(),
             last_preferred_ms: now,
             meets: HashSet::new(),
@@ -72,8 +74,11 @@ impl JobPlacement {
         if !self.constraints.is_empty() {
             set(&mut self.meets, id, meets);
         }
+        let site = || data.info.attributes.get(SITE);
         let preferred = meets
-            && (self.prefer_executors.contains(id) || self.prefer_hosts.contains(&data.info.host));
+            && (self.prefer_executors.contains(id)
+                || self.prefer_hosts.contains(&data.info.host)
+                || site().is_some_and(|site| self.prefer_sites.contains(site)));
         set(&mut self.preferred, id, preferred);
     }
 

@@ -143,7 +143,7 @@ function renderExecutors(snapshot) {
       el("td", {}, objectCounts(e.objects)),
       el("td", { class: "num" + (seen !== null && seen > 5000 ? " stale" : "") }, seen === null ? "" : `${duration(seen)} ago`));
   });
-  $("executors").tBodies[0].replaceChildren(...rows);
+  $("executors").tBodies[0].replaceChildren(...bySite(snapshot.executors, rows));
   $("executor-totals").textContent =
     `${snapshot.registered_executors} registered, ${snapshot.total_cores} cores` +
     (snapshot.pending_executors ? `, ${snapshot.pending_executors} pending` : "") +
@@ -151,6 +151,29 @@ function renderExecutors(snapshot) {
   const more = $("executors-more");
   more.hidden = !snapshot.next_offset;
   more.textContent = snapshot.next_offset ? `showing the first ${snapshot.executors.length}` : "";
+}
+
+// The executors' rows grouped by site (their `site` attribute, `ember-executor --site`), each
+// group under a row that counts it, sites by name and those without one last; as they came when
+// no executor has a site.
+function bySite(executors, rows) {
+  const site = (e) => (e.attributes || {}).site;
+  if (!executors.some(site)) return rows;
+  const groups = new Map();
+  executors.forEach((e, i) => {
+    const key = site(e) ?? null;
+    if (!groups.has(key)) groups.set(key, { executors: 0, total: 0, free: 0, rows: [] });
+    const g = groups.get(key);
+    g.executors += 1; g.total += e.total_cores; g.free += e.free_cores; g.rows.push(rows[i]);
+  });
+  const keys = [...groups.keys()].sort((a, b) => (a === null) - (b === null) || String(a).localeCompare(String(b)));
+  return keys.flatMap((key) => {
+    const g = groups.get(key);
+    const name = key === null ? "no site" : `site ${key}`;
+    const head = el("tr", { class: "site", "data-site": key ?? "" },
+      el("th", { colSpan: 7 }, `${name}: ${g.executors} executor${g.executors === 1 ? "" : "s"}, ${g.free} of ${g.total} cores free`));
+    return [head, ...g.rows];
+  });
 }
 
 // What an exclusion covers, in words (as `ember executors` says it).

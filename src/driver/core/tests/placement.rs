@@ -297,6 +297,28 @@ fn a_preferred_host_is_preferred_like_an_executor() {
 }
 
 #[test]
+fn a_preferred_site_is_preferred_like_a_host_and_a_site_constraint_binds() {
+    let mut core = new_core(0);
+    add_with(&mut core, "hub", 4, &[("site", "hub")], 1);
+    add_with(&mut core, "edge", 2, &[("site", "edge")], 1);
+    add(&mut core, "none", 4, 1);
+    let at_edge = Placement {
+        prefer_sites: vec!["edge".into()],
+        locality_wait_ms: Some(500),
+        ..Default::default()
+    };
+    let (_, launched) = start(&mut core, placed(4, at_edge), 10);
+    assert_eq!(tally(&launched), counts(&[("edge", 2)]));
+    assert!(launches(&tick(&mut core, 509)).is_empty());
+    assert_eq!(sent(&tick(&mut core, 510)).values().sum::<usize>(), 2);
+    // Required rather than preferred, the site is a constraint like any attribute's.
+    let (_, launched) = start(&mut core, constrained(3, &["site=hub"]), 20);
+    assert!(!launched.is_empty());
+    assert!(launched.iter().all(|(id, _)| id == "hub"), "{launched:?}");
+    check_invariants(&core);
+}
+
+#[test]
 fn a_restored_driver_keeps_the_placement_and_starts_the_wait_over() {
     let mut core = journaled_core(0);
     let mut journal = Vec::new();
