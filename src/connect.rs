@@ -14,7 +14,9 @@ use crate::{
 use async_nats::{Client, ConnectOptions, Event, ServerAddr};
 use prometheus_client::metrics::counter::Counter;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 /// The NATS flags every Ember binary takes. `Debug` leaves the password and token out, so the
@@ -84,6 +86,16 @@ impl std::fmt::Debug for NatsArgs {
             .field("tls_first", &self.tls_first)
             .finish()
     }
+}
+
+/// What a connection tells its owner, beside its log lines.
+#[derive(Debug, Clone, Default)]
+pub struct Watch {
+    /// Counts the connection's slow-consumer events (each a message the client dropped because
+    /// a subscription's queue was full).
+    pub slow_consumers: Counter,
+    /// Notified each time the connection is made again after it was lost.
+    pub connected: Option<Arc<Notify>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,18 +174,21 @@ impl NatsArgs {
         name: &str,
         inbox_prefix: Option<String>,
     ) -> Result<Client, ConnectError> {
-        self.connect_counting(name, inbox_prefix, Counter::default())
+        self.connect_watched(name, inbox_prefix, Watch::default())
             .await
     }
 
-    /// [`Self::connect`], counting the connection's slow-consumer events (each a message the
-    /// client dropped because a subscription's queue was full) in `slow_consumers`.
-    pub async fn connect_counting(
+    /// [`Self::connect`], telling `watch` what the connection does.
+    pub async fn connect_watched(
         &self,
         name: &str,
         inbox_prefix: Option<String>,
-        slow_consumers: Counter,
+        watch: Watch,
     ) -> Result<Client, ConnectError> {
+        let Watch {
+            slow_consumers,
+            connected,
+        } = watch;
         let args = self.resolved()?;
         let servers = parse_urls(args.url())?;
         let mut options = ConnectOptions::new()
@@ -184,6 +199,9 @@ impl NatsArgs {
             .event_callback(move |event| {
                 if let Event::SlowConsumer(_) = event {
                     slow_consumers.inc();
+                }
+                if let (Event::Connected, Some(connected)) = (&event, &connected) {
+                    connected.notify_one();
                 }
                 async move { log_event(event) }
             });
@@ -282,6 +300,15 @@ pub fn parse_urls(urls: &str) -> Result<Vec<ServerAddr>, ConnectError> {
                 Ok(servers)
             }
         })
+}
+
+/// The connection `client` speaks through now; none while it is not connected.
+pub fn connection_of(client: &Client) -> Option<crate::protocol::ConnectionId> {
+    let info = client.server_info();
+    (!info.server_id.is_empty()).then_some(crate::protocol::ConnectionId {
+        server_id: info.server_id,
+        client_id: info.client_id,
+    })
 }
 
 /// Why what a client queued did not reach the server's socket: see [`flush`].

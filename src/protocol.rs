@@ -60,6 +60,37 @@ pub struct RegisterExecutor {
     /// registration.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<RunningAttempt>,
+    /// The NATS connection it registers through, if it knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<ConnectionId>,
+}
+
+/// Which NATS connection a process speaks through: the id of the server it is connected to
+/// (`server_id` in the server's INFO, new each time a server starts) and the client id that
+/// server gave the connection. The driver matches it with the servers' disconnect advisories,
+/// to learn at once that an executor's connection closed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConnectionId {
+    pub server_id: String,
+    pub client_id: u64,
+}
+
+/// The longest server id a [`ConnectionId`] may name (a server's id is 56 characters).
+pub const MAX_SERVER_ID_LEN: usize = 128;
+
+impl ConnectionId {
+    /// Why `connection` cannot be one, if it cannot.
+    pub fn check(connection: &Option<ConnectionId>) -> Result<(), String> {
+        match connection {
+            Some(c) if c.server_id.is_empty() || c.server_id.len() > MAX_SERVER_ID_LEN => {
+                Err(format!(
+                    "connection.server_id must be 1 to {MAX_SERVER_ID_LEN} bytes; it is {}",
+                    c.server_id.len()
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The driver's answer to a registration.
@@ -924,6 +955,9 @@ pub enum HeartbeatRequest {
         /// What it has done with the cluster's objects since it started.
         #[serde(default, skip_serializing_if = "is_zero")]
         objects: ObjectCounts,
+        /// The NATS connection it speaks through now, if it knows it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        connection: Option<ConnectionId>,
     },
     /// The executor is draining: it takes no new tasks (Spark's `DecommissionExecutor`).
     DecommissionExecutor {

@@ -1259,3 +1259,160 @@ async fn losing_the_leaders_node_of_a_three_node_jetstream_cluster_loses_nothing
     drop((first, second, executors));
     let _ = std::fs::remove_dir_all(&store);
 }
+
+/// The shipped server config that exports the connection advisories to Ember's account.
+const ADVISORIES_CONF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/nats-advisories.conf");
+
+/// A directory removed on drop.
+struct Store(std::path::PathBuf);
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A cluster on a server of the shipped advisories config, its store moved to a directory of
+/// its own (removed on drop).
+fn advisory_cluster(name: &str) -> (Store, TestCluster) {
+    let store = Store(std::env::temp_dir().join(format!("ember-{name}-{}", uuid::Uuid::new_v4())));
+    let config = std::fs::read_to_string(ADVISORIES_CONF)
+        .unwrap()
+        .replace(".nats/jetstream", &store.0.join("js").display().to_string());
+    std::fs::create_dir_all(&store.0).unwrap();
+    let config_path = store.0.join("nats.conf");
+    std::fs::write(&config_path, config).unwrap();
+    let cluster = TestCluster::start_with(name, &["-c", config_path.to_str().unwrap()]);
+    (store, cluster)
+}
+
+/// Waits for the first `TaskStart` of `job_id` on `executor`; when it arrived.
+async fn first_start_on(
+    events: &mut async_nats::Subscriber,
+    job_id: u64,
+    executor: &str,
+) -> Instant {
+    within(LIMIT, async {
+        while let Some(message) = events.next().await {
+            let Ok(event) = decode::<Event>(&message.payload, usize::MAX) else {
+                continue;
+            };
+            if let Event::TaskStart { job_id: job, .. } = &event {
+                let arrived = Instant::now();
+                if *job == job_id && event.started().any(|(on, _)| on.as_str() == executor) {
+                    return arrived;
+                }
+            }
+        }
+        panic!("the events subscription ended");
+    })
+    .await
+}
+
+/// With the advisories imported, an executor killed with SIGKILL is removed when its server
+/// says its connection closed, not after `--executor-timeout` (30 s here), and its tasks start
+/// again on another executor: ten kills, each timed from the signal to the new `TaskStart`.
+#[tokio::test]
+async fn a_killed_executor_is_removed_at_its_servers_disconnect_advisory() {
+    let (_store, cluster) = advisory_cluster("advisories");
+    let liveness = Liveness {
+        executor_timeout_ms: 30_000,
+        ..fast_liveness()
+    };
+    let _driver = cluster.driver_with(liveness).await;
+    let api = cluster.api(cluster.client().await);
+    let client = cluster.client().await;
+    let mut events = client
+        .subscribe(cluster.subjects.events_all())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let mut delays = Vec::new();
+    for round in 0..10 {
+        let victim_id = format!("victim-{round}");
+        let mut victim = cluster.executor_process(&victim_id, &FAST).spawn().unwrap();
+        wait_registered(&api, 1).await;
+        let job_id = api.submit(sleepers(2, 60_000)).await.unwrap();
+        eventually(LIMIT, "both tasks running on the victim", || async {
+            (api.job(job_id).await.ok()?.running == 2).then_some(())
+        })
+        .await;
+        let spare_id = format!("spare-{round}");
+        let mut spare = cluster.executor_process(&spare_id, &FAST).spawn().unwrap();
+        wait_registered(&api, 2).await;
+        let killed_at = Instant::now();
+        signal(&victim, Signal::SIGKILL);
+        let started = first_start_on(&mut events, job_id, &spare_id).await;
+        delays.push(started - killed_at);
+        victim.wait().await.unwrap();
+        api.kill(job_id).await.unwrap();
+        signal(&spare, Signal::SIGKILL);
+        spare.wait().await.unwrap();
+        let registry = eventually(LIMIT, "the spare removed too", || async {
+            let registry = api.executors().await.ok()?;
+            (registry.registered_executors == 0).then_some(registry)
+        })
+        .await;
+        assert_eq!(registry.total_cores, 0);
+    }
+    delays.sort();
+    let p50 = delays[delays.len() / 2];
+    eprintln!(
+        "advisories: SIGKILL to the new TaskStart over 10 kills: p50 {p50:?}, all {delays:?}"
+    );
+    // Far inside the 30 s timeout: the advisory, not the heartbeats, removed every victim.
+    assert!(
+        delays.iter().all(|d| *d < Duration::from_secs(5)),
+        "{delays:?}"
+    );
+}
+
+/// With the advisories imported, a standby leads as soon as the server says the leader's
+/// connection closed, well inside the default 3 s lease, and the job loses nothing.
+#[tokio::test]
+async fn a_standby_leads_at_the_leaders_disconnect_advisory_not_after_the_lease() {
+    let (_store, cluster) = advisory_cluster("advisory-failover");
+    let (ledger, stop) = follow(&cluster).await;
+    let flags = [
+        "--executor-timeout",
+        "2s",
+        "--journal",
+        "on",
+        "--lease",
+        "3s",
+    ];
+    let mut drivers = vec![
+        cluster.driver_process(&flags).spawn().unwrap(),
+        cluster.driver_process(&flags).spawn().unwrap(),
+    ];
+    let executors = spawn_executors(&cluster, 3).await;
+    let api = cluster.api(cluster.client().await);
+    wait_registered(&api, 3).await;
+    let leader = cluster
+        .leader_among(&[&drivers[0], &drivers[1]], None)
+        .await;
+    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
+    })
+    .await;
+    let mut dead = drivers.remove(leader);
+    let dead_pid = dead.id();
+    let killed_at = Instant::now();
+    signal(&dead, Signal::SIGKILL);
+    cluster.leader_among(&[&drivers[0]], dead_pid).await;
+    let took_over = killed_at.elapsed();
+    let _ = dead.wait().await;
+    let summary = within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+    assert_eq!(summary.state, JobState::Succeeded, "{summary:?}");
+    let results = api.results(job_id).await.unwrap();
+    stop.send(()).unwrap();
+    ledger.await.unwrap().assert_nothing_lost(&results);
+    eprintln!("advisories: the standby led {took_over:?} after the leader's SIGKILL (lease 3 s)");
+    // The lease alone would take 3 s and a grace: the advisory did it.
+    assert!(
+        took_over < Duration::from_secs(2),
+        "the standby led after {took_over:?}"
+    );
+    drop(executors);
+}

@@ -27,6 +27,16 @@ struct NatsCluster {
     processes: Vec<Option<Child>>,
 }
 
+/// The accounts of nats-advisories.conf: Ember's account imports its disconnect
+/// advisories from the system account, and clients without credentials are its user.
+const ACCOUNTS: &str = "system_account: SYS\n\
+    accounts {\n\
+      SYS: { exports: [{ stream: \"$SYS.ACCOUNT.*.DISCONNECT\", account_token_position: 3 }] }\n\
+      EMBER: { jetstream: enabled, users: [{ user: ember, password: \"\" }], \
+               imports: [{ stream: { account: SYS, subject: \"$SYS.ACCOUNT.EMBER.DISCONNECT\" } }] }\n\
+    }\n\
+    no_auth_user: ember\n";
+
 impl NatsCluster {
     fn start(nodes: Vec<Host>, dir: &Path) -> Self {
         let binary = ember::server::find_binary().expect("nats-server");
@@ -44,7 +54,8 @@ impl NatsCluster {
                     format!(
                         "server_name: {name}\nlisten: {addr}:4222\n\
                          jetstream {{ store_dir: \"{store}\" }}\n\
-                         cluster {{ name: ember, listen: {addr}:6222, routes: [{routes}] }}\n",
+                         cluster {{ name: ember, listen: {addr}:6222, routes: [{routes}] }}\n\
+                         {ACCOUNTS}",
                         name = node.name,
                         addr = node.addr,
                         store = store.display(),
@@ -220,13 +231,14 @@ impl Drop for Scratch {
 /// What the job's outcome and the cluster's event history say, judged: the job succeeded,
 /// every task finished once with its own index as its output, every task ran (re-runs
 /// allowed), and the history holds each task's FINISHED end once.
-async fn judge(
-    api: &EmberClient,
-    cluster: &str,
-    job_id: u64,
-    tasks: u32,
-    ledger: &Path,
-) -> BTreeMap<u32, u32> {
+/// What a faulted job left: how often each task ran, and the executors the driver removed
+/// meanwhile (with why).
+struct Judged {
+    runs: BTreeMap<u32, u32>,
+    removed: Vec<(String, String)>,
+}
+
+async fn judge(api: &EmberClient, cluster: &str, job_id: u64, tasks: u32, ledger: &Path) -> Judged {
     let ended = api.job(job_id).await.unwrap();
     assert_eq!(ended.state, JobState::Succeeded, "{ended:?}");
     let outcomes = api.results(job_id).await.unwrap();
@@ -249,9 +261,18 @@ async fn judge(
             .await
             .expect("the event history");
     let mut finished: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut removed = Vec::new();
     within(LIMIT, async {
         loop {
             let stored = reader.next().await;
+            if let Ok(Event::ExecutorRemoved {
+                executor_id,
+                reason,
+                ..
+            }) = &stored.event
+            {
+                removed.push((executor_id.to_string(), reason.clone()));
+            }
             if let Ok(event @ Event::TaskEnd { .. }) = &stored.event {
                 for (_, end) in event.ended() {
                     if end.state == TaskState::Finished {
@@ -271,7 +292,7 @@ async fn judge(
         finished.values().all(|n| *n == 1),
         "each FINISHED end once: {finished:?}"
     );
-    runs
+    Judged { runs, removed }
 }
 
 /// The topology these tests share: three NATS nodes, `drivers` drivers, two executors and a
@@ -378,7 +399,7 @@ impl Site {
     }
 
     /// Waits for job `job_id` to end and judges it (see [`judge`]); the runs of each task.
-    async fn judge(&self, job_id: u64, tasks: u32) -> BTreeMap<u32, u32> {
+    async fn judge(&self, job_id: u64, tasks: u32) -> Judged {
         let (ledger, cluster) = (self.ledger(), self.cluster.clone());
         self.client(move |api| async move {
             within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
@@ -499,7 +520,7 @@ async fn a_job_across_hosts_loses_nothing_when_an_executor_host_is_cut_off() {
     site.workers[0].cut();
     tokio::time::sleep(Duration::from_secs(4)).await;
     site.workers[0].heal();
-    let runs = site.judge(job_id, TASKS).await;
+    let runs = site.judge(job_id, TASKS).await.runs;
     eprintln!(
         "executor host cut: {TASKS} tasks, {} re-runs; the job ended {:.1} s after the cut",
         reruns(&runs),
@@ -518,7 +539,7 @@ async fn a_job_loses_nothing_while_every_executor_host_drops_two_percent_of_its_
     const LOSSY_TASKS: u32 = 60;
     let started = Instant::now();
     let job_id = site.submit(LOSSY_TASKS, "0.1").await;
-    let runs = site.judge(job_id, LOSSY_TASKS).await;
+    let runs = site.judge(job_id, LOSSY_TASKS).await.runs;
     for host in &site.workers {
         host.clear_loss();
     }
@@ -547,7 +568,7 @@ async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_sta
     let took_over = cut_at.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     site.driver_hosts[old].heal();
-    let runs = site.judge(job_id, TASKS).await;
+    let runs = site.judge(job_id, TASKS).await.runs;
     // Healed, the old leader stands by: the new one keeps the lease.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -626,7 +647,19 @@ async fn a_job_loses_nothing_when_the_journals_nats_node_is_killed_and_restarted
     site.nats.kill(node).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     site.nats.restart(node);
-    let runs = site.judge(job_id, TASKS).await;
+    let Judged { runs, removed } = site.judge(job_id, TASKS).await;
+    // A server that dies tells nothing of its clients: they reconnect elsewhere, and none is
+    // removed for a closed connection (one whose reconnect outlasts the 2 s heartbeat timeout
+    // may be removed for that).
+    let closed: Vec<_> = removed
+        .iter()
+        .filter(|(_, why)| why.contains("connection"))
+        .collect();
+    assert_eq!(
+        closed,
+        [] as [&(String, String); 0],
+        "removed for a closed connection"
+    );
     let ended = killed_at.elapsed();
     let unanswered = watch.stop().await;
     eprintln!(
@@ -652,7 +685,7 @@ async fn a_job_loses_nothing_when_the_journals_nats_node_is_parted_from_the_othe
     tokio::time::sleep(Duration::from_secs(6)).await;
     parted.heal();
     let healed_at = Instant::now();
-    let runs = site.judge(job_id, TASKS).await;
+    let runs = site.judge(job_id, TASKS).await.runs;
     let unanswered = watch.stop().await;
     eprintln!(
         "the journal's NATS node (its stream leader) parted from the other two for 6 s: \

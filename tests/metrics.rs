@@ -329,7 +329,14 @@ async fn slow_consumer_events_are_counted() {
     let metrics = ExecutorMetrics::new();
     let client = flags
         .nats
-        .connect_counting("slow", None, metrics.slow_consumers.clone())
+        .connect_watched(
+            "slow",
+            None,
+            ember::connect::Watch {
+                slow_consumers: metrics.slow_consumers.clone(),
+                connected: None,
+            },
+        )
         .await
         .unwrap();
     let subject = format!("{}.flood", cluster.subjects.prefix());

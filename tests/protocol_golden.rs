@@ -113,6 +113,10 @@ fn register_request() -> RegisterRequest {
         attributes: map(&[("rack", "r1"), ("zone", "eu-1")]),
         resources: Default::default(),
         held: Vec::new(),
+        connection: Some(ember::protocol::ConnectionId {
+            server_id: "NBUTR4XR4ECFS5XYWGHY5JJERSGQC6K47STJSF6WVQRFONML7MYFO2M6".into(),
+            client_id: 7,
+        }),
     })
 }
 
@@ -127,7 +131,8 @@ fn register_executor() {
             "host_port": "worker-3:7078",
             "cores": 8,
             "log_urls": {"stderr": "http://worker-3/logs/stderr"},
-            "attributes": {"rack": "r1", "zone": "eu-1"}
+            "attributes": {"rack": "r1", "zone": "eu-1"},
+            "connection": {"server_id": "NBUTR4XR4ECFS5XYWGHY5JJERSGQC6K47STJSF6WVQRFONML7MYFO2M6", "client_id": 7}
         }),
     );
 }
@@ -143,6 +148,7 @@ fn register_executor_without_maps() {
         attributes: BTreeMap::new(),
         resources: Default::default(),
         held: Vec::new(),
+        connection: None,
     });
     golden(
         &value,
@@ -211,6 +217,7 @@ fn registration_with_held_attempts_and_their_adoption() {
                 term: 0,
             },
         ],
+        connection: None,
     });
     golden(
         &request,
@@ -3125,6 +3132,7 @@ fn register_executor_with_resources() {
     request.attributes = BTreeMap::new();
     request.log_urls = BTreeMap::new();
     request.resources = addresses(&[("gpu", &["0", "3"]), ("mem_gb", &["0", "1"])]);
+    request.connection = None;
     golden(
         &RegisterRequest::RegisterExecutor(request),
         json!({

@@ -26,6 +26,7 @@ fn request(id: &str, instance: uuid::Uuid) -> RegisterExecutor {
         attributes: BTreeMap::from([("zone".to_string(), "a".to_string())]),
         resources: Default::default(),
         held: Vec::new(),
+        connection: None,
     }
 }
 

@@ -375,6 +375,7 @@ fn register_as(claimed: &str) -> bytes::Bytes {
         attributes: Default::default(),
         resources: Default::default(),
         held: Vec::new(),
+        connection: None,
     }))
 }
 

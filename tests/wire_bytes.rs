@@ -343,8 +343,12 @@ fn heartbeats() {
             running: running(),
             driver_instance: driver(),
             objects: Default::default(),
+            connection: Some(ember::protocol::ConnectionId {
+                server_id: "NSERVER".into(),
+                client_id: 12,
+            }),
         },
-        r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[{"task_id":42,"attempt":0},{"task_id":43,"attempt":2,"term":5}],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3"}"#,
+        r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[{"task_id":42,"attempt":0},{"task_id":43,"attempt":2,"term":5}],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3","connection":{"server_id":"NSERVER","client_id":12}}"#,
     );
     pin(
         &HeartbeatRequest::Heartbeat {
@@ -353,6 +357,7 @@ fn heartbeats() {
             running: Vec::new(),
             driver_instance: None,
             objects: Default::default(),
+            connection: None,
         },
         r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[]}"#,
     );
@@ -370,6 +375,7 @@ fn heartbeats() {
                 puts: 0,
                 put_bytes: 0,
             },
+            connection: None,
         },
         r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[],"objects":{"fetches":1,"fetched_bytes":1048576,"cache_hits":7,"cache_misses":1,"puts":0,"put_bytes":0}}"#,
     );
@@ -426,6 +432,7 @@ fn registration(full: bool) -> RegisterRequest {
             true => running(),
             false => Vec::new(),
         },
+        connection: None,
     })
 }
 

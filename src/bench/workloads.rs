@@ -273,6 +273,7 @@ fn registration(executor_id: ExecutorId) -> RegisterExecutor {
         log_urls: Default::default(),
         attributes: Default::default(),
         resources: Default::default(),
+        connection: None,
     }
 }
 

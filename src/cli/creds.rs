@@ -11,6 +11,7 @@
 //! report status as another executor, nor read what the driver sends another. What NATS cannot
 //! check (where a reply goes, that a payload's id equals the subject's) the driver checks.
 
+use crate::driver::advisories::DISCONNECT_ADVISORIES;
 use crate::ids::{validate_token, ExecutorId};
 use crate::subjects::Subjects;
 use std::collections::BTreeMap;
@@ -138,9 +139,15 @@ impl Role {
                     object_rights(subjects, true),
                 ]
                 .concat(),
-                // Replies to its JetStream requests (stream setup, replay, write acks), and
-                // the discovery requests of its NATS service.
-                subscribe_allow: vec![format!("{p}.driver.>"), "_INBOX.>".into(), "$SRV.>".into()],
+                // Replies to its JetStream requests (stream setup, replay, write acks), the
+                // discovery requests of its NATS service, and the servers' disconnect
+                // advisories where the account imports them (its own account's alone).
+                subscribe_allow: vec![
+                    format!("{p}.driver.>"),
+                    "_INBOX.>".into(),
+                    "$SRV.>".into(),
+                    DISCONNECT_ADVISORIES.into(),
+                ],
                 allow_responses: true,
                 ..Permissions::default()
             },
@@ -341,8 +348,10 @@ pub fn random_password() -> String {
 }
 
 /// The account of `subjects`' cluster, as an entry of a server config's `accounts { }` block:
-/// JetStream enabled (used only if the server runs it) and `users`.
-pub fn account_block(subjects: &Subjects, users: &[User]) -> String {
+/// JetStream enabled (used only if the server runs it) and `users`. With `advisories`, it
+/// imports its own disconnect advisories from the account `SYS`, which must export them (as
+/// [`server_config`] writes it).
+pub fn account_block(subjects: &Subjects, users: &[User], advisories: bool) -> String {
     let cluster = cluster_of(subjects);
     let executors: Vec<ExecutorId> = users
         .iter()
@@ -378,7 +387,17 @@ pub fn account_block(subjects: &Subjects, users: &[User]) -> String {
         }
         out.push_str("    } }\n");
     }
-    out.push_str("  ]\n}\n");
+    out.push_str("  ]\n");
+    if advisories {
+        let _ = writeln!(
+            out,
+            "  # The servers' advisories that a connection of this account closed: the driver\n  \
+             # removes an executor whose process is gone at once.\n  \
+             imports: [{{ stream: {{ account: SYS, subject: \"$SYS.ACCOUNT.{}.DISCONNECT\" }} }}]",
+            account_name(cluster)
+        );
+    }
+    out.push_str("}\n");
     out
 }
 
@@ -386,7 +405,7 @@ pub fn account_block(subjects: &Subjects, users: &[User]) -> String {
 /// the account of `users`. The port and address can be overridden on nats-server's command
 /// line.
 pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
-    let account: String = account_block(subjects, users)
+    let account: String = account_block(subjects, users, true)
         .lines()
         .map(|line| format!("  {line}\n"))
         .collect();
@@ -398,7 +417,13 @@ pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
          port: 4222\n\
          max_payload: 8MB\n\
          write_deadline: \"10s\"\n\
-         \naccounts {{\n{account}}}\n",
+         \n# The servers' own account. It exports each account's disconnect advisories to that\n\
+         # account alone (see nats-advisories.conf).\n\
+         system_account: SYS\n\
+         \naccounts {{\n  \
+         SYS: {{\n    \
+         exports: [{{ stream: \"$SYS.ACCOUNT.*.DISCONNECT\", account_token_position: 3 }}]\n  \
+         }}\n{account}}}\n",
         cluster = cluster_of(subjects),
     )
 }
@@ -509,7 +534,7 @@ pub fn creds(args: &CredsArgs, cluster: &str) -> Result<String, CredsError> {
     let text = if args.full {
         server_config(&subjects, &users)
     } else {
-        account_block(&subjects, &users)
+        account_block(&subjects, &users, false)
     };
     Ok(if args.placeholder {
         format!("{PLACEHOLDER_NOTE}{text}")
@@ -608,7 +633,8 @@ mod tests {
     fn the_account_lists_every_user_once_under_the_cluster_name() {
         let s = Subjects::new("c").unwrap();
         let users = users("c", &[id("exec-1"), id("exec-2")], |n| format!("pw-{n}"));
-        let block = account_block(&s, &users);
+        let block = account_block(&s, &users, false);
+        assert!(!block.contains("imports"), "{block}");
         for name in ["driver", "exec-1", "exec-2", "client", "listener"] {
             let needle = format!("user: \"c.{name}\", password: \"pw-c.{name}\"");
             assert_eq!(block.matches(&needle).count(), 1, "{name}\n{block}");
@@ -620,7 +646,13 @@ mod tests {
         );
         let full = server_config(&s, &users);
         assert!(full.contains("\naccounts {\n"), "{full}");
-        assert!(full.ends_with("  ]\n  }\n}\n"), "{full}");
+        let import =
+            "imports: [{ stream: { account: SYS, subject: \"$SYS.ACCOUNT.EMBER_c.DISCONNECT\" } }]";
+        assert!(
+            full.ends_with(&format!("    {import}\n  }}\n}}\n")),
+            "{full}"
+        );
+        assert!(full.contains("\nsystem_account: SYS\n"), "{full}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod config;
 
 pub use config::DriverFlagsError;
 
+use super::durations::{parse_grace, Grace};
 use super::{
     parse_age, parse_bytes, parse_duration, parse_lease, parse_wait, show_bytes, show_duration,
 };
@@ -123,6 +124,15 @@ pub struct DriverArgs {
           default_value = show_duration(DEFAULT_EXECUTOR_TIMEOUT),
           value_parser = parse_duration)]
     pub executor_timeout: Duration,
+    /// When a NATS server's disconnect advisory says an executor's connection was closed by
+    /// its side (the process exited or was killed), remove the executor this long after,
+    /// unless it has named a new connection meanwhile; `off` ignores the advisories. They
+    /// arrive only where the account imports them (nats-advisories.conf); elsewhere
+    /// --executor-timeout alone judges.
+    #[arg(long, env = "EMBER_DISCONNECT_GRACE",
+          default_value = show_duration(crate::driver::advisories::DEFAULT_DISCONNECT_GRACE),
+          value_parser = parse_grace)]
+    pub disconnect_grace: Grace,
     /// After taking over running jobs from the journal, hold offers this long, so that
     /// executors still running their tasks register and have those runs adopted rather than
     /// started a second time elsewhere (0: do not wait). Longer than the executors'
@@ -292,10 +302,13 @@ pub async fn serve(
             .map_err(|e| anyhow::anyhow!("could not serve the web page on {addr}: {e}"))?;
         config.web = Some(link);
     }
-    let slow_consumers = config.metrics.slow_consumers.clone();
+    let watch = crate::connect::Watch {
+        slow_consumers: config.metrics.slow_consumers.clone(),
+        connected: None,
+    };
     let client = args
         .nats
-        .connect_counting("ember-driver", None, slow_consumers)
+        .connect_watched("ember-driver", None, watch)
         .await?;
     crate::driver::run(client, config, shutdown).await?;
     Ok(())

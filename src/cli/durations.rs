@@ -22,6 +22,18 @@ pub fn parse_wait(text: &str) -> Result<Duration, String> {
     within(text, Duration::ZERO, MAX_DURATION, "1day")
 }
 
+/// A grace that may be turned off: `--disconnect-grace off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grace(pub Option<Duration>);
+
+/// Parses a [`Grace`]: `off`, or a wait as [`parse_wait`] reads it.
+pub fn parse_grace(text: &str) -> Result<Grace, String> {
+    match text.trim() {
+        "off" => Ok(Grace(None)),
+        text => parse_wait(text).map(|grace| Grace(Some(grace))),
+    }
+}
+
 /// Parses a retention age: more than zero, at most [`MAX_AGE`] (one year).
 pub fn parse_age(text: &str) -> Result<Duration, String> {
     within(text, Duration::from_nanos(1), MAX_AGE, "1year")

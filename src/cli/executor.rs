@@ -3,7 +3,7 @@
 //! how they become an [`ExecutorConfig`], and serving an executor as they say.
 
 use super::{parse_duration, parse_key_value, parse_wait, show_duration, to_map};
-use crate::connect::{ConnectError, NatsArgs};
+use crate::connect::{ConnectError, NatsArgs, Watch};
 use crate::executor::{run, ExecutorConfig, Handlers, PythonConfig, DEFAULT_INTERPRETER};
 use crate::ids::{validate_host_port, ExecutorId};
 use crate::metrics::ExecutorMetrics;
@@ -213,10 +213,13 @@ pub async fn serve(
             .map_err(|e| anyhow::anyhow!("could not serve metrics on {addr}: {e}"))?;
     }
     let prefix = Subjects::executor_reply_prefix(&config.executor_id);
-    let slow_consumers = config.metrics.slow_consumers.clone();
+    let watch = Watch {
+        slow_consumers: config.metrics.slow_consumers.clone(),
+        connected: Some(config.connected.clone()),
+    };
     let client = args
         .nats
-        .connect_counting("ember-executor", Some(prefix), slow_consumers)
+        .connect_watched("ember-executor", Some(prefix), watch)
         .await?;
     run(client, config, Handlers::builtin(), shutdown).await?;
     Ok(())

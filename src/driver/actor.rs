@@ -7,6 +7,7 @@
 //! handled in [`requests`](super::requests), and what the core decides is sent by the
 //! [`shell`](super::shell). Each arm of the loop calls one method.
 
+use super::advisories::{closed_by_client, next_advisory, Closing};
 use super::config::DriverConfig;
 use super::core::Core;
 use super::discovery;
@@ -102,6 +103,7 @@ async fn lead(
     let mut allocate = interval(ALLOCATE_INTERVAL);
     let mut speculate = interval(crate::driver::core::SPECULATION_INTERVAL);
     let mut sweep = interval(super::objects::sweep_interval(config.objects_max_age));
+    let mut closing = Closing::new(config.disconnect_grace.unwrap_or_default());
     // One timer for the task events, moved only when what waits changes, rather than a new
     // one each time round the loop.
     let events_due = tokio::time::sleep(Duration::ZERO);
@@ -152,6 +154,16 @@ async fn lead(
                 timed(&shell.metrics, RequestKind::Api, || shell.on_api(&mut core, request))
             }
             Some(checked) = inputs.checked.recv() => shell.on_checked(&mut core, checked),
+            Some(advisory) = next_advisory(&mut inputs.disconnects) => {
+                if let Some(closed) = closed_by_client(&advisory.payload) {
+                    closing.push(closed);
+                }
+                None
+            }
+            closed = closing.next() => {
+                core.connection_closed(&closed.connection, &closed.reason, now_ms());
+                None
+            }
             query = crate::web::next_query(&mut queries) => shell.on_query(&mut core, query),
             Some(scrape) = scrapes.recv() => shell.on_scrape(&core, scrape),
             _ = revive.tick() => shell.on_revive(&mut core),
@@ -200,6 +212,7 @@ async fn lead(
         inputs.heartbeat,
         inputs.results,
         inputs.api,
+        inputs.disconnects,
     ));
     let flushed = flush(client).await.map_err(DriverError::LastMessages);
     if let Some(tenure) = shell.tenure.take() {

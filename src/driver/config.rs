@@ -61,6 +61,10 @@ pub struct DriverConfig {
     pub start_gate: Option<StartGate>,
     /// Exclude executors on which tasks fail, if set (`--exclude-on-failure`).
     pub exclusion: Option<ExclusionConfig>,
+    /// How long after a server's advisory that an executor's connection closed the leader
+    /// removes it (unless it named a new connection meanwhile); none ignores the advisories
+    /// (`--disconnect-grace off`). See [`super::advisories`].
+    pub disconnect_grace: Option<Duration>,
 }
 
 impl DriverConfig {
@@ -90,6 +94,7 @@ impl DriverConfig {
             web: None,
             start_gate: None,
             exclusion: None,
+            disconnect_grace: Some(super::advisories::DEFAULT_DISCONNECT_GRACE),
         }
     }
 }

@@ -18,7 +18,10 @@
 //! When to read the key, take it, renew it and stop is decided by [`lease_clock`](super::lease_clock),
 //! on the clock this passes in; the simulator runs the same decisions on virtual time.
 
+use super::advisories::{closed_by_client, next_advisory, Closing, Gone, DISCONNECT_ADVISORIES};
 use super::lease_clock::{ask_patience, poll_interval, Hold, Key, Watch};
+use crate::connect::connection_of;
+use crate::protocol::ConnectionId;
 use crate::subjects::Subjects;
 use async_nats::jetstream::{self, kv};
 use serde::{Deserialize, Serialize};
@@ -50,6 +53,10 @@ pub struct Holder {
     /// Set by a leader that stopped: a standby need not wait.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub released: bool,
+    /// The NATS connection the leader wrote this through: a standby that hears from the
+    /// server that it closed need not wait out the lease (see [`super::advisories`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<ConnectionId>,
 }
 
 impl Holder {
@@ -63,6 +70,15 @@ impl Holder {
             pid: std::process::id(),
             lease_ms: lease.as_millis().min(u128::from(u64::MAX)) as u64,
             released: false,
+            connection: None,
+        }
+    }
+
+    /// This holder, naming the connection `client` speaks through now.
+    fn through(&self, client: &async_nats::Client) -> Self {
+        Self {
+            connection: connection_of(client),
+            ..self.clone()
         }
     }
 
@@ -90,6 +106,7 @@ pub enum LeaseError {
 pub struct Lease {
     store: kv::Store,
     lease: Duration,
+    client: async_nats::Client,
 }
 
 impl Lease {
@@ -119,7 +136,11 @@ impl Lease {
             .await
             .map_err(|e| failed(e.to_string()))?,
         };
-        Ok(Self { store, lease })
+        Ok(Self {
+            store,
+            lease,
+            client: context.client(),
+        })
     }
 
     /// Waits until this driver leads, as `driver_instance`, and returns its tenure, renewed
@@ -128,15 +149,27 @@ impl Lease {
     /// `unled` says, while it is so, why no driver can lead: the key is free or its holder's
     /// lease has lapsed, and the server refuses this driver's write of it (a full store, say),
     /// so it refuses every other driver's too.
+    ///
+    /// With `disconnect_grace`, it also listens to the servers' disconnect advisories: a
+    /// holder whose connection closed (and that has not written the key through another since
+    /// the grace) is taken over at once, by a compare-and-set on the revision it wrote.
     pub async fn acquire(
         &self,
         driver_instance: Uuid,
         unled: &tokio::sync::watch::Sender<Option<String>>,
+        disconnect_grace: Option<Duration>,
     ) -> Tenure {
         let me = Holder::me(driver_instance, self.lease);
         let (mut waiting_for, mut watch) = (None, Watch::default());
+        let mut advisories = match disconnect_grace {
+            Some(_) => self.client.subscribe(DISCONNECT_ADVISORIES).await.ok(),
+            None => None,
+        };
+        let mut closing = Closing::new(disconnect_grace.unwrap_or_default());
+        let mut gone = Gone::default();
         loop {
-            let taken = self.try_take(&me, &mut watch).await;
+            let me = me.through(&self.client);
+            let taken = self.try_take(&me, &mut watch, &gone).await;
             let refused = match &taken {
                 Taken::Refused(reason) => Some(reason.clone()),
                 _ => None,
@@ -166,13 +199,28 @@ impl Lease {
                 }
                 Taken::Refused(_) | Taken::Unknown => {}
             }
-            tokio::time::sleep(poll_interval(self.lease)).await;
+            let poll = tokio::time::sleep(poll_interval(self.lease));
+            tokio::pin!(poll);
+            loop {
+                tokio::select! {
+                    _ = &mut poll => break,
+                    Some(advisory) = next_advisory(&mut advisories) => {
+                        if let Some(closed) = closed_by_client(&advisory.payload) {
+                            closing.push(closed);
+                        }
+                    }
+                    closed = closing.next() => {
+                        gone.add(closed.connection);
+                        break;
+                    }
+                }
+            }
         }
     }
 
     /// One look at the key, and a compare-and-set on it if it is free or, in `watch`'s eyes,
     /// lapsed.
-    async fn try_take(&self, me: &Holder, watch: &mut Watch<Instant>) -> Taken {
+    async fn try_take(&self, me: &Holder, watch: &mut Watch<Instant>, gone: &Gone) -> Taken {
         let patience = ask_patience(self.lease);
         let entry = match tokio::time::timeout(patience, self.store.entry(KEY)).await {
             Ok(Ok(entry)) => entry,
@@ -209,6 +257,12 @@ impl Lease {
                     // Its own write, stored though its answer was lost: taken again by a
                     // compare-and-set on that revision, whose sending it can count from.
                     Some(h) if h.driver_instance == me.driver_instance => Key::Free,
+                    // Its holder's connection closed, its server said: this revision is the
+                    // dead leader's last, and the compare-and-set takes only that one.
+                    Some(h) if h.connection.as_ref().is_some_and(|c| gone.has(c)) => {
+                        info!(leader = %h.driver_instance, "the leader's NATS connection closed");
+                        Key::Free
+                    }
                     _ => Key::Held {
                         revision: entry.revision,
                         lease: holder
@@ -388,10 +442,11 @@ impl Guard {
 /// Renews the lease until it is lost: a compare-and-set every third of the lease, each counted
 /// from when it was sent.
 async fn renew(lease: Lease, me: Holder, shared: Arc<Shared>) {
-    let value = me.encode();
     let mut next = shared.hold().first_renewal(Instant::now());
     loop {
         tokio::time::sleep_until(next).await;
+        // Each renewal names the connection it goes through, which a reconnect changes.
+        let value = me.through(&lease.client).encode();
         let (sent, hold) = (Instant::now(), shared.hold());
         if shared.lost.load(SeqCst) || !hold.is_current(sent) {
             shared.lose("the lease ran out before it could be renewed");

@@ -3,6 +3,7 @@
 
 pub mod actor;
 mod admission;
+pub mod advisories;
 pub(crate) mod chain;
 mod coalesce;
 pub mod config;

@@ -2,6 +2,7 @@
 //! the driver's subscriptions and NATS service opened; the shell that will send for the core.
 
 use super::admission::Admission;
+use super::advisories::DISCONNECT_ADVISORIES;
 use super::coalesce::TaskEvents;
 use super::config::DriverConfig;
 use super::core::{Core, CoreConfig};
@@ -56,6 +57,8 @@ pub(super) struct Inputs {
     pub(super) service: async_nats::service::Service,
     /// Submissions whose objects were looked for in the store, back to be answered.
     pub(super) checked: tokio::sync::mpsc::UnboundedReceiver<super::objects::Checked>,
+    /// The servers' disconnect advisories, unless `--disconnect-grace off`.
+    pub(super) disconnects: Option<Subscriber>,
 }
 
 /// Opens the journal and replays it into a new core, then subscribes, and returns once the
@@ -140,7 +143,7 @@ pub(super) async fn start(
             client,
             &subjects,
             unled_seen,
-            lease.acquire(driver_instance, &unled),
+            lease.acquire(driver_instance, &unled, config.disconnect_grace),
         )
         .await;
         discovery::stop(standby).await;
@@ -240,6 +243,10 @@ pub(super) async fn start(
         api,
         service,
         checked,
+        disconnects: match config.disconnect_grace {
+            Some(_) => Some(subscribe(client, DISCONNECT_ADVISORIES.to_string()).await?),
+            None => None,
+        },
     };
     flush(client).await.map_err(DriverError::NotSubscribed)?;
     let history = tenure.as_ref().map(|tenure| {

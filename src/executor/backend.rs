@@ -8,7 +8,7 @@ use super::python::{PythonConfig, PythonPool};
 use super::runner::Runner;
 use super::staging::ObjectAccess;
 use super::tasks::Handlers;
-use crate::connect::flush;
+use crate::connect::{connection_of, flush};
 use crate::epoch::Newest;
 use crate::ids::{ExecutorId, InstanceId};
 use crate::metrics::ExecutorMetrics;
@@ -58,6 +58,9 @@ pub struct ExecutorConfig {
     pub data_dir: std::path::PathBuf,
     /// The most bytes of objects the cache keeps on disk.
     pub object_cache_bytes: u64,
+    /// Notified when the executor's NATS connection is made again: it tells the driver its new
+    /// connection at once (see [`ConnectionId`]).
+    pub connected: Arc<tokio::sync::Notify>,
 }
 
 impl ExecutorConfig {
@@ -81,6 +84,7 @@ impl ExecutorConfig {
             python: Some(PythonConfig::default()),
             data_dir,
             object_cache_bytes: crate::objects::cache::DEFAULT_CACHE_BYTES,
+            connected: Arc::default(),
         }
     }
 }
@@ -196,13 +200,17 @@ async fn register(
         attributes: config.attributes.clone(),
         resources: config.resources.clone(),
         held,
+        connection: None,
     });
-    let payload = encode(&request);
     let subject = config.subjects.register(&config.executor_id);
     let start = Instant::now();
     let mut backoff = Backoff::new(deadline.map(|d| millis(d - start)));
     loop {
-        let attempt = client.request(subject.clone(), payload.clone());
+        // The connection may change between attempts: each names the one it goes on.
+        let RegisterRequest::RegisterExecutor(mut sent) = request.clone();
+        sent.connection = connection_of(&client);
+        let payload = encode(&RegisterRequest::RegisterExecutor(sent));
+        let attempt = client.request(subject.clone(), payload);
         match tokio::time::timeout(REQUEST_TIMEOUT, attempt).await {
             // An answer from a driver that no longer leads is no answer: it goes again.
             Ok(Ok(reply)) if !epochs.hears(&reply) => {}
@@ -402,6 +410,19 @@ impl Backend {
         millis(self.epoch.elapsed())
     }
 
+    /// The heartbeat timer's work: the machine sends a heartbeat if it may, and says whether
+    /// the driver is lost.
+    fn beat(&mut self) -> Result<(), ExecutorError> {
+        let now = self.now();
+        self.machine
+            .beat(
+                self.config.exit_on_driver_loss,
+                self.objects.counts.now(),
+                now,
+            )
+            .map_err(|silent| ExecutorError::DriverLost(Duration::from_millis(silent)))
+    }
+
     async fn serve(
         mut self,
         mut inbox: Subscriber,
@@ -410,6 +431,7 @@ impl Backend {
     ) -> Result<(), ExecutorError> {
         tokio::pin!(shutdown);
         let mut beat = tokio::time::interval(self.config.heartbeat_interval);
+        let connected = self.config.connected.clone();
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let far = Instant::now() + Duration::from_secs(86_400 * 365);
         // One timer for the batch in flight, moved only when its deadline changes, rather than a
@@ -442,11 +464,16 @@ impl Backend {
                     let now = self.now();
                     self.machine.on_heartbeat(result, now);
                 }
-                _ = beat.tick() => {
-                    let now = self.now();
-                    self.machine
-                        .beat(self.config.exit_on_driver_loss, self.objects.counts.now(), now)
-                        .map_err(|silent| ExecutorError::DriverLost(Duration::from_millis(silent)))?;
+                _ = beat.tick() => self.beat()?,
+                // Connected again, perhaps to another server: the driver hears of the new
+                // connection now, before the old one's close could count against it. A
+                // heartbeat still waiting went on the old one.
+                _ = connected.notified() => {
+                    if self.heartbeat.take().is_some() {
+                        let now = self.now();
+                        self.machine.on_heartbeat(Err("connected again".into()), now);
+                    }
+                    self.beat()?;
                 }
                 Some(done) = self.ends.recv() => {
                     let (run, end) = done.into_end();
@@ -643,7 +670,10 @@ impl Backend {
                         epochs,
                     )));
                 }
-                Request::Heartbeat(beat) => {
+                Request::Heartbeat(mut beat) => {
+                    if let HeartbeatRequest::Heartbeat { connection, .. } = &mut beat {
+                        *connection = connection_of(&self.client);
+                    }
                     self.heartbeat = Some(request(
                         &self.client,
                         self.lifecycle_subject.clone(),

@@ -413,6 +413,8 @@ impl<H: Cancel> Machine<H> {
                     running,
                     driver_instance: self.driver,
                     objects,
+                    // The backend names the connection it sends the heartbeat on.
+                    connection: None,
                 }));
         }
         Ok(())

@@ -82,6 +82,7 @@ impl World {
             attributes: BTreeMap::new(),
             resources: Default::default(),
             held: Vec::new(),
+            connection: None,
         });
         let deadline = now + crate::DEFAULT_REGISTER_TIMEOUT.as_millis() as u64;
         self.procs.push(Process {

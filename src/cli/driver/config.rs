@@ -72,6 +72,7 @@ impl DriverArgs {
             web: None,
             start_gate,
             exclusion: self.exclusion(),
+            disconnect_grace: self.disconnect_grace.0,
         })
     }
 

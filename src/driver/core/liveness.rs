@@ -5,8 +5,8 @@
 use super::Core;
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
-    ApiReply, Event, ExecutorMessage, HeartbeatReply, HeartbeatRequest, JobState, RunningAttempt,
-    StatusUpdate, TaskEnded, TaskState,
+    ApiReply, ConnectionId, Event, ExecutorMessage, HeartbeatReply, HeartbeatRequest, JobState,
+    RunningAttempt, StatusUpdate, TaskEnded, TaskState,
 };
 use std::collections::{BTreeMap, HashSet};
 
@@ -88,10 +88,19 @@ impl Core {
         }
         match request {
             HeartbeatRequest::Heartbeat {
-                running, objects, ..
+                running,
+                objects,
+                connection,
+                ..
             } => {
+                if let Err(message) = ConnectionId::check(&connection) {
+                    return HeartbeatReply::Error { message };
+                }
                 if let Some(data) = self.executors.get_mut(&executor_id) {
                     data.objects = objects;
+                    if connection.is_some() {
+                        data.connection = connection;
+                    }
                 }
                 self.reconcile(&executor_id, &running, now)
             }
@@ -241,6 +250,23 @@ impl Core {
             // A lost attempt runs again, unless a kill without retry was asked of it: that
             // may have been the job's last task.
             self.end_job_if_done(job_id, now);
+        }
+    }
+
+    /// A NATS server said that connection `closed` ended (`reason`, as the server's disconnect
+    /// advisory gives it), and no heartbeat since has named another: the executor speaking
+    /// through it is removed at once, as one silent past the timeout would be, and its attempts
+    /// run elsewhere. A connection no executor names now (an executor that moved to another
+    /// server and said so, or one already gone) changes nothing.
+    pub fn connection_closed(&mut self, closed: &ConnectionId, reason: &str, now: u64) {
+        let gone = self
+            .executors
+            .iter()
+            .find(|(_, e)| e.connection.as_ref() == Some(closed))
+            .map(|(id, _)| id.clone());
+        if let Some(id) = gone {
+            let reason = format!("its NATS connection closed ({reason})");
+            self.remove_executor(&id, reason, now);
         }
     }
 

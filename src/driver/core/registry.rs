@@ -34,6 +34,8 @@ pub struct ExecutorData {
     pub adopted: Vec<crate::protocol::Adopted>,
     /// What it has done with the cluster's objects, as its last heartbeat said.
     pub objects: crate::protocol::ObjectCounts,
+    /// The NATS connection it last said it speaks through (see [`Core::connection_closed`]).
+    pub connection: Option<crate::protocol::ConnectionId>,
 }
 
 impl ExecutorData {
@@ -65,6 +67,7 @@ impl Core {
             }
             // The same process asking again: its first answer was lost.
             existing.last_seen_ms = now;
+            existing.connection = req.connection;
             return self.registered(req.executor_id);
         }
         self.add_executor(req, now)
@@ -99,6 +102,7 @@ impl Core {
                 resources: super::ExecutorResources::new(&info.resources),
                 adopted: Vec::new(),
                 objects: Default::default(),
+                connection: req.connection,
             },
         );
         self.publish(Event::ExecutorAdded {
@@ -230,6 +234,7 @@ fn validate_registration(subject_id: &str, req: &RegisterExecutor) -> Result<(),
     }
     validate_map("log_urls", &req.log_urls)?;
     validate_map("attributes", &req.attributes)?;
+    crate::protocol::ConnectionId::check(&req.connection)?;
     crate::resources::validate_addresses(&req.resources)
 }
 

@@ -94,6 +94,7 @@ fn registration(id: &str, cores: u32) -> RegisterExecutor {
         attributes: BTreeMap::new(),
         resources: Default::default(),
         held: Vec::new(),
+        connection: None,
     }
 }
 

@@ -21,6 +21,7 @@ fn a_new_executor_is_registered_and_announced() {
         attributes: attributes.clone(),
         resources: Default::default(),
         held: Vec::new(),
+        connection: None,
     };
     assert_eq!(
         core.register("exec-1", request, 1_000),
@@ -376,6 +377,7 @@ fn a_heartbeat_from_an_executor_registered_with_another_driver_asks_it_to_regist
         running: Vec::new(),
         driver_instance: driver.map(InstanceId::from_u128),
         objects: Default::default(),
+        connection: None,
     };
     let answer = |reregister| HeartbeatReply::HeartbeatResponse { reregister };
     let elsewhere = unchanged(&mut core, |core| {
@@ -417,6 +419,7 @@ fn heartbeats_carry_each_executors_object_counts_and_the_registry_sums_them() {
             puts,
             put_bytes: puts * 10,
         },
+        connection: None,
     };
     core.heartbeat("a", beat("a", 2, 1), 20);
     core.heartbeat("b", beat("b", 1, 0), 20);
