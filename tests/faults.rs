@@ -852,9 +852,17 @@ const FAILOVER_DRIVER: [&str; 6] = [
 async fn two_drivers(
     cluster: &TestCluster,
 ) -> (Vec<Child>, Vec<Child>, ember::client::EmberClient, usize) {
+    two_drivers_with(cluster, &FAILOVER_DRIVER).await
+}
+
+/// [`two_drivers`], the drivers started with `flags`.
+async fn two_drivers_with(
+    cluster: &TestCluster,
+    flags: &[&str],
+) -> (Vec<Child>, Vec<Child>, ember::client::EmberClient, usize) {
     let drivers = vec![
-        cluster.driver_process(&FAILOVER_DRIVER).spawn().unwrap(),
-        cluster.driver_process(&FAILOVER_DRIVER).spawn().unwrap(),
+        cluster.driver_process(flags).spawn().unwrap(),
+        cluster.driver_process(flags).spawn().unwrap(),
     ];
     let executors = spawn_executors(cluster, 3).await;
     let api = cluster.api(cluster.client().await);
@@ -1381,16 +1389,7 @@ async fn a_standby_leads_at_the_leaders_disconnect_advisory_not_after_the_lease(
         "--lease",
         "3s",
     ];
-    let mut drivers = vec![
-        cluster.driver_process(&flags).spawn().unwrap(),
-        cluster.driver_process(&flags).spawn().unwrap(),
-    ];
-    let executors = spawn_executors(&cluster, 3).await;
-    let api = cluster.api(cluster.client().await);
-    wait_registered(&api, 3).await;
-    let leader = cluster
-        .leader_among(&[&drivers[0], &drivers[1]], None)
-        .await;
+    let (mut drivers, executors, api, leader) = two_drivers_with(&cluster, &flags).await;
     let job_id = api.submit(sleepers(40, 300)).await.unwrap();
     eventually(LIMIT, "some tasks done", || async {
         (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
