@@ -27,6 +27,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of its largest variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Command {
     /// Start a local nats-server, a driver and N executors; print events until Ctrl-C.

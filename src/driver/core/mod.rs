@@ -395,7 +395,9 @@ fn page<T: serde::Serialize>(
     (taken, next)
 }
 
-/// An api answer, and where its data comes from.
+/// An api answer, and where its data comes from. Moved once per request, straight to the
+/// shell: a box for the reply would cost an allocation per request to save a copy.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Answer {
     /// Sent as it is.
