@@ -154,13 +154,15 @@ async fn lead(
                 timed(&shell.metrics, RequestKind::Api, || shell.on_api(&mut core, request))
             }
             Some(checked) = inputs.checked.recv() => shell.on_checked(&mut core, checked),
-            Some(advisory) = next_advisory(&mut inputs.disconnects) => {
+            // Neither arm is polled where it has nothing to give: the loop's other messages
+            // pay a flag test for them, not a poll.
+            Some(advisory) = next_advisory(&mut inputs.disconnects), if inputs.disconnects.is_some() => {
                 if let Some(closed) = closed_by_client(&advisory.payload) {
                     closing.push(closed);
                 }
                 None
             }
-            closed = closing.next() => {
+            closed = closing.next(), if closing.waits() => {
                 core.connection_closed(&closed.connection, &closed.reason, now_ms());
                 None
             }

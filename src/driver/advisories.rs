@@ -143,6 +143,11 @@ impl Closing {
         }));
     }
 
+    /// Whether some close waits out its grace.
+    pub fn waits(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     /// The next close whose grace is over; pending while none waits.
     pub async fn next(&mut self) -> Closed {
         match self.waiting.next().await {

@@ -6,6 +6,34 @@ use crate::protocol::{
 };
 
 #[test]
+fn a_connection_with_an_unusable_server_id_is_refused_and_changes_nothing() {
+    let mut core = new_core(0);
+    let long = crate::protocol::ConnectionId {
+        server_id: "N".repeat(crate::protocol::MAX_SERVER_ID_LEN + 1),
+        client_id: 1,
+    };
+    let mut request = registration("exec-1", 2);
+    request.connection = Some(long.clone());
+    let answer = unchanged(&mut core, |core| core.register("exec-1", request, 10));
+    assert!(
+        matches!(&answer, RegisterReply::RegisterExecutorFailed { message } if message.contains("server_id")),
+        "{answer:?}"
+    );
+    core.register("exec-1", registration("exec-1", 2), 20);
+    core.take_effects();
+    let beat = HeartbeatRequest::Heartbeat {
+        executor_id: eid("exec-1"),
+        instance_id: instance_of("exec-1"),
+        running: Vec::new(),
+        driver_instance: Some(core_driver()),
+        objects: Default::default(),
+        connection: Some(long),
+    };
+    let answer = unchanged(&mut core, |core| core.heartbeat("exec-1", beat, 30));
+    assert!(matches!(answer, HeartbeatReply::Error { .. }), "{answer:?}");
+}
+
+#[test]
 fn a_new_executor_is_registered_and_announced() {
     let mut core = new_core(2);
     let log_urls: BTreeMap<String, String> =
