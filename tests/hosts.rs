@@ -39,7 +39,6 @@ const ACCOUNTS: &str = "system_account: SYS\n\
 
 impl NatsCluster {
     fn start(nodes: Vec<Host>, dir: &Path) -> Self {
-        let binary = ember::server::find_binary().expect("nats-server");
         let routes: Vec<String> = nodes
             .iter()
             .map(|n| format!("nats-route://{}:6222", n.addr))
@@ -66,6 +65,12 @@ impl NatsCluster {
                 config
             })
             .collect();
+        Self::with_configs(nodes, configs)
+    }
+
+    /// The servers of `configs`, each started on the host beside it.
+    fn with_configs(nodes: Vec<Host>, configs: Vec<PathBuf>) -> Self {
+        let binary = ember::server::find_binary().expect("nats-server");
         let mut cluster = NatsCluster {
             nodes,
             binary,
@@ -165,14 +170,13 @@ fn nats_args(url: &str, cluster: &str) -> ember::connect::NatsArgs {
     }
 }
 
-/// A client of `cluster` on `url` (with Ember's connection options), connected from the host
-/// it runs on, once the cluster's driver answers.
-async fn client(url: String, cluster: String) -> EmberClient {
+/// A client of the cluster `args` name (with Ember's connection options), connected from the
+/// host it runs on, once the cluster's driver answers.
+async fn client(args: ember::connect::NatsArgs) -> EmberClient {
     let deadline = Instant::now() + LIMIT;
-    let args = nats_args(&url, &cluster);
     loop {
         if let Ok(nats) = args.connect("hosts-test", None).await {
-            let api = EmberClient::new(nats, Subjects::new(&cluster).unwrap());
+            let api = EmberClient::new(nats, Subjects::new(&args.cluster).unwrap());
             if api.executors().await.is_ok() {
                 return api;
             }
@@ -387,7 +391,7 @@ impl Site {
     {
         let (url, cluster) = (self.url.clone(), self.cluster.clone());
         self.client_host
-            .run(move || async move { work(client(url, cluster).await).await })
+            .run(move || async move { work(client(nats_args(&url, &cluster)).await).await })
             .await
     }
 
@@ -435,7 +439,7 @@ impl Site {
             host.run(move || async move {
                 // Counted from the watch's start: a first answer slow to come counts too.
                 let started = Instant::now();
-                let api = client(url, cluster).await;
+                let api = client(nats_args(&url, &cluster)).await;
                 let (mut answered, mut longest) = (Instant::now(), started.elapsed());
                 while !stopped.load(SeqCst) {
                     let asked = tokio::time::timeout(Duration::from_secs(1), api.executors()).await;
@@ -694,6 +698,149 @@ async fn a_job_loses_nothing_when_the_journals_nats_node_is_parted_from_the_othe
         reruns(&runs),
         unanswered.as_secs_f64(),
         parted_at.elapsed().as_secs_f64(),
+        healed_at.elapsed().as_secs_f64()
+    );
+}
+
+/// The passwords `ember creds --password-file` wrote, by user.
+fn passwords(path: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(path)
+        .expect("the password file")
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_once(' '))
+        .map(|(user, password)| (user.to_string(), password.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_sites_executors_finish_their_job_through_a_cut_of_the_leaf_link() {
+    let Some(mut net) = Net::new() else {
+        return;
+    };
+    let nodes: Vec<Host> = (1..=3).map(|n| net.host(&format!("n{n}"))).collect();
+    let leaf = net.host("l1");
+    let driver_host = net.host("d1");
+    let edge = [net.host("x1"), net.host("x2")];
+    let client_host = net.host("c1");
+    let scratch = Scratch::new("edge");
+    let cluster = format!("edge{}", std::process::id());
+    // The servers' configs as `ember creds` writes them, with TLS on routes and leaf links.
+    let (certs, conf, secrets) = (
+        scratch.0.join("certs"),
+        scratch.0.join("conf"),
+        scratch.0.join("passwords"),
+    );
+    std::fs::create_dir_all(&certs).unwrap();
+    let servers: Vec<&Host> = nodes.iter().chain([&leaf]).collect();
+    let named: Vec<(&str, &str)> = servers
+        .iter()
+        .map(|h| (h.name.as_str(), h.addr.as_str()))
+        .collect();
+    common::make_certs(&certs, &named);
+    let mut creds = std::process::Command::new(env!("CARGO_BIN_EXE_ember"));
+    creds.args(["--cluster", &cluster, "creds", "--executor-id", "x1"]);
+    creds.args([
+        "--executor-id",
+        "x2",
+        "--leaf",
+        &format!("l1={}", leaf.addr),
+    ]);
+    for node in &nodes {
+        creds.args(["--node", &format!("{}={}", node.name, node.addr)]);
+    }
+    creds.arg("--password-file").arg(&secrets);
+    creds.arg("--tls-dir").arg(&certs);
+    creds.arg("--store-dir").arg(&scratch.0);
+    creds.arg("--out-dir").arg(&conf);
+    let wrote = creds.output().expect("ember creds runs");
+    assert!(
+        wrote.status.success(),
+        "ember creds: {}",
+        String::from_utf8_lossy(&wrote.stderr)
+    );
+    let passwords = passwords(&secrets);
+    let login = |name: &str| {
+        let user = format!("{cluster}.{name}");
+        let password = passwords[&user].clone();
+        (user, password)
+    };
+    let config = |host: &Host| conf.join(format!("{}.conf", host.name));
+    let hub = NatsCluster::with_configs(nodes.clone(), nodes.iter().map(config).collect());
+    let site = NatsCluster::with_configs(vec![leaf.clone()], vec![config(&leaf)]);
+    hub.listening(&client_host).await;
+    site.listening(&client_host).await;
+    let (user, password) = login("driver");
+    let flags = ["--executor-timeout", "2s", "--revive-interval", "200ms"];
+    let login_flags = ["--user", &user, "--password", &password];
+    let driver_flags: Vec<&str> = flags.into_iter().chain(login_flags).collect();
+    let _driver = ember(
+        &driver_host,
+        env!("CARGO_BIN_EXE_ember-driver"),
+        &hub.url(),
+        &cluster,
+        &driver_flags,
+    );
+    // The edge site's executors reach only their leaf server.
+    let _executors: Vec<Child> = edge
+        .iter()
+        .map(|host| {
+            let (user, password) = login(&host.name);
+            let mut args = vec!["--executor-id", &host.name, "--site", "edge"];
+            args.extend(common::FAST_EXECUTOR);
+            args.extend(["--user", &user, "--password", &password]);
+            let args: Vec<String> = args.into_iter().map(String::from).collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            ember(
+                host,
+                env!("CARGO_BIN_EXE_ember-executor"),
+                &site.url(),
+                &cluster,
+                &args,
+            )
+        })
+        .collect();
+    let (user, password) = login("client");
+    let client_args = ember::connect::NatsArgs {
+        user: Some(user),
+        password: Some(password),
+        ..nats_args(&hub.url(), &cluster)
+    };
+    let ledger = scratch.0.join("ledger");
+    let mut job = ledgered(TASKS, "0.3", &ledger);
+    job.placement.constraints = vec!["site=edge".into()];
+    let args = client_args.clone();
+    let job_id = client_host
+        .run(move || async move {
+            let api = client(args).await;
+            let deadline = Instant::now() + LIMIT;
+            while api.executors().await.unwrap().registered_executors < 2 {
+                assert!(Instant::now() < deadline, "the edge's executors register");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            api.submit(job).await.expect("the job is accepted")
+        })
+        .await;
+    common::netns::wait_until(LIMIT, "tasks run", || runs(&ledger).len() >= 4);
+    // The leaf link cut for 10 s while the edge runs tasks, then healed.
+    let hub_nodes: Vec<&Host> = nodes.iter().collect();
+    leaf.part_from(&hub_nodes);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    leaf.heal();
+    let healed_at = Instant::now();
+    let (args, ledger_dir, name) = (client_args.clone(), ledger.clone(), cluster.clone());
+    let Judged { runs, removed } = client_host
+        .run(move || async move {
+            let api = client(args).await;
+            within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
+            judge(&api, &name, job_id, TASKS, &ledger_dir).await
+        })
+        .await;
+    eprintln!(
+        "the edge site's leaf link cut for 10 s: {TASKS} tasks, {} re-runs, {} executors \
+         removed meanwhile; the job ended {:.1} s after the link healed",
+        reruns(&runs),
+        removed.len(),
         healed_at.elapsed().as_secs_f64()
     );
 }

@@ -1062,6 +1062,7 @@ async fn the_shipped_example_is_what_ember_creds_writes_and_lets_nobody_in() {
         random: false,
         placeholder: true,
         full: true,
+        topology: Default::default(),
     };
     assert_eq!(
         creds::creds(&args, ember::DEFAULT_CLUSTER).expect("creds"),
@@ -1082,16 +1083,45 @@ async fn the_shipped_example_is_what_ember_creds_writes_and_lets_nobody_in() {
     assert!(ConnectOptions::new().connect(server.url()).await.is_err());
 }
 
-/// Makes a test CA and a server and a client certificate for 127.0.0.1 with openssl.
-const MAKE_CERTS: &str = r#"set -e
-ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-openssl req -x509 $ec -keyout ca.key -out ca.pem -days 2 -subj /CN=ember-test-ca
-for who in server client; do
-  openssl req $ec -keyout $who.key -out $who.csr -subj /CN=$who
-  usage=clientAuth; [ $who = server ] && usage=serverAuth
-  printf "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=$usage\nbasicConstraints=CA:FALSE\n" > $who.ext
-  openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $who.pem -days 2 -extfile $who.ext
-done"#;
+/// The command that writes the shipped configs of `examples/many-hosts`.
+const MANY_HOSTS: &str = "ember creds --executors 2 --placeholder --node n1=10.0.0.1 \
+    --node n2=10.0.0.2 --node n3=10.0.0.3 --leaf edge=10.0.1.1 --tls-dir /etc/nats/certs \
+    --out-dir examples/many-hosts";
+
+#[test]
+fn the_shipped_configs_of_many_hosts_are_what_ember_creds_writes() {
+    #[derive(Parser)]
+    struct Ember {
+        #[command(flatten)]
+        nats: NatsArgs,
+        #[command(subcommand)]
+        command: Creds,
+    }
+    #[derive(clap::Subcommand)]
+    enum Creds {
+        Creds(creds::CredsArgs),
+    }
+    let out = TempDir(std::env::temp_dir().join(format!("ember-hosts-{}", uuid::Uuid::new_v4())));
+    let mut argv: Vec<String> = MANY_HOSTS.split_whitespace().map(String::from).collect();
+    *argv.last_mut().unwrap() = out.0.display().to_string();
+    let Ember {
+        nats,
+        command: Creds::Creds(args),
+    } = Ember::try_parse_from(argv).expect("the command parses");
+    let wrote = creds::creds(&args, &nats.cluster).expect("creds");
+    assert_eq!(wrote.lines().count(), 4, "{wrote}");
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/many-hosts");
+    for name in ["n1", "n2", "n3", "edge"] {
+        let file = format!("{name}.conf");
+        let written = std::fs::read_to_string(out.0.join(&file)).expect("written");
+        assert!(written.starts_with("# EXAMPLE ONLY."), "{written}");
+        assert_eq!(
+            std::fs::read_to_string(format!("{shipped}/{file}")).expect("shipped"),
+            written,
+            "regenerate with: {MANY_HOSTS}"
+        );
+    }
+}
 
 /// A directory in the temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -1106,16 +1136,7 @@ impl Drop for TempDir {
 async fn tls_flags_connect_to_a_server_that_verifies_clients() {
     let dir = TempDir(std::env::temp_dir().join(format!("ember-tls-{}", uuid::Uuid::new_v4())));
     std::fs::create_dir_all(&dir.0).expect("temp dir");
-    let made = std::process::Command::new("sh")
-        .args(["-c", MAKE_CERTS])
-        .current_dir(&dir.0)
-        .output()
-        .expect("this test needs sh and openssl to make its certificates");
-    assert!(
-        made.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    common::make_certs(&dir.0, &[("server", "127.0.0.1"), ("client", "127.0.0.1")]);
     let file = |name: &str| dir.0.join(name).to_str().expect("utf-8 path").to_string();
     let config = format!(
         "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true }}\n",
@@ -1368,6 +1389,7 @@ async fn two_clusters_share_one_server_and_see_nothing_of_each_other() {
             random: false,
             placeholder: false,
             full: false,
+            topology: Default::default(),
         };
         let text = creds::creds(&args, name).expect("creds");
         std::fs::write(dir.0.join(format!("{name}.conf")), text).expect("account file");

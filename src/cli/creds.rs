@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+pub mod topology;
+pub use topology::TopologyArgs;
+
 /// The names of the roles that are not executors; a user's name is [`user_name`] of one of
 /// these (or of an executor id) and the cluster.
 pub const DRIVER_USER: &str = "driver";
@@ -68,8 +71,10 @@ pub struct CredsArgs {
     pub placeholder: bool,
     /// Print a complete server config (listen address, max_payload, the account), not only the
     /// account (which goes in a config's `accounts { }` block, with other clusters' accounts).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "nodes")]
     pub full: bool,
+    #[command(flatten)]
+    pub topology: TopologyArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +92,10 @@ pub enum CredsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Topology(String),
+    #[error("could not write the configs: {0}")]
+    Configs(std::io::Error),
     #[error("could not write the password file {path}: {source}")]
     Write {
         path: PathBuf,
@@ -101,6 +110,8 @@ pub enum Role {
     Executor(ExecutorId),
     Client,
     Listener,
+    /// The link of the leaf server of this name: anything within the account.
+    Leaf(String),
 }
 
 /// One NATS user of the cluster.
@@ -188,6 +199,9 @@ impl Role {
                 ],
                 ..Permissions::default()
             },
+            // What crosses a leaf link is what the leaf server's own users may do, each
+            // held to its role there.
+            Role::Leaf(_) => Permissions::default(),
         }
     }
 }
@@ -347,11 +361,22 @@ pub fn random_password() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-/// The account of `subjects`' cluster, as an entry of a server config's `accounts { }` block:
-/// JetStream enabled (used only if the server runs it) and `users`. With `advisories`, it
-/// imports its own disconnect advisories from the account `SYS`, which must export them (as
-/// [`server_config`] writes it).
-pub fn account_block(subjects: &Subjects, users: &[User], advisories: bool) -> String {
+/// Where an account block goes, which decides what it holds besides its users.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountFor {
+    /// Printed alone, for a config of the reader's: JetStream enabled (used only if the server
+    /// runs it), no imports.
+    Block,
+    /// A config whose account `SYS` exports the disconnect advisories (as [`server_config`]
+    /// writes it): JetStream, and its own advisories imported.
+    Server,
+    /// A leaf server's config: no JetStream (the nodes' answers), no imports.
+    Leaf,
+}
+
+/// The account of `subjects`' cluster with `users`, as an entry of a server config's
+/// `accounts { }` block; see [`AccountFor`].
+pub fn account_block(subjects: &Subjects, users: &[User], placed: AccountFor) -> String {
     let cluster = cluster_of(subjects);
     let executors: Vec<ExecutorId> = users
         .iter()
@@ -364,12 +389,26 @@ pub fn account_block(subjects: &Subjects, users: &[User], advisories: bool) -> S
         "# The Ember cluster {cluster:?}, written by `ember creds`: an account of its own, whose\n\
          # subjects and inboxes no other account's users see. It goes in the `accounts {{ }}`\n\
          # block of a server config, next to other clusters' accounts (see docs/security.md).\n\
-         {}: {{\n  jetstream: enabled\n  users = [\n",
-        quote(&account_name(cluster))
+         {}: {{\n{}  users = [\n",
+        quote(&account_name(cluster)),
+        if placed == AccountFor::Leaf {
+            ""
+        } else {
+            "  jetstream: enabled\n"
+        },
     );
     for user in users {
-        let perms = user.role.permissions(subjects, &executors);
         let _ = writeln!(out, "    # {}", describe(&user.role));
+        if let Role::Leaf(_) = user.role {
+            let _ = writeln!(
+                out,
+                "    {{ user: {}, password: {} }}",
+                quote(&user.name),
+                quote(&user.password)
+            );
+            continue;
+        }
+        let perms = user.role.permissions(subjects, &executors);
         let _ = writeln!(
             out,
             "    {{ user: {}, password: {}, permissions: {{",
@@ -388,7 +427,7 @@ pub fn account_block(subjects: &Subjects, users: &[User], advisories: bool) -> S
         out.push_str("    } }\n");
     }
     out.push_str("  ]\n");
-    if advisories {
+    if placed == AccountFor::Server {
         let _ = writeln!(
             out,
             "  # The servers' advisories that a connection of this account closed: the driver\n  \
@@ -405,7 +444,7 @@ pub fn account_block(subjects: &Subjects, users: &[User], advisories: bool) -> S
 /// the account of `users`. The port and address can be overridden on nats-server's command
 /// line.
 pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
-    let account: String = account_block(subjects, users, true)
+    let account: String = account_block(subjects, users, AccountFor::Server)
         .lines()
         .map(|line| format!("  {line}\n"))
         .collect();
@@ -444,6 +483,9 @@ fn describe(role: &Role) -> String {
         }
         Role::Client => "clients: the driver api, replies (not executors'), events, objects".into(),
         Role::Listener => "listeners: read the events and their history, write nothing".into(),
+        Role::Leaf(name) => format!(
+            "the link of leaf server {name}: anything in the account; the leaf holds its users to their roles"
+        ),
     }
 }
 
@@ -519,28 +561,49 @@ pub fn creds(args: &CredsArgs, cluster: &str) -> Result<String, CredsError> {
     validate_token("cluster name", cluster).map_err(CredsError::Cluster)?;
     let subjects = Subjects::new(cluster).map_err(CredsError::Cluster)?;
     let ids = executor_ids(args)?;
-    let users = match &args.password_file {
-        Some(path) => {
-            let known = read_passwords(path)?;
-            let users = users(cluster, &ids, |name| {
-                known.get(name).cloned().unwrap_or_else(random_password)
-            });
-            write_passwords(path, &users)?;
-            users
-        }
-        None if args.placeholder => users(cluster, &ids, |_| PLACEHOLDER_PASSWORD.to_string()),
-        None => users(cluster, &ids, |_| random_password()),
+    if args.topology.wanted() {
+        args.topology.check().map_err(CredsError::Topology)?;
+    }
+    let known = match &args.password_file {
+        Some(path) => Some(read_passwords(path)?),
+        None => None,
     };
+    let mut password = |name: &str| match &known {
+        Some(known) => known.get(name).cloned().unwrap_or_else(random_password),
+        None if args.placeholder => PLACEHOLDER_PASSWORD.to_string(),
+        None => random_password(),
+    };
+    let mut users = users(cluster, &ids, &mut password);
+    users.extend(args.topology.leaf_users().map(|leaf| {
+        let name = topology::leaf_user(cluster, leaf);
+        User {
+            password: password(&name),
+            name,
+            role: Role::Leaf(leaf.into()),
+        }
+    }));
+    if let Some(path) = &args.password_file {
+        write_passwords(path, &users)?;
+    }
+    let note = match (args.placeholder, args.topology.wanted()) {
+        (false, _) => "",
+        (true, false) => PLACEHOLDER_NOTE,
+        (true, true) => topology::PLACEHOLDER_NOTE,
+    };
+    if args.topology.wanted() {
+        let written = topology::write(&subjects, &users, &args.topology, note)
+            .map_err(CredsError::Configs)?;
+        return Ok(written
+            .iter()
+            .map(|path| format!("wrote {}\n", path.display()))
+            .collect());
+    }
     let text = if args.full {
         server_config(&subjects, &users)
     } else {
-        account_block(&subjects, &users, false)
+        account_block(&subjects, &users, AccountFor::Block)
     };
-    Ok(if args.placeholder {
-        format!("{PLACEHOLDER_NOTE}{text}")
-    } else {
-        text
-    })
+    Ok(format!("{note}{text}"))
 }
 
 #[cfg(test)]
@@ -633,7 +696,7 @@ mod tests {
     fn the_account_lists_every_user_once_under_the_cluster_name() {
         let s = Subjects::new("c").unwrap();
         let users = users("c", &[id("exec-1"), id("exec-2")], |n| format!("pw-{n}"));
-        let block = account_block(&s, &users, false);
+        let block = account_block(&s, &users, AccountFor::Block);
         assert!(!block.contains("imports"), "{block}");
         for name in ["driver", "exec-1", "exec-2", "client", "listener"] {
             let needle = format!("user: \"c.{name}\", password: \"pw-c.{name}\"");
@@ -664,6 +727,7 @@ mod tests {
             random: false,
             placeholder: false,
             full: false,
+            topology: TopologyArgs::default(),
         };
         assert!(matches!(
             executor_ids(&args),

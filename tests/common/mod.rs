@@ -477,3 +477,32 @@ pub async fn holder_of(
     let entry = bucket.entry("leader").await.ok()??;
     serde_json::from_slice(&entry.value).ok()
 }
+
+/// Makes, with openssl in `dir`, a test CA (`ca.pem`) and for each `(name, ip)` a certificate
+/// `name.pem` (key `name.key`) it signed for that IP address, good for a server and a client.
+pub fn make_certs(dir: &std::path::Path, certs: &[(&str, &str)]) {
+    let mut script = String::from(
+        "set -e\n\
+         ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'\n\
+         openssl req -x509 $ec -keyout ca.key -out ca.pem -days 2 -subj /CN=ember-test-ca\n",
+    );
+    for (name, ip) in certs {
+        script.push_str(&format!(
+            "openssl req $ec -keyout {name}.key -out {name}.csr -subj /CN={name}\n\
+             printf 'subjectAltName=IP:{ip}\\nextendedKeyUsage=serverAuth,clientAuth\\n\
+             basicConstraints=CA:FALSE\\n' > {name}.ext\n\
+             openssl x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+             -out {name}.pem -days 2 -extfile {name}.ext\n"
+        ));
+    }
+    let made = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(dir)
+        .output()
+        .expect("making test certificates needs sh and openssl");
+    assert!(
+        made.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+}
