@@ -30,6 +30,7 @@ pub mod protocol;
 pub mod resources;
 pub mod server;
 pub mod sim;
+pub mod streams;
 pub mod subjects;
 pub mod text;
 pub mod web;

@@ -497,3 +497,107 @@ async fn nats_service_discovery_finds_every_driver_and_counts_the_api() {
     first.stop().await.unwrap();
     second.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_driver_uses_the_streams_that_exist_as_their_operators_made_them() {
+    use async_nats::jetstream::stream;
+    let cluster = TestCluster::start_with_jetstream("bind");
+    let js = async_nats::jetstream::new(cluster.client().await);
+    let subjects = &cluster.subjects;
+    // The operators made the journal and the events stream their own way.
+    let day = Duration::from_secs(86_400);
+    js.create_stream(stream::Config {
+        name: subjects.journal_stream(),
+        subjects: vec![subjects.journal()],
+        description: Some("the operators' journal".into()),
+        max_age: 2 * day,
+        ..Default::default()
+    })
+    .await
+    .expect("the journal stream");
+    js.create_stream(stream::Config {
+        name: subjects.events_stream(),
+        subjects: vec![subjects.history_all()],
+        subject_transform: Some(stream::SubjectTransform {
+            source: subjects.history_all(),
+            destination: subjects.events_all(),
+        }),
+        description: Some("the operators' events".into()),
+        max_age: day,
+        max_bytes: 10 << 20,
+        ..Default::default()
+    })
+    .await
+    .expect("the events stream");
+    let _driver = cluster.driver().await;
+    let _executor = cluster.executor("e1", 2, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let ended = within(LIMIT, api.run_job(echoes(json!(1), 3), |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(ended.state, JobState::Succeeded);
+    let mut journal = js.get_stream(subjects.journal_stream()).await.unwrap();
+    let journal = journal.info().await.unwrap().clone();
+    assert_eq!(
+        journal.config.description.as_deref(),
+        Some("the operators' journal")
+    );
+    assert_eq!(journal.config.max_age, 2 * day, "its own age limit");
+    assert_eq!(journal.config.duplicate_window, Duration::from_secs(120));
+    assert!(journal.state.messages > 0, "the job is in the journal");
+    let mut events = js.get_stream(subjects.events_stream()).await.unwrap();
+    let events = events.info().await.unwrap().clone();
+    assert_eq!(
+        events.config.description.as_deref(),
+        Some("the operators' events")
+    );
+    assert_eq!(
+        (events.config.max_age, events.config.max_bytes),
+        (day, 10 << 20)
+    );
+    assert!(events.state.messages > 0, "the job's events are stored");
+}
+
+#[tokio::test]
+async fn a_driver_refuses_a_stream_that_does_not_fit_naming_each_setting_it_needs() {
+    use async_nats::jetstream::stream;
+    let cluster = TestCluster::start_with_jetstream("misfit");
+    let js = async_nats::jetstream::new(cluster.client().await);
+    let name = cluster.subjects.events_stream();
+    // An events stream that stores under the subjects it is sent on and refuses when full.
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![cluster.subjects.history_all()],
+        discard: stream::DiscardPolicy::New,
+        max_bytes: 1 << 20,
+        ..Default::default()
+    })
+    .await
+    .expect("the events stream");
+    let driver = cluster.driver().await;
+    let error = driver
+        .join()
+        .await
+        .expect_err("the driver refuses to start");
+    let error = error.to_string();
+    for words in [
+        format!("stream {name} exists with settings Ember cannot use"),
+        format!(
+            "subject_transform is none; needs {} -> {}",
+            cluster.subjects.history_all(),
+            cluster.subjects.events_all()
+        ),
+        "discard is New; needs Old".into(),
+        format!("nats stream edit {name}"),
+    ] {
+        assert!(error.contains(&words), "{words:?} in {error}");
+    }
+    let mut events = js.get_stream(&name).await.unwrap();
+    let events = events.info().await.unwrap();
+    assert_eq!(
+        events.config.discard,
+        stream::DiscardPolicy::New,
+        "unchanged"
+    );
+    assert!(events.config.subject_transform.is_none(), "unchanged");
+}

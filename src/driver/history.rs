@@ -45,6 +45,7 @@
 use super::journal::JournalError;
 use crate::ids::{JobId, TaskId};
 use crate::protocol::{decode, Event};
+use crate::streams::Need;
 use crate::subjects::Subjects;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
@@ -232,7 +233,8 @@ impl Told {
     }
 }
 
-/// Creates or updates the cluster's events stream with `replicas`.
+/// Creates the cluster's events stream with `replicas`, or uses the one that exists if it fits
+/// (see [`crate::streams`]).
 pub async fn open(
     context: &Context,
     subjects: &Subjects,
@@ -258,12 +260,19 @@ pub async fn open(
         num_replicas: replicas,
         ..Default::default()
     };
+    let failed = |message: String| JournalError::Stream {
+        stream: name.clone(),
+        message,
+    };
+    let needs = [Need::SubjectTransform, Need::Discard, Need::DuplicateWindow];
+    let found = crate::streams::existing(context, &config, &needs).await;
+    if found.map_err(failed)?.is_some() {
+        info!(stream = %name, "events stored in JetStream, in the stream as it exists");
+        return Ok(());
+    }
     super::jetstream::until_answered(&name, || context.create_or_update_stream(config.clone()))
         .await
-        .map_err(|e| JournalError::Stream {
-            stream: name.clone(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| failed(e.to_string()))?;
     info!(stream = %name, ?max_age, max_bytes, replicas, "events stored in JetStream");
     Ok(())
 }

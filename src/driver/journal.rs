@@ -31,6 +31,14 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// How long the server remembers a write's message id, so that a write tried again after a
 /// lost answer is known as one it stored already.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(30);
+
+/// What an existing journal stream must have: the window its message ids are de-duplicated
+/// over, no limit that drops records, and purges (by the snapshots).
+const JOURNAL_NEEDS: &[crate::streams::Need] = &[
+    crate::streams::Need::DuplicateWindow,
+    crate::streams::Need::Unbounded,
+    crate::streams::Need::Purge,
+];
 /// How long a write waits before it tries again when the write before it is not stored yet.
 pub(crate) const TURN_DELAY: Duration = Duration::from_millis(20);
 
@@ -289,20 +297,27 @@ impl Journal {
             writes,
         };
         let wanted = replicas.wanted(client.server_info().cluster.is_some());
-        let made = replicas.make(wanted, "journal", |n| journal.create_stream(max_age, n));
-        journal.replicas = made.await?;
+        let config = journal.config(max_age, wanted);
+        let found = crate::streams::existing(&journal.context, &config, JOURNAL_NEEDS).await;
+        let found = found.map_err(|message| JournalError::Stream {
+            stream: journal.stream.clone(),
+            message,
+        })?;
+        journal.replicas = match found {
+            Some(has) => has.num_replicas.max(1),
+            None => {
+                let made = replicas.make(wanted, "journal", |n| journal.create_stream(max_age, n));
+                made.await?
+            }
+        };
         let replicas = journal.replicas;
         info!(stream = %journal.stream, max_age = ?max_age, replicas, "journal in JetStream");
         Ok(Some(journal))
     }
 
-    /// Creates or updates the stream with `replicas`, and returns how many it keeps.
-    async fn create_stream(
-        &self,
-        max_age: Duration,
-        replicas: usize,
-    ) -> Result<usize, JournalError> {
-        let config = stream::Config {
+    /// The journal stream as Ember makes it.
+    fn config(&self, max_age: Duration, replicas: usize) -> stream::Config {
+        stream::Config {
             name: self.stream.clone(),
             subjects: vec![self.subject.clone()],
             storage: stream::StorageType::File,
@@ -310,9 +325,17 @@ impl Journal {
             duplicate_window: DUPLICATE_WINDOW,
             num_replicas: replicas,
             ..Default::default()
-        };
+        }
+    }
+
+    /// Creates the stream with `replicas`, and returns how many it keeps.
+    async fn create_stream(
+        &self,
+        max_age: Duration,
+        replicas: usize,
+    ) -> Result<usize, JournalError> {
         self.context
-            .create_or_update_stream(config)
+            .create_or_update_stream(self.config(max_age, replicas))
             .await
             .map(|info| info.config.num_replicas)
             .map_err(|e| JournalError::Stream {

@@ -11,6 +11,7 @@ use super::jetstream::until_answered;
 use super::journal::{store, JournalError};
 use crate::ids::JobId;
 use crate::protocol::{encode, ApiReply, ResultsPage};
+use crate::streams::Need;
 use crate::subjects::Subjects;
 use async_nats::jetstream::stream::{self, DiscardPolicy, StorageType};
 use async_nats::jetstream::{self, kv};
@@ -225,9 +226,10 @@ impl ResultsBucket {
     }
 }
 
-/// Opens key-value bucket `bucket`, creating or updating its stream (`KV_<bucket>`): made
-/// here rather than by `create_key_value`, whose buckets refuse writes once full; these drop
-/// their oldest entries instead.
+/// Opens key-value bucket `bucket`, creating its stream (`KV_<bucket>`) if it does not exist
+/// (one that does is used as it is, if it fits: see [`crate::streams`]): made here rather than
+/// by `create_key_value`, whose buckets refuse writes once full; these drop their oldest
+/// entries instead.
 async fn open_bucket(
     context: &jetstream::Context,
     bucket: &str,
@@ -254,9 +256,23 @@ async fn open_bucket(
         message,
     };
     let name = config.name.clone();
-    until_answered(bucket, || context.create_or_update_stream(config.clone()))
+    // The pinned results' stream is purged of a forgotten job's.
+    let needs = [
+        Need::MaxPerSubject,
+        Need::Rollup,
+        Need::Direct,
+        Need::Discard,
+        Need::Purge,
+    ];
+    if crate::streams::existing(context, &config, &needs)
         .await
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(failed)?
+        .is_none()
+    {
+        until_answered(bucket, || context.create_or_update_stream(config.clone()))
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+    }
     let stream = context
         .get_stream(name)
         .await

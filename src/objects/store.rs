@@ -5,6 +5,7 @@
 //! each chunk's acknowledgement before it sends the next.
 
 use super::{Hasher, ObjectRef};
+use crate::streams::Need;
 use crate::subjects::Subjects;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
@@ -106,7 +107,8 @@ pub struct Objects {
 }
 
 impl Objects {
-    /// Creates the store, or updates its limit and replicas, as the driver does when it starts.
+    /// Creates the store, or uses the one that exists if it fits (see [`crate::streams`]), as
+    /// the driver does when it starts.
     /// `max_bytes` 0 sets no limit of the store's own.
     pub async fn create(
         context: &jetstream::Context,
@@ -129,10 +131,15 @@ impl Objects {
             num_replicas: replicas,
             ..Default::default()
         };
-        context
-            .create_or_update_stream(config)
-            .await
-            .map_err(ObjectsError::store)?;
+        // Puts are refused once the store is full; metadata replaces metadata by rollup.
+        let needs = [Need::Discard, Need::Rollup, Need::Direct, Need::Purge];
+        let found = crate::streams::existing(context, &config, &needs).await;
+        if found.map_err(ObjectsError::Store)?.is_none() {
+            context
+                .create_or_update_stream(config)
+                .await
+                .map_err(ObjectsError::store)?;
+        }
         Self::open(context, subjects).await
     }
 
