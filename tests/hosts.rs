@@ -844,3 +844,124 @@ async fn an_edge_sites_executors_finish_their_job_through_a_cut_of_the_leaf_link
         healed_at.elapsed().as_secs_f64()
     );
 }
+
+/// A nats-server alone on `host`, JetStream on, with the accounts of the cluster's nodes.
+fn single_server(host: &Host, dir: &Path) -> NatsCluster {
+    let config = dir.join(format!("{}.conf", host.name));
+    std::fs::write(
+        &config,
+        format!(
+            "server_name: {name}\nlisten: {addr}:4222\n\
+             jetstream {{ store_dir: \"{store}\" }}\n{ACCOUNTS}",
+            name = host.name,
+            addr = host.addr,
+            store = dir.join(&host.name).display(),
+        ),
+    )
+    .unwrap();
+    NatsCluster::with_configs(vec![host.clone()], vec![config])
+}
+
+/// What [`measure`] found: no-op tasks per second over one job, and the p50 of one-task
+/// jobs' round trips (submission to the job's end).
+struct Speed {
+    tasks_per_s: f64,
+    round_trip_p50: Duration,
+}
+
+/// On `nats`, a journaled driver on `driver_host` and an executor of 64 cores on each of
+/// `workers`: the speed a client on `client_host` sees, over a job of `tasks` no-op tasks and
+/// `trips` one-task jobs one after another.
+async fn measure(
+    nats: &NatsCluster,
+    driver_host: &Host,
+    workers: &[Host],
+    client_host: &Host,
+    tasks: u32,
+    trips: usize,
+) -> Speed {
+    let (url, cluster) = (
+        nats.url(),
+        format!("speed{}", uuid::Uuid::new_v4().simple()),
+    );
+    let driver = env!("CARGO_BIN_EXE_ember-driver");
+    let _driver = ember(driver_host, driver, &url, &cluster, &["--journal", "on"]);
+    let executor = env!("CARGO_BIN_EXE_ember-executor");
+    let _executors: Vec<Child> = workers
+        .iter()
+        .map(|host| {
+            let args = ["--executor-id", &host.name, "--cores", "64"];
+            ember(host, executor, &url, &cluster, &args)
+        })
+        .collect();
+    let expected = workers.len() as u64;
+    let args = nats_args(&url, &cluster);
+    client_host
+        .run(move || async move {
+            let api = client(args).await;
+            let deadline = Instant::now() + LIMIT;
+            while api.executors().await.unwrap().registered_executors < expected {
+                assert!(Instant::now() < deadline, "the executors register");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let run = |tasks| {
+                let api = api.clone();
+                async move {
+                    let ended = within(LIMIT, api.run_job(common::noops(tasks), |_| {})).await;
+                    assert_eq!(ended.unwrap().state, JobState::Succeeded);
+                }
+            };
+            run(tasks / 10).await; // warm-up
+            let started = Instant::now();
+            run(tasks).await;
+            let tasks_per_s = f64::from(tasks) / started.elapsed().as_secs_f64();
+            let mut trips: Vec<Duration> = Vec::with_capacity(trips);
+            for _ in 0..trips.capacity() {
+                let started = Instant::now();
+                run(1).await;
+                trips.push(started.elapsed());
+            }
+            trips.sort();
+            Speed {
+                tasks_per_s,
+                round_trip_p50: trips[trips.len() / 2],
+            }
+        })
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_per_second_and_round_trip_on_three_hosts_beside_one_server() {
+    let Some(mut net) = Net::new() else {
+        return;
+    };
+    let nodes: Vec<Host> = (1..=3).map(|n| net.host(&format!("n{n}"))).collect();
+    let alone = net.host("s1");
+    let driver_host = net.host("d1");
+    let workers: Vec<Host> = (1..=3).map(|n| net.host(&format!("e{n}"))).collect();
+    let client_host = net.host("c1");
+    let scratch = Scratch::new("speed");
+    const NOOPS: u32 = 100_000;
+    const TRIPS: usize = 200;
+    let one = {
+        let server = single_server(&alone, &scratch.0);
+        server.listening(&client_host).await;
+        measure(&server, &driver_host, &workers, &client_host, NOOPS, TRIPS).await
+    };
+    let three = {
+        let nodes = NatsCluster::start(nodes, &scratch.0);
+        nodes.listening(&client_host).await;
+        measure(&nodes, &driver_host, &workers, &client_host, NOOPS, TRIPS).await
+    };
+    eprintln!(
+        "{NOOPS} no-op tasks on 3 executor hosts x 64 cores, journal on: {:.0} tasks/s on one \
+         server, {:.0} on three nodes (R3; {:.2}x); one-task round trip p50 {:.2} ms on one \
+         server, {:.2} ms on three nodes ({:.2}x)",
+        one.tasks_per_s,
+        three.tasks_per_s,
+        three.tasks_per_s / one.tasks_per_s,
+        one.round_trip_p50.as_secs_f64() * 1e3,
+        three.round_trip_p50.as_secs_f64() * 1e3,
+        three.round_trip_p50.as_secs_f64() / one.round_trip_p50.as_secs_f64()
+    );
+}
