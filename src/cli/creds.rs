@@ -456,14 +456,24 @@ pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
          port: 4222\n\
          max_payload: 8MB\n\
          write_deadline: \"10s\"\n\
-         \n# The servers' own account. It exports each account's disconnect advisories to that\n\
+         {accounts}",
+        accounts = with_system_account(&account),
+        cluster = cluster_of(subjects),
+    )
+}
+
+/// The end of a server config: the servers' own account `SYS`, exporting each account's
+/// disconnect advisories to that account alone, beside `account` (an indented account block
+/// that imports them).
+pub(crate) fn with_system_account(account: &str) -> String {
+    format!(
+        "\n# The servers' own account. It exports each account's disconnect advisories to that\n\
          # account alone (see nats-advisories.conf).\n\
          system_account: SYS\n\
          \naccounts {{\n  \
          SYS: {{\n    \
          exports: [{{ stream: \"$SYS.ACCOUNT.*.DISCONNECT\", account_token_position: 3 }}]\n  \
-         }}\n{account}}}\n",
-        cluster = cluster_of(subjects),
+         }}\n{account}}}\n"
     )
 }
 

@@ -9,7 +9,9 @@
 //! <name>`, which may do anything within the account (the leaf server enforces each of its own
 //! users' permissions). With `--tls-dir`, routes and leaf links use mutual TLS.
 
-use super::{account_block, account_name, cluster_of, quote, AccountFor, User};
+use super::{
+    account_block, account_name, cluster_of, quote, with_system_account, AccountFor, User,
+};
 use crate::ids::validate_token;
 use crate::subjects::Subjects;
 use std::path::{Path, PathBuf};
@@ -235,15 +237,9 @@ fn node_config(subjects: &Subjects, users: &[User], args: &TopologyArgs, node: &
            host: {host}\n  \
            port: {LEAF_PORT}\n\
          {leaf_tls}}}\n\
-         \n# The servers' own account. It exports each account's disconnect advisories to that\n\
-         # account alone (see nats-advisories.conf).\n\
-         system_account: SYS\n\
-         \naccounts {{\n  \
-           SYS: {{\n    \
-             exports: [{{ stream: \"$SYS.ACCOUNT.*.DISCONNECT\", account_token_position: 3 }}]\n  \
-           }}\n\
-         {account}}}\n",
+         {accounts}",
         head = head(subjects, node, "NATS node"),
+        accounts = with_system_account(&account),
         store = quote(&store.display().to_string()),
         routes_tls = if args.tls_dir.is_some() { ", over mutual TLS" } else { "" },
         host = quote(&node.host),
