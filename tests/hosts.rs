@@ -260,10 +260,16 @@ async fn judge(api: &EmberClient, cluster: &str, job_id: u64, tasks: u32, ledger
     let runs = runs(ledger);
     assert_eq!(runs.len() as u32, tasks, "every task ran: {runs:?}");
     let subjects = Subjects::new(cluster).unwrap();
-    let mut reader =
-        ember::history::Reader::open(api.nats(), &subjects, ember::history::Start::All)
-            .await
-            .expect("the event history");
+    // Read once JetStream answers: a cluster just healed may still be electing leaders.
+    let deadline = Instant::now() + LIMIT;
+    let mut reader = loop {
+        let start = ember::history::Start::All;
+        match ember::history::Reader::open(api.nats(), &subjects, start).await {
+            Ok(reader) => break reader,
+            Err(error) => assert!(Instant::now() < deadline, "the event history: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let mut finished: BTreeMap<u64, u32> = BTreeMap::new();
     let mut removed = Vec::new();
     within(LIMIT, async {
