@@ -64,9 +64,9 @@ pub fn parse_server(text: &str) -> Result<Server, String> {
 /// `ember creds`'s flags for many hosts.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TopologyArgs {
-    /// Write the config of a NATS node NAME listening on HOST (repeatable; three for a cluster
-    /// that survives losing one): clients on 4222, routes on 6222, leaf links on 7422, and
-    /// JetStream. Needs --out-dir.
+    /// Write the config of a NATS node NAME listening on HOST (repeatable; at least three, so
+    /// that JetStream keeps a majority when one is lost): clients on 4222, routes on 6222, leaf
+    /// links on 7422, and JetStream. Needs --out-dir.
     #[arg(long = "node", value_name = "NAME=HOST", value_parser = parse_server)]
     pub nodes: Vec<Server>,
     /// Write the config of a leaf-node server NAME on HOST for an edge site (repeatable): its
@@ -101,6 +101,13 @@ impl TopologyArgs {
     pub fn check(&self) -> Result<(), String> {
         if self.out_dir.is_none() {
             return Err("--node needs --out-dir, where the configs go".into());
+        }
+        if self.nodes.len() < 3 {
+            return Err(format!(
+                "{} --node given: a NATS cluster with JetStream takes at least three nodes, to \
+                 keep a majority when one is lost (for one server: ember creds --full)",
+                self.nodes.len()
+            ));
         }
         let mut seen = std::collections::HashSet::new();
         for server in self.nodes.iter().chain(&self.leaves) {
@@ -313,21 +320,21 @@ mod tests {
     }
 
     #[test]
-    fn a_server_named_twice_or_no_out_dir_is_refused() {
+    fn a_server_named_twice_fewer_than_three_nodes_or_no_out_dir_is_refused() {
+        let server = |text| parse_server(text).unwrap();
         let mut args = TopologyArgs {
-            nodes: vec![
-                parse_server("n1=h1").unwrap(),
-                parse_server("n1=h2").unwrap(),
-            ],
+            nodes: vec![server("n1=h1"), server("n1=h2"), server("n3=h3")],
             ..Default::default()
         };
         assert!(args.check().unwrap_err().contains("--out-dir"));
         args.out_dir = Some("out".into());
         assert!(args.check().unwrap_err().contains("\"n1\" is named twice"));
-        args.nodes.pop();
-        args.leaves = vec![parse_server("n1=h3").unwrap()];
+        args.nodes[1] = server("n2=h2");
+        args.leaves = vec![server("n1=h4")];
         assert!(args.check().is_err());
-        args.leaves = vec![parse_server("edge=h3").unwrap()];
+        args.leaves = vec![server("edge=h4")];
         assert_eq!(args.check(), Ok(()));
+        args.nodes.pop();
+        assert!(args.check().unwrap_err().contains("at least three nodes"));
     }
 }
