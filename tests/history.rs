@@ -350,9 +350,11 @@ async fn events_a_killed_leader_had_not_stored_are_told_again_by_the_next() {
         "the history took the job's events: {held:?}"
     );
 
-    // SIGKILL: the events it held are gone with it. The next driver opens the stream with
-    // its usual limits, and tells the job's events again from the journal.
+    // SIGKILL: the events it held are gone with it. The stream is given back its limits (a
+    // driver uses a stream that exists as it is, and would refuse one that refuses when full),
+    // and the next driver tells the job's events again from the journal.
     driver.kill().await.unwrap();
+    jetstream.update_stream(info.config).await.unwrap();
     let _next = cluster.driver_process(&flags).spawn().unwrap();
     let events = history_through_end(&cluster, job_id).await;
     let of_job: Vec<&str> = events
