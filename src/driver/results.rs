@@ -64,11 +64,11 @@ impl ResultsBucket {
     ) -> Result<Self, JournalError> {
         let bucket = subjects.results_bucket();
         let max_bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
-        let (store, _) = open_bucket(context, &bucket, max_age, max_bytes, replicas).await?;
-        // Pinned results leave with their job, not by age or size.
+        let (store, _) = open_bucket(context, &bucket, max_age, max_bytes, replicas, false).await?;
+        // Pinned results leave with their job (a purge), not by age or size.
         let pinned_bucket = subjects.pinned_bucket();
         let (pinned, pinned_stream) =
-            open_bucket(context, &pinned_bucket, Duration::ZERO, -1, replicas).await?;
+            open_bucket(context, &pinned_bucket, Duration::ZERO, -1, replicas, true).await?;
         Ok(Self {
             context: context.clone(),
             store,
@@ -236,6 +236,7 @@ async fn open_bucket(
     max_age: Duration,
     max_bytes: i64,
     replicas: usize,
+    purged: bool,
 ) -> Result<(kv::Store, stream::Stream), JournalError> {
     let config = stream::Config {
         name: format!("KV_{bucket}"),
@@ -256,14 +257,15 @@ async fn open_bucket(
         message,
     };
     let name = config.name.clone();
-    // The pinned results' stream is purged of a forgotten job's.
-    let needs = [
+    let mut needs = vec![
         Need::MaxPerSubject,
         Need::Rollup,
         Need::Direct,
         Need::Discard,
-        Need::Purge,
     ];
+    if purged {
+        needs.push(Need::Purge);
+    }
     if crate::streams::existing(context, &config, &needs)
         .await
         .map_err(failed)?
