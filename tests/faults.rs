@@ -694,11 +694,7 @@ async fn a_job_survives_a_driver_sigkill_and_completes_on_the_next_driver() {
     let api = cluster.api(cluster.client().await);
     wait_registered(&api, 3).await;
     // 40 tasks of 300 ms on 6 cores: about 2 s of work, a third of it done at the kill.
-    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
-    eventually(LIMIT, "some tasks done", || async {
-        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
-    })
-    .await;
+    let job_id = mid_job(&api).await;
     let (_next, killed_at, restored) =
         replace_driver(&cluster, driver, &driver_flags, &api, job_id).await;
     let up = killed_at.elapsed();
@@ -791,11 +787,7 @@ async fn a_driver_restored_from_a_snapshot_resumes_the_running_job_and_keeps_wha
         assert_eq!(job_id, expected);
         assert_eq!(wait_end(&api, job_id).await.state, JobState::Succeeded);
     }
-    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
-    eventually(LIMIT, "some tasks done", || async {
-        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
-    })
-    .await;
+    let job_id = mid_job(&api).await;
     let jetstream = async_nats::jetstream::new(cluster.client().await);
     let journal = cluster.subjects.journal_stream();
     let state = eventually(LIMIT, "a purge behind a snapshot", || async {
@@ -873,6 +865,16 @@ async fn two_drivers_with(
     (drivers, executors, api, leader)
 }
 
+/// Submits 40 tasks of 300 ms and returns the job's id once ten of them are done.
+async fn mid_job(api: &ember::client::EmberClient) -> u64 {
+    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
+    eventually(LIMIT, "some tasks done", || async {
+        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
+    })
+    .await;
+    job_id
+}
+
 #[tokio::test]
 async fn a_standby_driver_takes_over_when_the_leader_is_sigkilled_mid_job() {
     let cluster = TestCluster::start_with_jetstream("failover-kill");
@@ -880,11 +882,7 @@ async fn a_standby_driver_takes_over_when_the_leader_is_sigkilled_mid_job() {
     let lease = Duration::from_secs(1);
     let (mut drivers, executors, api, leader) = two_drivers(&cluster).await;
     // 40 tasks of 300 ms on 6 cores: about 2 s of work, a third of it done at the kill.
-    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
-    eventually(LIMIT, "some tasks done", || async {
-        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
-    })
-    .await;
+    let job_id = mid_job(&api).await;
     let mut dead = drivers.remove(leader);
     let dead_pid = dead.id();
     signal(&dead, Signal::SIGKILL);
@@ -997,11 +995,7 @@ async fn a_leader_paused_past_its_lease_is_fenced_when_it_wakes() {
     let cluster = TestCluster::start_with_jetstream("failover-pause");
     let (ledger, stop) = follow(&cluster).await;
     let (mut drivers, executors, api, leader) = two_drivers(&cluster).await;
-    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
-    eventually(LIMIT, "some tasks done", || async {
-        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
-    })
-    .await;
+    let job_id = mid_job(&api).await;
     let paused = drivers.remove(leader);
     signal(&paused, Signal::SIGSTOP);
     let paused_at = Instant::now();
@@ -1234,11 +1228,7 @@ async fn losing_the_leaders_node_of_a_three_node_jetstream_cluster_loses_nothing
         .unwrap();
     let replicas = journal.info().await.unwrap().config.num_replicas;
     assert_eq!(replicas, 3, "auto keeps three copies on a cluster of three");
-    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
-    eventually(LIMIT, "some tasks done", || async {
-        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
-    })
-    .await;
+    let job_id = mid_job(&api).await;
     let killed_at = Instant::now();
     drop(doomed);
     // On a loaded machine the raft elections after losing a node can outlast a client's
@@ -1390,11 +1380,7 @@ async fn a_standby_leads_at_the_leaders_disconnect_advisory_not_after_the_lease(
         "3s",
     ];
     let (mut drivers, executors, api, leader) = two_drivers_with(&cluster, &flags).await;
-    let job_id = api.submit(sleepers(40, 300)).await.unwrap();
-    eventually(LIMIT, "some tasks done", || async {
-        (api.job(job_id).await.ok()?.succeeded >= 10).then_some(())
-    })
-    .await;
+    let job_id = mid_job(&api).await;
     let mut dead = drivers.remove(leader);
     let dead_pid = dead.id();
     let killed_at = Instant::now();
