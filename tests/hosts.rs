@@ -150,15 +150,47 @@ impl NatsCluster {
 
 /// An Ember process on `host`, of `cluster` on `url`.
 fn ember(host: &Host, binary: &str, url: &str, cluster: &str, args: &[&str]) -> Child {
-    host.command(binary)
-        .args(["--nats-url", url, "--cluster", cluster])
-        .args(args)
+    ember_command(host, binary, url, cluster, args)
         .env(
             "RUST_LOG",
             std::env::var("EMBER_TEST_LOG").unwrap_or("warn".into()),
         )
         .spawn()
         .expect("an ember process starts")
+}
+
+/// An Ember process as [`ember`] starts it, logging at `info` (or `EMBER_TEST_LOG`) into
+/// `log`, for a failure to tell what it did.
+fn ember_logged(
+    host: &Host,
+    binary: &str,
+    (url, cluster): (&str, &str),
+    args: &[&str],
+    log: &Path,
+) -> Child {
+    let file = std::fs::File::create(log).expect("a log file");
+    ember_command(host, binary, url, cluster, args)
+        .env(
+            "RUST_LOG",
+            std::env::var("EMBER_TEST_LOG").unwrap_or("info".into()),
+        )
+        .stderr(file)
+        .spawn()
+        .expect("an ember process starts")
+}
+
+fn ember_command(
+    host: &Host,
+    binary: &str,
+    url: &str,
+    cluster: &str,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut command = host.command(binary);
+    command
+        .args(["--nats-url", url, "--cluster", cluster])
+        .args(args);
+    command
 }
 
 /// Ember's NATS flags for `cluster` on `url`, nothing else set.
@@ -173,18 +205,24 @@ fn nats_args(url: &str, cluster: &str) -> ember::connect::NatsArgs {
 /// A client of the cluster `args` name (with Ember's connection options), connected from the
 /// host it runs on, once the cluster's driver answers.
 async fn client(args: ember::connect::NatsArgs) -> EmberClient {
+    answered_client(args)
+        .await
+        .unwrap_or_else(|| panic!("no driver answered within {LIMIT:?}"))
+}
+
+/// [`client`], or `None` when no driver answered within [`LIMIT`].
+async fn answered_client(args: ember::connect::NatsArgs) -> Option<EmberClient> {
     let deadline = Instant::now() + LIMIT;
     loop {
         if let Ok(nats) = args.connect("hosts-test", None).await {
             let api = EmberClient::new(nats, Subjects::new(&args.cluster).unwrap());
             if api.executors().await.is_ok() {
-                return api;
+                return Some(api);
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "no driver answered within {LIMIT:?}"
-        );
+        if Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -345,7 +383,10 @@ impl Site {
         let driver = env!("CARGO_BIN_EXE_ember-driver");
         let drivers = driver_hosts
             .iter()
-            .map(|host| ember(host, driver, &url, &cluster, &flags))
+            .map(|host| {
+                let log = scratch.0.join(format!("{}.log", host.name));
+                ember_logged(host, driver, (&url, &cluster), &flags, &log)
+            })
             .collect();
         let executors = workers
             .iter()
@@ -396,9 +437,43 @@ impl Site {
         T: Send + 'static,
     {
         let (url, cluster) = (self.url.clone(), self.cluster.clone());
-        self.client_host
-            .run(move || async move { work(client(nats_args(&url, &cluster)).await).await })
-            .await
+        let done = self
+            .client_host
+            .run(move || async move {
+                let api = answered_client(nats_args(&url, &cluster)).await?;
+                Some(work(api).await)
+            })
+            .await;
+        done.unwrap_or_else(|| {
+            panic!(
+                "no driver answered within {LIMIT:?}\n{}",
+                self.drivers_said()
+            )
+        })
+    }
+
+    /// Whether each driver still runs, and the end of its log.
+    fn drivers_said(&self) -> String {
+        let mut said = String::new();
+        for (driver, host) in self.drivers.iter().zip(&self.driver_hosts) {
+            let state = driver
+                .id()
+                .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+                .and_then(|stat| Some(stat.rsplit_once(") ")?.1.chars().next()?.to_string()))
+                .map_or("gone".to_string(), |state| match state.as_str() {
+                    "Z" => "exited".to_string(),
+                    _ => "running".to_string(),
+                });
+            let log = std::fs::read_to_string(self.scratch.0.join(format!("{}.log", host.name)))
+                .unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+            said.push_str(&format!(
+                "driver on {} ({state}), its log's end:\n{tail}\n",
+                host.name
+            ));
+        }
+        said
     }
 
     /// Submits a ledgered job of `tasks` tasks of `sleep` each.

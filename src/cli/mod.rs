@@ -26,12 +26,15 @@ pub use durations::{parse_age, parse_duration, parse_lease, parse_wait, show_dur
 use std::collections::BTreeMap;
 
 /// Installs the tracing subscriber on stderr: `RUST_LOG` filters (else `default`, such as
-/// `info` for services and `warn` for the CLI); `json` picks JSON lines.
+/// `info` for services and `warn` for the CLI); `json` picks JSON lines. Colours only on a
+/// terminal: a log sent to a file or a journal holds no escape codes.
 pub fn init_tracing(json: bool, default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();

@@ -40,9 +40,13 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
     tokio::pin!(shutdown);
-    // Whether this driver has led: once it has, its settings are known to work, and a start
-    // that fails again (a server electing its JetStream leaders after losing a node) is
-    // tried again rather than ending the driver.
+    // Whether this driver has opened its streams: once it has, its settings are known to
+    // work, and a start that fails later (a server electing its JetStream leaders after
+    // losing a node, a journal slow to answer the standby that has just taken the lease) is
+    // tried again rather than ending the driver. A failure before that is its settings' and
+    // ends it with the reason, as does `--replay-timeout` running out before it ever led: the
+    // flag is too short for the journal, and every try would end the same way.
+    let mut opened = false;
     let mut has_led = false;
     let mut retry_in = Duration::ZERO;
     loop {
@@ -51,7 +55,7 @@ pub async fn run(
         let started = tokio::select! {
             started = async {
                 tokio::time::sleep(retry_in).await;
-                start(&client, &config).await
+                start(&client, &config, &mut opened).await
             } => started,
             _ = &mut shutdown => {
                 info!("driver stopped before it led");
@@ -60,9 +64,9 @@ pub async fn run(
         };
         let (core, inputs, shell) = match started {
             Ok(started) => started,
-            Err(error) if has_led => {
+            Err(error) if opened && (has_led || !error.out_of_replay_time()) => {
                 retry_in = (retry_in * 2).clamp(RESTART_DELAY_MIN, RESTART_DELAY_MAX);
-                warn!(%error, ?retry_in, "could not stand by again; trying again");
+                warn!(%error, ?retry_in, "could not lead or stand by; trying again");
                 continue;
             }
             Err(error) => return Err(error),

@@ -44,6 +44,16 @@ pub enum DriverError {
     Objects(String),
 }
 
+impl DriverError {
+    /// Whether `--replay-timeout` ran out: the leadership's mark or the replay took longer.
+    pub(super) fn out_of_replay_time(&self) -> bool {
+        matches!(
+            self,
+            DriverError::Journal(JournalError::ReplayTimeout(_) | JournalError::Lead(..))
+        )
+    }
+}
+
 /// The driver's subscriptions.
 pub(super) struct Inputs {
     pub(super) register: Subscriber,
@@ -62,10 +72,12 @@ pub(super) struct Inputs {
 }
 
 /// Opens the journal and replays it into a new core, then subscribes, and returns once the
-/// subscriptions are on their way to the server.
+/// subscriptions are on their way to the server. Sets `opened` once the journal and its
+/// companions are open: what fails after that is the server's answer, not the settings.
 pub(super) async fn start(
     client: &Client,
     config: &DriverConfig,
+    opened: &mut bool,
 ) -> Result<(Core, Inputs, Shell), DriverError> {
     let limit = client.server_info().max_payload.max(PAYLOAD_HEADROOM * 2);
     let subjects = config.subjects.clone();
@@ -125,6 +137,7 @@ pub(super) async fn start(
         }
         None => (None, None, None),
     };
+    *opened = true;
     let driver_instance = uuid::Uuid::new_v4();
     let mut tenure = None;
     let mut history_after = None;
