@@ -96,6 +96,8 @@ pub struct Watch {
     pub slow_consumers: Counter,
     /// Notified each time the connection is made again after it was lost.
     pub connected: Option<Arc<Notify>>,
+    /// Counts the times the connection was lost (a leading driver stands down at each).
+    pub lost: Option<Arc<tokio::sync::watch::Sender<u64>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +190,7 @@ impl NatsArgs {
         let Watch {
             slow_consumers,
             connected,
+            lost,
         } = watch;
         let args = self.resolved()?;
         let servers = parse_urls(args.url())?;
@@ -202,6 +205,9 @@ impl NatsArgs {
                 }
                 if let (Event::Connected, Some(connected)) = (&event, &connected) {
                     connected.notify_one();
+                }
+                if let (Event::Disconnected, Some(lost)) = (&event, &lost) {
+                    lost.send_modify(|times| *times += 1);
                 }
                 async move { log_event(event) }
             });

@@ -488,6 +488,51 @@ async fn a_driver_deposed_while_its_server_is_down_leads_again_when_it_returns()
     let _ = std::fs::remove_dir_all(&store);
 }
 
+/// A leader whose NATS connection is lost stands down at once (a standby that hears of the
+/// close from the server may lead within `--disconnect-grace`), and once connected again leads
+/// again without waiting out its own lease, which its process gave up itself.
+#[tokio::test]
+async fn a_leader_that_loses_its_connection_stands_down_and_leads_again_at_once() {
+    let store = std::env::temp_dir().join(format!("ember-lostconn-{}", uuid::Uuid::new_v4()));
+    let store_arg = store.display().to_string();
+    let js = ["-js", "--store_dir", store_arg.as_str()];
+    let mut cluster = TestCluster::start("fault-lostconn");
+    let port = ember::server::free_port().unwrap();
+    cluster.server = NatsServer::start_on(port, &js).unwrap();
+    // A lease far longer than the server is away: renewals alone would keep the leadership.
+    let lease = Duration::from_secs(30);
+    let driver = cluster
+        .driver_process(&["--journal", "on", "--lease", "30s"])
+        .spawn()
+        .unwrap();
+    let first = eventually(LIMIT, "the driver leads", || cluster.lease_holder()).await;
+    cluster.server.kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.server = NatsServer::start_on(port, &js).unwrap();
+    let back = std::time::Instant::now();
+    let again = eventually(LIMIT, "a new leadership", || async {
+        let holder = cluster.lease_holder().await?;
+        (holder.driver_instance != first.driver_instance).then_some(holder)
+    })
+    .await;
+    let took = back.elapsed();
+    eprintln!(
+        "a leader's connection lost for 0.3 s: it led again {:.2} s after its server returned",
+        took.as_secs_f64()
+    );
+    assert_eq!(Some(again.pid), driver.id(), "the same driver leads again");
+    assert_eq!(again.driver_run, first.driver_run);
+    assert!(
+        took < lease / 2,
+        "it led again only after {took:?}, as if it waited out its own {lease:?} lease"
+    );
+    let api = cluster.api(cluster.client().await);
+    eventually(LIMIT, "the api answers", || async { api.executors().await.ok() }).await;
+    drop(driver);
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&store);
+}
+
 /// Three nats-servers routed into one cluster named `name`, node i started with `extra(i)`
 /// beside the cluster flags: their client ports and the servers, in order.
 fn three_nodes(name: &str, extra: impl Fn(usize) -> Vec<String>) -> (Vec<u16>, Vec<NatsServer>) {

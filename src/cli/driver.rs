@@ -302,9 +302,12 @@ pub async fn serve(
             .map_err(|e| anyhow::anyhow!("could not serve the web page on {addr}: {e}"))?;
         config.web = Some(link);
     }
+    let (lost, connection_lost) = tokio::sync::watch::channel(0);
+    config.connection_lost = Some(connection_lost);
     let watch = crate::connect::Watch {
         slow_consumers: config.metrics.slow_consumers.clone(),
         connected: None,
+        lost: Some(std::sync::Arc::new(lost)),
     };
     let client = args
         .nats

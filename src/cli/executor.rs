@@ -216,6 +216,7 @@ pub async fn serve(
     let watch = Watch {
         slow_consumers: config.metrics.slow_consumers.clone(),
         connected: Some(config.connected.clone()),
+        lost: None,
     };
     let client = args
         .nats

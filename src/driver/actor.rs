@@ -13,7 +13,7 @@ use super::core::Core;
 use super::discovery;
 use super::outgoing::Outgoing;
 use super::shell::{Shell, DRAIN_TIMEOUT};
-use super::start::{start, DriverError, Inputs};
+use super::start::{start, DriverError, Inputs, Run};
 use crate::connect::flush;
 use crate::metrics::{DriverMetrics, RequestKind};
 use crate::now_ms;
@@ -40,13 +40,16 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
     tokio::pin!(shutdown);
-    // Whether this driver has opened its streams: once it has, its settings are known to
+    // Once this driver has opened its streams (`run.opened`), its settings are known to
     // work, and a start that fails later (a server electing its JetStream leaders after
     // losing a node, a journal slow to answer the standby that has just taken the lease) is
     // tried again rather than ending the driver. A failure before that is its settings' and
     // ends it with the reason, as does `--replay-timeout` running out before it ever led: the
     // flag is too short for the journal, and every try would end the same way.
-    let mut opened = false;
+    let mut run = Run {
+        id: uuid::Uuid::new_v4(),
+        opened: false,
+    };
     let mut has_led = false;
     let mut retry_in = Duration::ZERO;
     loop {
@@ -55,7 +58,7 @@ pub async fn run(
         let started = tokio::select! {
             started = async {
                 tokio::time::sleep(retry_in).await;
-                start(&client, &config, &mut opened).await
+                start(&client, &config, &mut run).await
             } => started,
             _ = &mut shutdown => {
                 info!("driver stopped before it led");
@@ -64,7 +67,7 @@ pub async fn run(
         };
         let (core, inputs, shell) = match started {
             Ok(started) => started,
-            Err(error) if opened && (has_led || !error.out_of_replay_time()) => {
+            Err(error) if run.opened && (has_led || !error.out_of_replay_time()) => {
                 retry_in = (retry_in * 2).clamp(RESTART_DELAY_MIN, RESTART_DELAY_MAX);
                 warn!(%error, ?retry_in, "could not lead or stand by; trying again");
                 continue;

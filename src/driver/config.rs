@@ -65,6 +65,10 @@ pub struct DriverConfig {
     /// removes it (unless it named a new connection meanwhile); none ignores the advisories
     /// (`--disconnect-grace off`). See [`super::advisories`].
     pub disconnect_grace: Option<Duration>,
+    /// Counts the losses of the driver's NATS connection, if it is watched: a leader whose
+    /// connection is lost stands down at once, since a standby that hears of the close from
+    /// the server may lead after `disconnect_grace` (see [`super::lease`]).
+    pub connection_lost: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl DriverConfig {
@@ -95,6 +99,7 @@ impl DriverConfig {
             start_gate: None,
             exclusion: None,
             disconnect_grace: Some(super::advisories::DEFAULT_DISCONNECT_GRACE),
+            connection_lost: None,
         }
     }
 }

@@ -57,10 +57,15 @@ pub struct Holder {
     /// server that it closed need not wait out the lease (see [`super::advisories`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection: Option<ConnectionId>,
+    /// The run of the driver this leadership belongs to (one [`run`](super::run), kept
+    /// through each time it stands by and leads again): a driver that stood down itself (its
+    /// connection was lost) takes its own run's key at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_run: Option<Uuid>,
 }
 
 impl Holder {
-    fn me(driver_instance: Uuid, lease: Duration) -> Self {
+    fn me(driver_instance: Uuid, driver_run: Uuid, lease: Duration) -> Self {
         Self {
             driver_instance,
             host: nix::unistd::gethostname()
@@ -71,6 +76,7 @@ impl Holder {
             lease_ms: lease.as_millis().min(u128::from(u64::MAX)) as u64,
             released: false,
             connection: None,
+            driver_run: Some(driver_run),
         }
     }
 
@@ -107,15 +113,19 @@ pub struct Lease {
     store: kv::Store,
     lease: Duration,
     client: async_nats::Client,
+    /// Counts the losses of the driver's connection, if they are watched.
+    connection_lost: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Lease {
-    /// Opens the cluster's lease bucket, creating it if needed.
+    /// Opens the cluster's lease bucket, creating it if needed. With `connection_lost`, a
+    /// leadership ends at the first loss of the driver's connection after it was taken.
     pub async fn open(
         context: &jetstream::Context,
         subjects: &Subjects,
         lease: Duration,
         replicas: usize,
+        connection_lost: Option<tokio::sync::watch::Receiver<u64>>,
     ) -> Result<Self, LeaseError> {
         let bucket = subjects.leader_bucket();
         let failed = |message: String| LeaseError::Bucket {
@@ -140,6 +150,7 @@ impl Lease {
             store,
             lease,
             client: context.client(),
+            connection_lost,
         })
     }
 
@@ -156,10 +167,11 @@ impl Lease {
     pub async fn acquire(
         &self,
         driver_instance: Uuid,
+        driver_run: Uuid,
         unled: &tokio::sync::watch::Sender<Option<String>>,
         disconnect_grace: Option<Duration>,
     ) -> Tenure {
-        let me = Holder::me(driver_instance, self.lease);
+        let me = Holder::me(driver_instance, driver_run, self.lease);
         let (mut waiting_for, mut watch) = (None, Watch::default());
         let mut advisories = match disconnect_grace {
             Some(_) => self.client.subscribe(DISCONNECT_ADVISORIES).await.ok(),
@@ -169,6 +181,12 @@ impl Lease {
         let mut gone = Gone::default();
         loop {
             let me = me.through(&self.client);
+            // Losses counted from before the write: one that comes before the leadership
+            // starts still ends it.
+            let mut lost = self.connection_lost.clone();
+            if let Some(lost) = lost.as_mut() {
+                lost.mark_unchanged();
+            }
             let taken = self.try_take(&me, &mut watch, &gone).await;
             let refused = match &taken {
                 Taken::Refused(reason) => Some(reason.clone()),
@@ -184,7 +202,7 @@ impl Lease {
             match taken {
                 Taken::Now(revision, sent) => {
                     info!(epoch = revision, lease = ?self.lease, "leading the cluster's drivers");
-                    return Tenure::start(self.clone(), me, revision, sent);
+                    return Tenure::start(self.clone(), me, revision, sent, lost);
                 }
                 Taken::HeldBy(holder) => {
                     if waiting_for.as_ref() != Some(&holder) {
@@ -257,6 +275,11 @@ impl Lease {
                     // Its own write, stored though its answer was lost: taken again by a
                     // compare-and-set on that revision, whose sending it can count from.
                     Some(h) if h.driver_instance == me.driver_instance => Key::Free,
+                    // A leadership of this driver's run, which it gave up itself before it
+                    // started again: nothing of it sends any more.
+                    Some(h) if h.driver_run.is_some() && h.driver_run == me.driver_run => {
+                        Key::Free
+                    }
                     // Its holder's connection closed, its server said: this revision is the
                     // dead leader's last, and the compare-and-set takes only that one.
                     Some(h) if h.connection.as_ref().is_some_and(|c| gone.has(c)) => {
@@ -345,14 +368,25 @@ impl Shared {
 }
 
 impl Tenure {
-    fn start(lease: Lease, me: Holder, revision: u64, sent: Instant) -> Self {
+    fn start(
+        lease: Lease,
+        me: Holder,
+        revision: u64,
+        sent: Instant,
+        connection_lost: Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> Self {
         let shared = Arc::new(Shared {
             epoch: revision,
             hold: Mutex::new(Hold::taken(lease.lease, revision, sent)),
             lost: AtomicBool::new(false),
             lost_now: Notify::new(),
         });
-        let renewing = tokio::spawn(renew(lease.clone(), me.clone(), shared.clone()));
+        let renewing = tokio::spawn(hold(
+            lease.clone(),
+            me.clone(),
+            shared.clone(),
+            connection_lost,
+        ));
         Self {
             guard: Guard(shared),
             renewing,
@@ -436,6 +470,30 @@ impl Guard {
                 _ = tokio::time::sleep_until(self.0.valid_until()) => {}
             }
         }
+    }
+}
+
+/// Renews the lease until it is lost, or until the driver's connection is: a standby that
+/// hears from the server that it closed may lead within `--disconnect-grace`, well before the
+/// lease would run out, so the leader stops sending at once rather than race it.
+async fn hold(
+    lease: Lease,
+    me: Holder,
+    shared: Arc<Shared>,
+    connection_lost: Option<tokio::sync::watch::Receiver<u64>>,
+) {
+    let renewing = renew(lease, me, shared.clone());
+    tokio::pin!(renewing);
+    let Some(mut lost) = connection_lost else {
+        return renewing.await;
+    };
+    tokio::select! {
+        _ = &mut renewing => {}
+        changed = lost.changed() => match changed {
+            Ok(()) => shared.lose("its NATS connection was lost: a standby may lead at once"),
+            // Nothing counts the losses any more: the lease alone decides.
+            Err(_) => renewing.await,
+        },
     }
 }
 

@@ -71,13 +71,22 @@ pub(super) struct Inputs {
     pub(super) disconnects: Option<Subscriber>,
 }
 
+/// One run of a driver, through each time it stands by and leads again.
+pub(super) struct Run {
+    /// Names the run in the lease key, so that it takes at once a leadership it gave up
+    /// itself.
+    pub(super) id: uuid::Uuid,
+    /// Whether the journal and its companions have opened: what fails after that is the
+    /// server's answer, not the settings.
+    pub(super) opened: bool,
+}
+
 /// Opens the journal and replays it into a new core, then subscribes, and returns once the
-/// subscriptions are on their way to the server. Sets `opened` once the journal and its
-/// companions are open: what fails after that is the server's answer, not the settings.
+/// subscriptions are on their way to the server.
 pub(super) async fn start(
     client: &Client,
     config: &DriverConfig,
-    opened: &mut bool,
+    run: &mut Run,
 ) -> Result<(Core, Inputs, Shell), DriverError> {
     let limit = client.server_info().max_payload.max(PAYLOAD_HEADROOM * 2);
     let subjects = config.subjects.clone();
@@ -119,7 +128,13 @@ pub(super) async fn start(
                     store.await.map_err(|e| DriverError::Objects(e.to_string()))
                 },
                 async {
-                    let lease = Lease::open(context, &subjects, config.lease, journal.replicas);
+                    let lease = Lease::open(
+                        context,
+                        &subjects,
+                        config.lease,
+                        journal.replicas,
+                        config.connection_lost.clone(),
+                    );
                     Ok(lease.await?)
                 },
                 async {
@@ -137,7 +152,7 @@ pub(super) async fn start(
         }
         None => (None, None, None),
     };
-    *opened = true;
+    run.opened = true;
     let driver_instance = uuid::Uuid::new_v4();
     let mut tenure = None;
     let mut history_after = None;
@@ -156,7 +171,7 @@ pub(super) async fn start(
             client,
             &subjects,
             unled_seen,
-            lease.acquire(driver_instance, &unled, config.disconnect_grace),
+            lease.acquire(driver_instance, run.id, &unled, config.disconnect_grace),
         )
         .await;
         discovery::stop(standby).await;

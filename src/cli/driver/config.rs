@@ -73,6 +73,7 @@ impl DriverArgs {
             start_gate,
             exclusion: self.exclusion(),
             disconnect_grace: self.disconnect_grace.0,
+            connection_lost: None,
         })
     }
 
