@@ -527,7 +527,10 @@ async fn a_leader_that_loses_its_connection_stands_down_and_leads_again_at_once(
         "it led again only after {took:?}, as if it waited out its own {lease:?} lease"
     );
     let api = cluster.api(cluster.client().await);
-    eventually(LIMIT, "the api answers", || async { api.executors().await.ok() }).await;
+    eventually(LIMIT, "the api answers", || async {
+        api.executors().await.ok()
+    })
+    .await;
     drop(driver);
     drop(cluster);
     let _ = std::fs::remove_dir_all(&store);

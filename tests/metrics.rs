@@ -334,7 +334,7 @@ async fn slow_consumer_events_are_counted() {
             None,
             ember::connect::Watch {
                 slow_consumers: metrics.slow_consumers.clone(),
-                connected: None,
+                ..Default::default()
             },
         )
         .await

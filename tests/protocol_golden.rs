@@ -2826,6 +2826,7 @@ fn journal_records() {
             time_ms: 1_700_000_000_000,
             job: Box::new(job.clone()),
             term: None,
+            tenant: None,
         },
         json!({"type":"JobSubmitted","job_id":3,"first_task":101,"time_ms":1700000000000u64,"job":{"name":"nightly","tasks":[{"kind":"handler","name":"noop","arg":null}],"repeat":50,"max_failures":4,"cpus_per_task":1}}),
     );
@@ -2835,10 +2836,23 @@ fn journal_records() {
             job_id: 3,
             first_task: 101,
             time_ms: 1_700_000_000_000,
-            job: Box::new(job),
+            job: Box::new(job.clone()),
             term: Some(12),
+            tenant: None,
         },
         json!({"type":"JobSubmitted","job_id":3,"first_task":101,"time_ms":1700000000000u64,"job":{"name":"nightly","tasks":[{"kind":"handler","name":"noop","arg":null}],"repeat":50,"max_failures":4,"cpus_per_task":1},"term":12}),
+    );
+    // A tenant's job.
+    golden(
+        &JournalRecord::JobSubmitted {
+            job_id: 3,
+            first_task: 101,
+            time_ms: 1_700_000_000_000,
+            job: Box::new(job),
+            term: Some(12),
+            tenant: Some("EMBER_prod_TENANT_acme".into()),
+        },
+        json!({"type":"JobSubmitted","job_id":3,"first_task":101,"time_ms":1700000000000u64,"job":{"name":"nightly","tasks":[{"kind":"handler","name":"noop","arg":null}],"repeat":50,"max_failures":4,"cpus_per_task":1},"term":12,"tenant":"EMBER_prod_TENANT_acme"}),
     );
     golden(
         &JournalRecord::TasksEnded {

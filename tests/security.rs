@@ -1062,6 +1062,7 @@ async fn the_shipped_example_is_what_ember_creds_writes_and_lets_nobody_in() {
         random: false,
         placeholder: true,
         full: true,
+        tenants: Vec::new(),
         topology: Default::default(),
     };
     assert_eq!(
@@ -1389,6 +1390,7 @@ async fn two_clusters_share_one_server_and_see_nothing_of_each_other() {
             random: false,
             placeholder: false,
             full: false,
+            tenants: Vec::new(),
             topology: Default::default(),
         };
         let text = creds::creds(&args, name).expect("creds");
@@ -1553,5 +1555,137 @@ async fn hears_nothing_of(quiet: &Secure, busy: &Secure, busy_api: &ember::clien
     arrives(&mut busy_inboxes).await;
     for (what, mut ear) in ears {
         silent(&mut ear, &what).await;
+    }
+}
+
+/// Two tenants, each an account of its own importing the api, on the config `ember creds
+/// --tenant` writes: each sees and touches only its own jobs, a header it forges names no
+/// other account, it may not listen to the cluster's events; the cluster's own account sees
+/// both.
+#[tokio::test]
+async fn tenants_see_and_touch_only_their_own_jobs() {
+    let name = format!(
+        "tenants-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let dir = TempDir(std::env::temp_dir().join(format!("ember-{name}")));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    // Known passwords, which `ember creds` keeps: the ones `Secure::login` gives.
+    let users = [
+        "driver",
+        "client",
+        "listener",
+        "exec-1",
+        "tenant.acme",
+        "tenant.globex",
+    ];
+    let known: String = users
+        .iter()
+        .map(|role| {
+            let user = creds::user_name(&name, role);
+            format!("{user} {}\n", password(&user))
+        })
+        .collect();
+    let passwords = dir.0.join("passwords");
+    std::fs::write(&passwords, known).unwrap();
+    let written = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "creds",
+            "--cluster",
+            &name,
+            "--executor-id",
+            "exec-1",
+            "--full",
+        ])
+        .args(["--tenant", "acme", "--tenant", "globex", "--password-file"])
+        .arg(&passwords)
+        .output()
+        .unwrap();
+    assert!(written.status.success(), "{written:?}");
+    let config = format!(
+        "{}\njetstream {{ store_dir: {:?} }}\n",
+        String::from_utf8(written.stdout).unwrap(),
+        dir.0.join("js").display().to_string()
+    );
+    let config = TempFile::new("nats.conf", &config);
+    let server = NatsServer::start(&["-c", config.path()]).expect("start nats-server");
+    let secure = Secure::on(server, &name, Some(config));
+    let _driver = secure
+        .start_driver_with(ember::driver::JournalMode::On)
+        .await;
+    let _exec1 = secure.start_executor("exec-1").await;
+    let home =
+        ember::client::EmberClient::new(secure.login("client").await, secure.subjects.clone());
+    let acme =
+        ember::client::EmberClient::new(secure.login("tenant.acme").await, secure.subjects.clone());
+    let globex = ember::client::EmberClient::new(
+        secure.login("tenant.globex").await,
+        secure.subjects.clone(),
+    );
+    // The cluster's events are not the tenant's to hear: its user may not subscribe there.
+    let mut watched = secure.watched("tenant.acme").await;
+    let events = secure.subjects.events_all();
+    let _refused = watched.subscribe(&events).await;
+    watched.violation("Subscription", &events).await;
+    let submitted = |api: &ember::client::EmberClient| {
+        let api = api.clone();
+        async move {
+            common::eventually(Duration::from_secs(10), "the driver takes a job", || {
+                let api = api.clone();
+                async move { api.submit(noops(3)).await.ok() }
+            })
+            .await
+        }
+    };
+    let acme_job = submitted(&acme).await;
+    let globex_job = submitted(&globex).await;
+    let listed = |api: ember::client::EmberClient| async move {
+        let jobs = api.jobs().await.expect("jobs listed");
+        jobs.iter().map(|job| job.job_id).collect::<Vec<_>>()
+    };
+    assert_eq!(listed(acme.clone()).await, vec![acme_job]);
+    assert_eq!(listed(globex.clone()).await, vec![globex_job]);
+    assert_eq!(listed(home.clone()).await, vec![acme_job, globex_job]);
+    let unknown = format!("no job with id {globex_job}");
+    let refused = acme.job(globex_job).await.expect_err("another's job");
+    assert!(refused.to_string().contains(&unknown), "{refused}");
+    let refused = acme.kill(globex_job).await.expect_err("another's job");
+    assert!(refused.to_string().contains(&unknown), "{refused}");
+    let refused = acme.executors().await.expect_err("the cluster's own");
+    assert!(
+        refused.to_string().contains("a tenant may submit jobs"),
+        "{refused}"
+    );
+    // A header of its own naming the other tenant changes nothing.
+    let mut forged = async_nats::HeaderMap::new();
+    let globex_account = creds::tenant_account(&name, "globex");
+    forged.insert(
+        "Nats-Request-Info",
+        format!("{{\"acc\":\"{globex_account}\"}}").as_str(),
+    );
+    let request = ember::protocol::encode(&ApiRequest::ListJobs {
+        offset: 0,
+        limit: None,
+        from_job: 0,
+    });
+    let answer = acme
+        .nats()
+        .request_with_headers(secure.subjects.api(), forged, request)
+        .await
+        .unwrap();
+    match ember::protocol::decode::<ember::protocol::ApiReply>(&answer.payload, usize::MAX) {
+        Ok(ember::protocol::ApiReply::Jobs { jobs, .. }) => {
+            let ids: Vec<u64> = jobs.iter().map(|job| job.job_id).collect();
+            assert_eq!(ids, vec![acme_job], "a forged header lists another's jobs");
+        }
+        Ok(ember::protocol::ApiReply::Error { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    for (api, job) in [(&acme, acme_job), (&globex, globex_job)] {
+        let ended = within(Duration::from_secs(30), api.wait(job, |_| {}))
+            .await
+            .unwrap();
+        assert_eq!(ended.state, JobState::Succeeded, "{ended:?}");
+        assert_eq!(api.results(job).await.unwrap().len(), 3);
     }
 }

@@ -695,6 +695,7 @@ fn job_submitted() {
         time_ms: 1000,
         job: Box::new(job.clone()),
         term,
+        tenant: None,
     };
     pin(
         &record(&bare, None),

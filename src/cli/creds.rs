@@ -10,6 +10,9 @@
 //! end in its id and subscribe only its own inbox subjects, so it cannot register, heartbeat or
 //! report status as another executor, nor read what the driver sends another. What NATS cannot
 //! check (where a reply goes, that a payload's id equals the subject's) the driver checks.
+//!
+//! Tenants (`--tenant`) are accounts of their own beside the cluster's, which may send the
+//! cluster's api requests and see nothing else of it (see [`tenants`]).
 
 use crate::ids::{validate_token, ExecutorId};
 use crate::subjects::Subjects;
@@ -18,8 +21,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 mod permissions;
+pub mod tenants;
 pub mod topology;
 pub use permissions::Permissions;
+pub use tenants::{tenant_account, tenant_user};
 pub use topology::TopologyArgs;
 
 /// The names of the roles that are not executors; a user's name is [`user_name`] of one of
@@ -74,6 +79,11 @@ pub struct CredsArgs {
     /// account (which goes in a config's `accounts { }` block, with other clusters' accounts).
     #[arg(long, conflicts_with = "nodes")]
     pub full: bool,
+    /// Make an account for tenant NAME too (repeatable), next to the cluster's: its user
+    /// `<cluster>.tenant.NAME` may send the cluster's api requests, which the driver answers
+    /// about NAME's own jobs alone, and sees nothing else of the cluster.
+    #[arg(long = "tenant", value_name = "NAME", value_parser = tenants::parse_tenant)]
+    pub tenants: Vec<String>,
     #[command(flatten)]
     pub topology: TopologyArgs,
 }
@@ -86,6 +96,8 @@ pub enum CredsError {
     ReservedId(String),
     #[error("executor id {0:?} is given twice")]
     DuplicateId(String),
+    #[error("tenant {0:?} is given twice")]
+    DuplicateTenant(String),
     #[error("no executors: give --executors N or --executor-id ID")]
     NoExecutors,
     #[error("could not read the password file {path}: {source}")]
@@ -113,6 +125,8 @@ pub enum Role {
     Listener,
     /// The link of the leaf server of this name: anything within the account.
     Leaf(String),
+    /// The tenant of this name, alone in an account of its own: the api's requests.
+    Tenant(String),
 }
 
 /// One NATS user of the cluster.
@@ -210,36 +224,15 @@ pub fn account_block(subjects: &Subjects, users: &[User], placed: AccountFor) ->
             "  jetstream: enabled\n"
         },
     );
-    for user in users {
-        let _ = writeln!(out, "    # {}", describe(&user.role));
-        if let Role::Leaf(_) = user.role {
-            let _ = writeln!(
-                out,
-                "    {{ user: {}, password: {} }}",
-                quote(&user.name),
-                quote(&user.password)
-            );
-            continue;
-        }
-        let perms = user.role.permissions(subjects, &executors);
-        let _ = writeln!(
-            out,
-            "    {{ user: {}, password: {}, permissions: {{",
-            quote(&user.name),
-            quote(&user.password)
-        );
-        out.push_str(&rule("publish", &perms.publish_allow, &perms.publish_deny));
-        out.push_str(&rule(
-            "subscribe",
-            &perms.subscribe_allow,
-            &perms.subscribe_deny,
-        ));
-        if perms.allow_responses {
-            out.push_str("        allow_responses: true\n");
-        }
-        out.push_str("    } }\n");
+    // Tenants' users are in accounts of their own (see `tenants`).
+    for user in users.iter().filter(|u| !matches!(u.role, Role::Tenant(_))) {
+        write_user(&mut out, user, subjects, &executors);
     }
     out.push_str("  ]\n");
+    // A leaf server holds no tenants' accounts: tenants log in at the nodes.
+    if placed != AccountFor::Leaf {
+        out.push_str(&tenants::api_export(subjects, users));
+    }
     if placed == AccountFor::Server {
         let _ = writeln!(
             out,
@@ -253,14 +246,52 @@ pub fn account_block(subjects: &Subjects, users: &[User], placed: AccountFor) ->
     out
 }
 
+/// One entry of an account's `users` list, after a comment saying what the user may do; an
+/// entry without permissions for a leaf link. `executors` are the cluster's executor ids.
+fn write_user(out: &mut String, user: &User, subjects: &Subjects, executors: &[ExecutorId]) {
+    let _ = writeln!(out, "    # {}", describe(&user.role));
+    if let Role::Leaf(_) = user.role {
+        let _ = writeln!(
+            out,
+            "    {{ user: {}, password: {} }}",
+            quote(&user.name),
+            quote(&user.password)
+        );
+        return;
+    }
+    let perms = user.role.permissions(subjects, executors);
+    let _ = writeln!(
+        out,
+        "    {{ user: {}, password: {}, permissions: {{",
+        quote(&user.name),
+        quote(&user.password)
+    );
+    out.push_str(&rule("publish", &perms.publish_allow, &perms.publish_deny));
+    out.push_str(&rule(
+        "subscribe",
+        &perms.subscribe_allow,
+        &perms.subscribe_deny,
+    ));
+    if perms.allow_responses {
+        out.push_str("        allow_responses: true\n");
+    }
+    out.push_str("    } }\n");
+}
+
+/// The account of `subjects`' cluster with `users`, followed by the accounts of the tenants
+/// among them: [`account_block`] and the tenants' accounts, as entries of a server config's
+/// `accounts { }` block.
+pub fn accounts(subjects: &Subjects, users: &[User], placed: AccountFor) -> String {
+    let mut out = account_block(subjects, users, placed);
+    out.push_str(&tenants::tenant_accounts(subjects, users));
+    out
+}
+
 /// A complete nats-server config: loopback, the limits of nats.conf, no anonymous access, and
-/// the account of `users`. The port and address can be overridden on nats-server's command
-/// line.
+/// the account of `users` (and its tenants' accounts). The port and address can be overridden
+/// on nats-server's command line.
 pub fn server_config(subjects: &Subjects, users: &[User]) -> String {
-    let account: String = account_block(subjects, users, AccountFor::Server)
-        .lines()
-        .map(|line| format!("  {line}\n"))
-        .collect();
+    let account = indent(&accounts(subjects, users, AccountFor::Server));
     format!(
         "# A locked-down nats-server for the Ember cluster {cluster:?}, written by `ember creds`.\n\
          # No anonymous access: every client logs in as one of the users below, whose\n\
@@ -290,6 +321,16 @@ pub(crate) fn with_system_account(account: &str) -> String {
     )
 }
 
+/// `text` indented by two spaces, its blank lines left blank.
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|line| match line {
+            "" => "\n".to_string(),
+            line => format!("  {line}\n"),
+        })
+        .collect()
+}
+
 /// The cluster name of `subjects` (its prefix is `ember.<cluster>`).
 fn cluster_of(subjects: &Subjects) -> &str {
     subjects.prefix().trim_start_matches("ember.")
@@ -309,6 +350,9 @@ fn describe(role: &Role) -> String {
         Role::Leaf(name) => format!(
             "the link of leaf server {name}: anything in the account; the leaf holds its users to their roles"
         ),
+        Role::Tenant(name) => {
+            format!("tenant {name}: the cluster's api requests and their replies, nothing else")
+        }
     }
 }
 
@@ -384,6 +428,7 @@ pub fn creds(args: &CredsArgs, cluster: &str) -> Result<String, CredsError> {
     validate_token("cluster name", cluster).map_err(CredsError::Cluster)?;
     let subjects = Subjects::new(cluster).map_err(CredsError::Cluster)?;
     let ids = executor_ids(args)?;
+    tenants::check(&args.tenants)?;
     if args.topology.wanted() {
         args.topology.check().map_err(CredsError::Topology)?;
     }
@@ -405,6 +450,14 @@ pub fn creds(args: &CredsArgs, cluster: &str) -> Result<String, CredsError> {
             role: Role::Leaf(leaf.into()),
         }
     }));
+    users.extend(args.tenants.iter().map(|tenant| {
+        let name = tenant_user(cluster, tenant);
+        User {
+            password: password(&name),
+            name,
+            role: Role::Tenant(tenant.clone()),
+        }
+    }));
     if let Some(path) = &args.password_file {
         write_passwords(path, &users)?;
     }
@@ -424,7 +477,7 @@ pub fn creds(args: &CredsArgs, cluster: &str) -> Result<String, CredsError> {
     let text = if args.full {
         server_config(&subjects, &users)
     } else {
-        account_block(&subjects, &users, AccountFor::Block)
+        accounts(&subjects, &users, AccountFor::Block)
     };
     Ok(format!("{note}{text}"))
 }
@@ -550,6 +603,7 @@ mod tests {
             random: false,
             placeholder: false,
             full: false,
+            tenants: vec![],
             topology: TopologyArgs::default(),
         };
         assert!(matches!(

@@ -277,9 +277,7 @@ impl Lease {
                     Some(h) if h.driver_instance == me.driver_instance => Key::Free,
                     // A leadership of this driver's run, which it gave up itself before it
                     // started again: nothing of it sends any more.
-                    Some(h) if h.driver_run.is_some() && h.driver_run == me.driver_run => {
-                        Key::Free
-                    }
+                    Some(h) if h.driver_run.is_some() && h.driver_run == me.driver_run => Key::Free,
                     // Its holder's connection closed, its server said: this revision is the
                     // dead leader's last, and the compare-and-set takes only that one.
                     Some(h) if h.connection.as_ref().is_some_and(|c| gone.has(c)) => {

@@ -2,7 +2,7 @@
 //! decoded, the core asked, and the answer encoded for the shell to send.
 
 use super::admission::Refusal;
-use super::core::{Answer, Core};
+use super::core::{Answer, Core, Requester};
 use super::objects::Checked;
 use super::outbox::{Output, ReplyTo, ServiceError};
 use super::shell::Shell;
@@ -123,7 +123,21 @@ impl Shell {
         {
             return None;
         }
+        let tenant = match tenant_of(message) {
+            Ok(tenant) => tenant,
+            Err(message) => {
+                self.admission.refuse(Refusal::Undecodable);
+                let answer = Answer::Reply(ApiReply::Error { message });
+                return Some(self.api_output(answer, Box::new(request)));
+            }
+        };
         let (answer, request) = match decode::<ApiRequest>(&message.payload, self.limit) {
+            // A tenant's request is answered about its own jobs alone; it names no object, so
+            // none is looked for.
+            Ok(decoded) if tenant.is_some() => {
+                let requester = Requester::Tenant(tenant.as_deref().unwrap_or_default());
+                (core.answer_for(requester, decoded, now_ms()), request)
+            }
             Ok(ApiRequest::DeleteObject { object }) => {
                 return self.on_delete_object(core, object, request);
             }
@@ -240,5 +254,37 @@ impl Shell {
         };
         let _ = answer.send(web::Answer { reply, now_ms });
         None
+    }
+}
+
+/// The header in which a NATS server names the account a request comes from, when it crossed
+/// an import of the api into another account.
+const REQUEST_INFO: &str = "Nats-Request-Info";
+
+/// The tenant `message` comes from: the account its `Nats-Request-Info` header names, or none
+/// for a request of the cluster's own account, which crossed no import. A header that cannot be
+/// read, or more than one, is refused rather than taken for the cluster's own account.
+fn tenant_of(message: &Message) -> Result<Option<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct RequestInfo {
+        acc: String,
+    }
+    let Some(headers) = &message.headers else {
+        return Ok(None);
+    };
+    let mut infos = headers.get_all(REQUEST_INFO);
+    let (Some(info), None) = (infos.next(), infos.next()) else {
+        return match headers.get(REQUEST_INFO) {
+            None => Ok(None),
+            Some(_) => Err(format!(
+                "a request with more than one {REQUEST_INFO} header"
+            )),
+        };
+    };
+    match serde_json::from_str::<RequestInfo>(info.as_str()) {
+        Ok(info) if !info.acc.is_empty() => Ok(Some(info.acc)),
+        _ => Err(format!(
+            "could not read the account in the {REQUEST_INFO} header"
+        )),
     }
 }

@@ -229,6 +229,7 @@ mod tests {
                 after_any: Vec::new(),
             }),
             term: None,
+            tenant: None,
         };
         let ended = (0..tasks).map(|i| JournaledTask {
             task_id: 10 + i,

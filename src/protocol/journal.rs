@@ -24,6 +24,10 @@ pub enum JournalRecord {
         /// from before terms: none of their attempts is adopted.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         term: Option<u64>,
+        /// The tenant whose job it is (the NATS account that asked through an import of the
+        /// api); absent for a job of the cluster's own account.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tenant: Option<String>,
     },
     /// Tasks ended for good: FINISHED, or FAILED for the last time. One record per status batch.
     /// A run of plain finishes of consecutive task ids, one attempt and one executor is written

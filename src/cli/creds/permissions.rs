@@ -87,6 +87,13 @@ impl Role {
             // What crosses a leaf link is what the leaf server's own users may do, each
             // held to its role there.
             Role::Leaf(_) => Permissions::default(),
+            // Its account imports the api and holds nothing else; the replies to its
+            // requests come back through the import to its inbox.
+            Role::Tenant(_) => Permissions {
+                publish_allow: vec![subjects.api()],
+                subscribe_allow: vec!["_INBOX.>".into()],
+                ..Permissions::default()
+            },
         }
     }
 }

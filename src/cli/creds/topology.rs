@@ -10,7 +10,8 @@
 //! users' permissions). With `--tls-dir`, routes and leaf links use mutual TLS.
 
 use super::{
-    account_block, account_name, cluster_of, quote, with_system_account, AccountFor, User,
+    account_block, account_name, accounts, cluster_of, indent, quote, with_system_account,
+    AccountFor, User,
 };
 use crate::ids::validate_token;
 use crate::subjects::Subjects;
@@ -212,10 +213,6 @@ fn tls(args: &TopologyArgs, server: &Server, pad: &str, listens: bool) -> String
     )
 }
 
-fn indent(text: &str) -> String {
-    text.lines().map(|line| format!("  {line}\n")).collect()
-}
-
 fn node_config(subjects: &Subjects, users: &[User], args: &TopologyArgs, node: &Server) -> String {
     let store = args
         .store_dir
@@ -227,7 +224,7 @@ fn node_config(subjects: &Subjects, users: &[User], args: &TopologyArgs, node: &
         .iter()
         .map(|n| quote(&format!("nats-route://{}:{ROUTE_PORT}", url_host(&n.host))))
         .collect();
-    let account = indent(&account_block(subjects, users, AccountFor::Server));
+    let account = indent(&accounts(subjects, users, AccountFor::Server));
     format!(
         "{head}\
          \n# JetStream: every Ember stream and bucket is replicated over the nodes (R3 with three).\n\
@@ -274,6 +271,8 @@ fn leaf_config(subjects: &Subjects, users: &[User], args: &TopologyArgs, leaf: &
             ))
         })
         .collect();
+    // Tenants' accounts are left out, and the api's export with them: tenants log in at the
+    // nodes, whose copies of the cluster's account export the api to their accounts.
     let account = indent(&account_block(subjects, users, AccountFor::Leaf));
     format!(
         "{head}\

@@ -72,6 +72,9 @@ pub struct Job {
     pub submission_id: Option<String>,
     /// The term of the leader that accepted it, if known (see [`JournalRecord::JobSubmitted`]).
     pub term: Option<u64>,
+    /// The tenant whose job it is; none for the cluster's own account's (see
+    /// [`super::tenants`]).
+    pub tenant: Option<String>,
     /// The jobs it runs after once they succeed, and once they end however they end.
     pub after: Vec<JobId>,
     pub after_any: Vec<JobId>,
@@ -130,6 +133,7 @@ impl Job {
                 .map(|config| Box::new(super::speculation::Speculation::new(config))),
             submission_id: submit.submission_id,
             term: None,
+            tenant: None,
             after: submit.after,
             after_any: submit.after_any,
             pin: Pin::Never,
@@ -138,10 +142,14 @@ impl Job {
 
     /// The jobs whose results its python tasks read (their `upstream`), each once.
     pub fn reads_results_of(&self) -> Vec<JobId> {
-        let mut read: Vec<JobId> = self
-            .specs
-            .iter()
-            .filter_map(|spec| match &**spec {
+        Self::results_read_by(self.specs.iter().map(|spec| &**spec))
+    }
+
+    /// The jobs whose results `specs` read, each once.
+    pub(super) fn results_read_by<'a>(specs: impl IntoIterator<Item = &'a TaskSpec>) -> Vec<JobId> {
+        let mut read: Vec<JobId> = specs
+            .into_iter()
+            .filter_map(|spec| match spec {
                 TaskSpec::Python { upstream, .. } => Some(upstream.iter().copied()),
                 _ => None,
             })
@@ -150,6 +158,12 @@ impl Job {
         read.sort_unstable();
         read.dedup();
         read
+    }
+
+    /// Where its submission id is kept, if it has one.
+    pub(super) fn submission_key(&self) -> Option<String> {
+        let id = self.submission_id.as_deref()?;
+        Some(submission_key(self.tenant.as_deref(), id))
     }
 
     /// The tasks whose results are in the results bucket.
@@ -344,6 +358,16 @@ impl Core {
     }
 
     pub(super) fn on_submit_job(&mut self, submit: SubmitJob, now: u64) -> ApiReply {
+        self.on_submit_job_of(None, submit, now)
+    }
+
+    /// A submission of `tenant` (none: of the cluster's own account), whose job is its own.
+    pub(super) fn on_submit_job_of(
+        &mut self,
+        tenant: Option<&str>,
+        submit: SubmitJob,
+        now: u64,
+    ) -> ApiReply {
         let journal = self.config.journal;
         if let Err(message) = validate_job(&submit, self.config.max_reply_bytes, journal) {
             return ApiReply::Error { message };
@@ -354,7 +378,7 @@ impl Core {
         if let Some(&id) = submit
             .submission_id
             .as_ref()
-            .and_then(|key| self.submissions.get(key))
+            .and_then(|key| self.submissions.get(&submission_key(tenant, key)))
         {
             return self.submitted_again(id, &submit);
         }
@@ -367,9 +391,11 @@ impl Core {
             time_ms: now,
             job: Box::new(submit.clone()),
             term: Some(term),
+            tenant: tenant.map(str::to_string),
         });
         let mut job = Job::new(id, first_task, submit, now);
         job.term = Some(self.config.term);
+        job.tenant = tenant.map(str::to_string);
         self.next_job += 1;
         self.next_task += u64::from(job.len());
         self.publish(Event::JobStart {
@@ -405,8 +431,8 @@ impl Core {
     /// Makes a new job known by its id, its tasks' ids and its submission id.
     pub(super) fn add_job(&mut self, job: Job) {
         let id = job.id;
-        if let Some(key) = &job.submission_id {
-            self.submissions.insert(key.clone(), id);
+        if let Some(key) = job.submission_key() {
+            self.submissions.insert(key, id);
         }
         self.first_tasks.insert(job.first_task, id);
         self.hold_upstreams(&job.after);
@@ -722,4 +748,13 @@ pub(super) fn validate_job(
         ));
     }
     Ok(())
+}
+
+/// Where a submission id is kept: a tenant's apart from the cluster's own and from every other
+/// tenant's (a NUL, which no submission id holds, between the two).
+pub(super) fn submission_key(tenant: Option<&str>, id: &str) -> String {
+    match tenant {
+        None => id.to_string(),
+        Some(tenant) => format!("{tenant}\0{id}"),
+    }
 }

@@ -24,6 +24,7 @@ mod snapshot;
 mod speculation;
 mod status;
 mod tasks;
+mod tenants;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
@@ -53,6 +54,7 @@ pub use retention::{
 pub use snapshot::{SnapshotError, SnapshotIds, SNAPSHOT_TASKS_PER_RECORD};
 pub use speculation::{validate as validate_speculation, SPECULATION_INTERVAL};
 pub use status::MAX_UPDATES_PER_BATCH;
+pub use tenants::Requester;
 
 /// Something the core wants sent.
 #[derive(Debug, Clone, PartialEq)]

@@ -103,7 +103,8 @@ impl Core {
                 time_ms,
                 job,
                 term,
-            } => self.replay_submitted(job_id, first_task, time_ms, *job, term),
+                tenant,
+            } => self.replay_submitted(job_id, first_task, time_ms, *job, (term, tenant)),
             JournalRecord::TasksEnded { tasks, .. } => self.replay_tasks(tasks),
             JournalRecord::ResultsDropped { job_id } => self.replay_results_dropped(job_id),
             JournalRecord::TaskKilledByRequest { job_id, index, .. } => {
@@ -188,7 +189,7 @@ impl Core {
         first_task: TaskId,
         time_ms: u64,
         submit: SubmitJob,
-        term: Option<u64>,
+        (term, tenant): (Option<u64>, Option<String>),
     ) -> Result<(), ReplayError> {
         // A repeat, or a job forgotten already (a retried write stored after a snapshot).
         if self.jobs.contains_key(&job_id) || job_id < self.next_job {
@@ -202,6 +203,7 @@ impl Core {
         }
         let mut job = Job::new(job_id, first_task, submit, time_ms);
         job.term = term;
+        job.tenant = tenant;
         self.next_job = job_id + 1;
         self.next_task = first_task + u64::from(job.len());
         self.add_job(job);

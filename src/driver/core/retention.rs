@@ -196,8 +196,8 @@ impl Core {
     fn forget(&mut self, job_id: JobId) {
         if let Some(job) = self.jobs.remove(&job_id) {
             self.first_tasks.remove(&job.first_task);
-            if let Some(key) = &job.submission_id {
-                self.submissions.remove(key);
+            if let Some(key) = job.submission_key() {
+                self.submissions.remove(&key);
             }
             self.result_bytes -= job.held_bytes;
             if job.pin != Pin::Never && job.any_in_bucket() {

@@ -63,6 +63,7 @@ impl Core {
                 time_ms: job.submitted_at_ms,
                 job: Box::new(job.submission()),
                 term: job.term,
+                tenant: job.tenant.clone(),
             });
             let launched = job.tasks.launched();
             let settled = (0..launched.len() as u32).filter_map(|index| {

@@ -21,6 +21,7 @@ mod retention;
 mod retries;
 mod speculation;
 mod status;
+mod tenants;
 
 use super::jobs::TaskStatus;
 use super::{Core, CoreConfig, Effect};

@@ -155,6 +155,7 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
                 time_ms: 0,
                 job: Box::new(job(1, 1, 4)),
                 term: None,
+                tenant: None,
             },
             ReplayError::IdsOverlap {
                 job_id: 2,
@@ -172,6 +173,7 @@ fn records_that_do_not_fit_are_refused_and_change_nothing() {
         time_ms: 0,
         job: Box::new(job(0, 1, 4)),
         term: None,
+        tenant: None,
     };
     assert!(matches!(
         core.replay(empty),
