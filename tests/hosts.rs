@@ -296,8 +296,9 @@ async fn judge(api: &EmberClient, cluster: &str, job_id: u64, tasks: u32, ledger
         assert_eq!(
             stdout.map(str::trim),
             Some(outcome.index.to_string().as_str()),
-            "task {}'s output",
-            outcome.index
+            "task {}'s output ({:?})",
+            outcome.index,
+            outcome.error
         );
     }
     let runs = runs(ledger);

@@ -35,6 +35,11 @@ const EXPIRED: &str = "the result is no longer in the results bucket, which keep
 /// How many results one pin copies at a time.
 const COPIES_IN_FLIGHT: usize = 256;
 
+/// How long a read of a stored result that fails is tried again before its error is told: a
+/// clustered JetStream electing the bucket's leader (a node lost or parted) answers nothing
+/// for a few seconds, and a result is no less there for it.
+const READ_PATIENCE: Duration = Duration::from_secs(3);
+
 /// The results bucket of one cluster, and beside it the stream of its pinned results: those a
 /// task reads (a python task's `upstream`), which the bucket's limits do not reach and which
 /// stay until their job is forgotten.
@@ -196,11 +201,19 @@ impl ResultsBucket {
         };
         let reads = indices.iter().map(|index| async move {
             let key = format!("{job_id}.{index}");
-            let value = match first.get(&key).await {
-                Ok(None) => then.get(&key).await,
-                found => found,
-            };
-            (*index, value)
+            let deadline = tokio::time::Instant::now() + READ_PATIENCE;
+            let mut wait = Duration::from_millis(100);
+            loop {
+                let value = match first.get(&key).await {
+                    Ok(None) => then.get(&key).await,
+                    found => found,
+                };
+                if value.is_ok() || tokio::time::Instant::now() + wait > deadline {
+                    break (*index, value);
+                }
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
         });
         let read = futures::future::join_all(reads).await;
         let mut found = HashMap::with_capacity(read.len());
