@@ -46,11 +46,7 @@ pub async fn run(
     // tried again rather than ending the driver. A failure before that is its settings' and
     // ends it with the reason, as does `--replay-timeout` running out before it ever led: the
     // flag is too short for the journal, and every try would end the same way.
-    let mut run = Run {
-        id: uuid::Uuid::new_v4(),
-        opened: false,
-    };
-    let mut has_led = false;
+    let mut run = Run::default();
     let mut retry_in = Duration::ZERO;
     loop {
         // A signal is heeded from the start: a journal slow to answer or to replay, a lease
@@ -67,14 +63,14 @@ pub async fn run(
         };
         let (core, inputs, shell) = match started {
             Ok(started) => started,
-            Err(error) if run.opened && (has_led || !error.out_of_replay_time()) => {
+            Err(error) if run.opened && (run.led || !error.out_of_replay_time()) => {
                 retry_in = (retry_in * 2).clamp(RESTART_DELAY_MIN, RESTART_DELAY_MAX);
                 warn!(%error, ?retry_in, "could not lead or stand by; trying again");
                 continue;
             }
             Err(error) => return Err(error),
         };
-        has_led = true;
+        run.led = true;
         retry_in = Duration::ZERO;
         match lead(&client, &config, core, inputs, shell, &mut shutdown).await? {
             Ended::Stopped => return Ok(()),

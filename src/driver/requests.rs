@@ -123,7 +123,7 @@ impl Shell {
         {
             return None;
         }
-        let tenant = match tenant_of(message) {
+        let tenant = match tenant_of(message.headers.as_ref()) {
             Ok(tenant) => tenant,
             Err(message) => {
                 self.admission.refuse(Refusal::Undecodable);
@@ -134,8 +134,8 @@ impl Shell {
         let (answer, request) = match decode::<ApiRequest>(&message.payload, self.limit) {
             // A tenant's request is answered about its own jobs alone; it names no object, so
             // none is looked for.
-            Ok(decoded) if tenant.is_some() => {
-                let requester = Requester::Tenant(tenant.as_deref().unwrap_or_default());
+            Ok(decoded) if let Some(tenant) = &tenant => {
+                let requester = Requester::Tenant(tenant);
                 (core.answer_for(requester, decoded, now_ms()), request)
             }
             Ok(ApiRequest::DeleteObject { object }) => {
@@ -264,27 +264,63 @@ const REQUEST_INFO: &str = "Nats-Request-Info";
 /// The tenant `message` comes from: the account its `Nats-Request-Info` header names, or none
 /// for a request of the cluster's own account, which crossed no import. A header that cannot be
 /// read, or more than one, is refused rather than taken for the cluster's own account.
-fn tenant_of(message: &Message) -> Result<Option<String>, String> {
+fn tenant_of(headers: Option<&async_nats::HeaderMap>) -> Result<Option<String>, String> {
     #[derive(serde::Deserialize)]
     struct RequestInfo {
         acc: String,
     }
-    let Some(headers) = &message.headers else {
+    let Some(headers) = headers else {
         return Ok(None);
     };
-    let mut infos = headers.get_all(REQUEST_INFO);
-    let (Some(info), None) = (infos.next(), infos.next()) else {
-        return match headers.get(REQUEST_INFO) {
-            None => Ok(None),
-            Some(_) => Err(format!(
+    let infos: Vec<_> = headers.get_all(REQUEST_INFO).collect();
+    let info = match infos.as_slice() {
+        [] => return Ok(None),
+        [info] => info.as_str(),
+        _ => {
+            return Err(format!(
                 "a request with more than one {REQUEST_INFO} header"
-            )),
-        };
+            ))
+        }
     };
-    match serde_json::from_str::<RequestInfo>(info.as_str()) {
+    match serde_json::from_str::<RequestInfo>(info) {
         Ok(info) if !info.acc.is_empty() => Ok(Some(info.acc)),
         _ => Err(format!(
             "could not read the account in the {REQUEST_INFO} header"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tenant_of;
+    use async_nats::HeaderMap;
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("Ember-Epoch", "3");
+        for value in values {
+            headers.append("Nats-Request-Info", *value);
+        }
+        headers
+    }
+
+    #[test]
+    fn the_tenant_is_the_account_the_servers_header_names_and_a_bad_header_is_refused() {
+        assert_eq!(tenant_of(None), Ok(None));
+        assert_eq!(tenant_of(Some(&headers(&[]))), Ok(None));
+        let one = headers(&[r#"{"acc":"EMBER_c_TENANT_acme","rtt":"1ms"}"#]);
+        assert_eq!(
+            tenant_of(Some(&one)),
+            Ok(Some("EMBER_c_TENANT_acme".into()))
+        );
+        for bad in [&["not json"][..], &[r#"{"acc":""}"#], &[r#"{"user":"x"}"#]] {
+            let refused = tenant_of(Some(&headers(bad))).unwrap_err();
+            assert!(
+                refused.starts_with("could not read the account"),
+                "{refused}"
+            );
+        }
+        let two = headers(&[r#"{"acc":"a"}"#, r#"{"acc":"b"}"#]);
+        assert!(tenant_of(Some(&two)).unwrap_err().contains("more than one"));
     }
 }

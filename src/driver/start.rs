@@ -79,6 +79,18 @@ pub(super) struct Run {
     /// Whether the journal and its companions have opened: what fails after that is the
     /// server's answer, not the settings.
     pub(super) opened: bool,
+    /// Whether it has led.
+    pub(super) led: bool,
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Self {
+            id: uuid::Uuid::new_v4(),
+            opened: false,
+            led: false,
+        }
+    }
 }
 
 /// Opens the journal and replays it into a new core, then subscribes, and returns once the

@@ -293,7 +293,7 @@ impl Core {
                 offset,
                 limit,
                 from_job,
-            } => self.jobs_page(from_job, offset, limit),
+            } => self.jobs_page(from_job, offset, limit, None),
             ApiRequest::ListPools => self.pools_reply(),
             ApiRequest::GetJob { job_id } => match self.jobs.get(&job_id) {
                 Some(job) => ApiReply::Job {

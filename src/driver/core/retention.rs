@@ -3,7 +3,7 @@
 //! carries to the next driver; running and queued jobs never are. Ids keep counting up, so an
 //! id below the next one that names no job was forgotten, and the api says so.
 
-use super::jobs::{Pin, TaskStatus};
+use super::jobs::{Job, Pin, TaskStatus};
 use super::ReplayError;
 use super::{Core, Effect};
 use crate::ids::JobId;
@@ -376,16 +376,22 @@ impl Core {
     }
 
     /// A page of the jobs from id `from_job` on, skipping `offset` of them: paging by id stays
-    /// exact while older jobs are forgotten between pages.
-    pub(super) fn jobs_page(&self, from_job: JobId, offset: u32, limit: Option<u32>) -> ApiReply {
-        let listed = self.jobs.range(from_job..).skip(offset as usize);
+    /// exact while older jobs are forgotten between pages. With `tenant`, only its jobs.
+    pub(super) fn jobs_page(
+        &self,
+        from_job: JobId,
+        offset: u32,
+        limit: Option<u32>,
+        tenant: Option<&str>,
+    ) -> ApiReply {
+        let listed = self.listed_jobs(from_job, tenant).skip(offset as usize);
         let (jobs, next) = super::page(
-            listed.map(|(_, job)| self.job_summary(job)),
+            listed.map(|job| self.job_summary(job)),
             offset,
             limit,
             self.config.max_reply_bytes,
         );
-        let next_job = next.and_then(|_| self.first_job_after(&jobs, from_job, offset));
+        let next_job = next.and_then(|_| self.first_job_after(&jobs, from_job, offset, tenant));
         ApiReply::Jobs {
             next_offset: next.filter(|_| next_job.is_some()),
             jobs,
@@ -411,12 +417,31 @@ impl Core {
         }
     }
 
+    /// The jobs from id `from_job` on, in order; with `tenant`, only its jobs.
+    fn listed_jobs<'a>(
+        &'a self,
+        from_job: JobId,
+        tenant: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a Job> + 'a {
+        self.jobs
+            .range(from_job..)
+            .map(|(_, job)| job)
+            .filter(move |job| tenant.is_none() || job.tenant.as_deref() == tenant)
+    }
+
     /// The id of the first job after this page, if there is one.
-    fn first_job_after(&self, page: &[JobSummary], from_job: JobId, offset: u32) -> Option<JobId> {
-        let after = match page.last() {
-            Some(last) => self.jobs.range(last.job_id + 1..).next(),
-            None => self.jobs.range(from_job..).nth(offset as usize),
+    fn first_job_after(
+        &self,
+        page: &[JobSummary],
+        from_job: JobId,
+        offset: u32,
+        tenant: Option<&str>,
+    ) -> Option<JobId> {
+        let (start, skipped) = match page.last() {
+            Some(last) => (last.job_id + 1, 0),
+            None => (from_job, offset as usize),
         };
-        after.map(|(id, _)| *id)
+        let after = self.listed_jobs(start, tenant).nth(skipped);
+        after.map(|job| job.id)
     }
 }

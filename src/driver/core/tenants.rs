@@ -42,7 +42,7 @@ impl Core {
                 offset,
                 limit,
                 from_job,
-            } => Answer::Reply(self.tenant_jobs_page(tenant, from_job, offset, limit)),
+            } => Answer::Reply(self.jobs_page(from_job, offset, limit, Some(tenant))),
             request @ (ApiRequest::GetJob { job_id }
             | ApiRequest::GetResults { job_id, .. }
             | ApiRequest::KillJob { job_id }
@@ -91,43 +91,5 @@ impl Core {
             );
         }
         None
-    }
-
-    /// `ListJobs` for `tenant`: a page of its own jobs from `from_job`, `offset` of them
-    /// skipped.
-    fn tenant_jobs_page(
-        &self,
-        tenant: &str,
-        from_job: JobId,
-        offset: u32,
-        limit: Option<u32>,
-    ) -> ApiReply {
-        let own = |job: &&super::jobs::Job| job.tenant.as_deref() == Some(tenant);
-        let listed = self
-            .jobs
-            .range(from_job..)
-            .map(|(_, job)| job)
-            .filter(own)
-            .skip(offset as usize);
-        let (jobs, next) = super::page(
-            listed.map(|job| self.job_summary(job)),
-            offset,
-            limit,
-            self.config.max_reply_bytes,
-        );
-        let next_job = match (next, jobs.last()) {
-            (Some(_), Some(last)) => self
-                .jobs
-                .range(last.job_id + 1..)
-                .map(|(_, job)| job)
-                .find(own)
-                .map(|job| job.id),
-            _ => None,
-        };
-        ApiReply::Jobs {
-            next_offset: next.filter(|_| next_job.is_some()),
-            jobs,
-            next_job,
-        }
     }
 }
