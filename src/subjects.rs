@@ -90,6 +90,33 @@ impl Subjects {
         format!("{}.events.>", self.prefix)
     }
 
+    /// Where the driver tells tenant `account` the events of its own jobs:
+    /// `<p>.tenant.<account>.events.<kind>`. The cluster's account exports each tenant's
+    /// subjects to that tenant's account alone, which imports them as the plain
+    /// [`Subjects::event`] subjects, so a tenant listens as the cluster's listeners do.
+    pub fn tenant_event(&self, account: &str, kind: &str) -> String {
+        format!("{}.tenant.{account}.events.{kind}", self.prefix)
+    }
+
+    /// Every event told to tenant `account` (see [`Subjects::tenant_event`]).
+    pub fn tenant_events(&self, account: &str) -> String {
+        format!("{}.tenant.{account}.events.>", self.prefix)
+    }
+
+    /// Every event told to any tenant: what the driver may publish for them.
+    pub fn tenant_events_all(&self) -> String {
+        format!("{}.tenant.*.events.>", self.prefix)
+    }
+
+    /// Whether `text` may stand as one token of a subject: not empty, and without the
+    /// separator, the wildcards or white space.
+    pub fn is_token(text: &str) -> bool {
+        !text.is_empty()
+            && !text
+                .chars()
+                .any(|c| matches!(c, '.' | '*' | '>') || c.is_whitespace() || c.is_control())
+    }
+
     /// Where the driver stores the events in their history: `<p>.history.<kind>`, beside the
     /// plain [`Subjects::event`] the listeners hear them on. The events stream captures these
     /// and keeps each under its plain subject (`<p>.events.<kind>`), so a message sent here
@@ -218,6 +245,19 @@ mod tests {
             "ember.prod.events.executor.added"
         );
         assert_eq!(s.events_all(), "ember.prod.events.>");
+        assert_eq!(
+            s.tenant_event("EMBER_prod_TENANT_a", "job.end"),
+            "ember.prod.tenant.EMBER_prod_TENANT_a.events.job.end"
+        );
+        assert_eq!(
+            s.tenant_events("EMBER_prod_TENANT_a"),
+            "ember.prod.tenant.EMBER_prod_TENANT_a.events.>"
+        );
+        assert_eq!(s.tenant_events_all(), "ember.prod.tenant.*.events.>");
+        assert!(Subjects::is_token("EMBER_prod_TENANT_a"));
+        for bad in ["", "a.b", "a*", ">", "a b", "a\tb"] {
+            assert!(!Subjects::is_token(bad), "{bad:?}");
+        }
         assert_eq!(s.history("job.end"), "ember.prod.history.job.end");
         assert_eq!(s.history_all(), "ember.prod.history.>");
         assert_eq!(s.journal(), "ember.prod.journal");

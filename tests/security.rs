@@ -1622,11 +1622,26 @@ async fn tenants_see_and_touch_only_their_own_jobs() {
         secure.login("tenant.globex").await,
         secure.subjects.clone(),
     );
-    // The cluster's events are not the tenant's to hear: its user may not subscribe there.
+    // A tenant hears the events of its own jobs on the cluster's event subjects, and may not
+    // subscribe to another's subjects nor to the event history.
+    let heard = |api: &ember::client::EmberClient| {
+        let (nats, subjects) = (api.nats().clone(), secure.subjects.clone());
+        async move {
+            let subscriber = ember::events::subscribe(&nats, &subjects).await.unwrap();
+            nats.flush().await.unwrap();
+            ember::events::decoded(subscriber)
+        }
+    };
+    let (acme_events, globex_events) = (heard(&acme).await, heard(&globex).await);
     let mut watched = secure.watched("tenant.acme").await;
-    let events = secure.subjects.events_all();
-    let _refused = watched.subscribe(&events).await;
-    watched.violation("Subscription", &events).await;
+    let globex_account = creds::tenant_account(&name, "globex");
+    for refused in [
+        secure.subjects.tenant_events(&globex_account),
+        secure.subjects.history_all(),
+    ] {
+        let _refused = watched.subscribe(&refused).await;
+        watched.violation("Subscription", &refused).await;
+    }
     let submitted = |api: &ember::client::EmberClient| {
         let api = api.clone();
         async move {
@@ -1658,7 +1673,6 @@ async fn tenants_see_and_touch_only_their_own_jobs() {
     );
     // A header of its own naming the other tenant changes nothing.
     let mut forged = async_nats::HeaderMap::new();
-    let globex_account = creds::tenant_account(&name, "globex");
     forged.insert(
         "Nats-Request-Info",
         format!("{{\"acc\":\"{globex_account}\"}}").as_str(),
@@ -1688,4 +1702,36 @@ async fn tenants_see_and_touch_only_their_own_jobs() {
         assert_eq!(ended.state, JobState::Succeeded, "{ended:?}");
         assert_eq!(api.results(job).await.unwrap().len(), 3);
     }
+    for (events, job) in [(acme_events, acme_job), (globex_events, globex_job)] {
+        let kinds = within(Duration::from_secs(10), until_job_end(events, job)).await;
+        for kind in ["job.start", "task.start", "task.end", "job.end"] {
+            assert!(
+                kinds.contains(&kind),
+                "no {kind} of its job heard: {kinds:?}"
+            );
+        }
+    }
+}
+
+/// The kinds of the events `events` brings until job `job`'s end, each checked to be about that
+/// job alone.
+async fn until_job_end(
+    events: impl futures::Stream<Item = (bytes::Bytes, Result<ember::protocol::Event, String>)>,
+    job: u64,
+) -> Vec<&'static str> {
+    let mut events = Box::pin(events);
+    let mut kinds = Vec::new();
+    while let Some((_, event)) = events.next().await {
+        let event = event.expect("an event that reads");
+        assert_eq!(
+            event.job_id(),
+            Some(job),
+            "another's event heard: {event:?}"
+        );
+        kinds.push(event.kind());
+        if event.kind() == "job.end" {
+            break;
+        }
+    }
+    kinds
 }

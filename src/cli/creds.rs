@@ -231,7 +231,7 @@ pub fn account_block(subjects: &Subjects, users: &[User], placed: AccountFor) ->
     out.push_str("  ]\n");
     // A leaf server holds no tenants' accounts: tenants log in at the nodes.
     if placed != AccountFor::Leaf {
-        out.push_str(&tenants::api_export(subjects, users));
+        out.push_str(&tenants::exports(subjects, users));
     }
     if placed == AccountFor::Server {
         let _ = writeln!(

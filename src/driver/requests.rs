@@ -283,7 +283,13 @@ fn tenant_of(headers: Option<&async_nats::HeaderMap>) -> Result<Option<String>, 
         }
     };
     match serde_json::from_str::<RequestInfo>(info) {
-        Ok(info) if !info.acc.is_empty() => Ok(Some(info.acc)),
+        // The account names the subjects its events are told on.
+        Ok(info) if Subjects::is_token(&info.acc) => Ok(Some(info.acc)),
+        Ok(info) if !info.acc.is_empty() => Err(format!(
+            "the account {:?} cannot be a tenant: a tenant's account name must be one subject \
+             token (no '.', '*', '>' or spaces)",
+            info.acc
+        )),
         _ => Err(format!(
             "could not read the account in the {REQUEST_INFO} header"
         )),
@@ -320,6 +326,10 @@ mod tests {
                 "{refused}"
             );
         }
+        let dotted = headers(&[r#"{"acc":"a.b"}"#]);
+        assert!(tenant_of(Some(&dotted))
+            .unwrap_err()
+            .contains("must be one subject token"));
         let two = headers(&[r#"{"acc":"a"}"#, r#"{"acc":"b"}"#]);
         assert!(tenant_of(Some(&two)).unwrap_err().contains("more than one"));
     }

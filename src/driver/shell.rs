@@ -333,6 +333,12 @@ impl Shell {
                     }
                 }
             }
+            Output::Effect(Effect::PublishToTenant { tenant, event }) => {
+                // As the driver makes them: a tenant's events are not merged as the
+                // listeners' task events are, and not kept in the history.
+                let subject = self.subjects.tenant_event(&tenant, event.kind()).into();
+                self.publish_batch(subject, event).await;
+            }
             Output::Effect(Effect::Send { to, message }) => {
                 let subject = self.subjects.executor_inbox(&to).into();
                 self.publish_batch(subject, message).await;

@@ -29,6 +29,7 @@ impl Role {
                     vec![
                         format!("{p}.executor.*"),
                         subjects.events_all(),
+                        subjects.tenant_events_all(),
                         subjects.history_all(),
                     ],
                     journal_rights(subjects),
@@ -87,11 +88,11 @@ impl Role {
             // What crosses a leaf link is what the leaf server's own users may do, each
             // held to its role there.
             Role::Leaf(_) => Permissions::default(),
-            // Its account imports the api and holds nothing else; the replies to its
-            // requests come back through the import to its inbox.
+            // Its account imports the api and its own events and holds nothing else; the
+            // replies to its requests come back through the import to its inbox.
             Role::Tenant(_) => Permissions {
                 publish_allow: vec![subjects.api()],
-                subscribe_allow: vec!["_INBOX.>".into()],
+                subscribe_allow: vec!["_INBOX.>".into(), subjects.events_all()],
                 ..Permissions::default()
             },
         }

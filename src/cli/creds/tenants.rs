@@ -6,8 +6,11 @@
 //! cluster's account, which exports it to the tenants' accounts alone. A request that crosses
 //! the import reaches the driver with a `Nats-Request-Info` header naming the tenant's account,
 //! which the server sets and no tenant can forge; the driver answers it about that tenant's
-//! own jobs alone. Events, executors' subjects, inboxes and JetStream stay in the cluster's
-//! account, out of the tenant's reach.
+//! own jobs alone. The driver tells each tenant the events of its jobs on subjects of its own
+//! (`<p>.tenant.<account>.events.>`), which the cluster's account exports to that tenant alone
+//! and the tenant imports as the cluster's event subjects: `ember events` works for a tenant
+//! as for a listener, and shows its own jobs alone. Executors' subjects, inboxes, the event
+//! history and JetStream stay in the cluster's account, out of the tenant's reach.
 
 use super::{account_name, cluster_of, quote, user_name, write_user, CredsError, Role, User};
 use crate::ids::validate_token;
@@ -49,23 +52,35 @@ fn tenants(users: &[User]) -> impl Iterator<Item = (&str, &User)> {
 }
 
 /// The `exports` entry of the cluster's account that lets the tenants among `users` call its
-/// api, indented as a property of the account; empty without tenants.
-pub(super) fn api_export(subjects: &Subjects, users: &[User]) -> String {
+/// api and hear the events of their own jobs, indented as a property of the account; empty
+/// without tenants.
+pub(super) fn exports(subjects: &Subjects, users: &[User]) -> String {
     let cluster = cluster_of(subjects);
     let accounts: Vec<String> = tenants(users)
-        .map(|(name, _)| quote(&tenant_account(cluster, name)))
+        .map(|(name, _)| tenant_account(cluster, name))
         .collect();
     if accounts.is_empty() {
         return String::new();
     }
-    format!(
+    let quoted: Vec<String> = accounts.iter().map(|account| quote(account)).collect();
+    let mut out = format!(
         "  # The api, for the tenants' accounts (below) to import. The server adds to each request\n  \
          # that crosses the import a Nats-Request-Info header naming the tenant's account, and\n  \
-         # the driver answers it about that tenant's own jobs alone.\n  \
-         exports: [{{ service: {}, accounts: [{}] }}]\n",
+         # the driver answers it about that tenant's own jobs alone. Each tenant's events, the\n  \
+         # events of its own jobs, go to that tenant's account alone.\n  \
+         exports: [\n    {{ service: {}, accounts: [{}] }}\n",
         quote(&subjects.api()),
-        accounts.join(", "),
-    )
+        quoted.join(", "),
+    );
+    for (account, quoted) in accounts.iter().zip(&quoted) {
+        let _ = writeln!(
+            out,
+            "    {{ stream: {}, accounts: [{quoted}] }}",
+            quote(&subjects.tenant_events(account)),
+        );
+    }
+    out.push_str("  ]\n");
+    out
 }
 
 /// The accounts of the tenants among `users`, each after a blank line, as entries of a server
@@ -74,21 +89,25 @@ pub(super) fn tenant_accounts(subjects: &Subjects, users: &[User]) -> String {
     let cluster = cluster_of(subjects);
     let mut out = String::new();
     for (name, user) in tenants(users) {
+        let account = tenant_account(cluster, name);
         let _ = write!(
             out,
             "\n# Tenant {name:?} of the Ember cluster {cluster:?}, written by `ember creds`: an\n\
              # account of its own that may send the cluster's api requests, answered about the\n\
-             # tenant's own jobs alone, and sees nothing else of the cluster: no events, no\n\
-             # JetStream.\n\
+             # tenant's own jobs alone, and hears the events of those jobs on the cluster's\n\
+             # event subjects; it sees nothing else of the cluster and has no JetStream.\n\
              {}: {{\n  users = [\n",
-            quote(&tenant_account(cluster, name)),
+            quote(&account),
         );
         write_user(&mut out, user, subjects, &[]);
         let _ = writeln!(
             out,
-            "  ]\n  imports: [{{ service: {{ account: {}, subject: {} }} }}]\n}}",
-            quote(&account_name(cluster)),
+            "  ]\n  imports: [\n    {{ service: {{ account: {home}, subject: {} }} }}\n    \
+             {{ stream: {{ account: {home}, subject: {} }}, to: {} }}\n  ]\n}}",
             quote(&subjects.api()),
+            quote(&subjects.tenant_events(&account)),
+            quote(&subjects.events_all()),
+            home = quote(&account_name(cluster)),
         );
     }
     out
@@ -129,10 +148,29 @@ mod tests {
         }
     }
 
-    const EXPORT: &str = "exports: [{ service: \"ember.c.driver.api\", \
-                          accounts: [\"EMBER_c_TENANT_a\", \"EMBER_c_TENANT_b\"] }]";
-    const IMPORT: &str =
-        "imports: [{ service: { account: \"EMBER_c\", subject: \"ember.c.driver.api\" } }]";
+    const EXPORT: &str = "exports: [\n    { service: \"ember.c.driver.api\", \
+                          accounts: [\"EMBER_c_TENANT_a\", \"EMBER_c_TENANT_b\"] }\n    \
+                          { stream: \"ember.c.tenant.EMBER_c_TENANT_a.events.>\", \
+                          accounts: [\"EMBER_c_TENANT_a\"] }\n    \
+                          { stream: \"ember.c.tenant.EMBER_c_TENANT_b.events.>\", \
+                          accounts: [\"EMBER_c_TENANT_b\"] }\n  ]\n";
+
+    /// Tenant `name`'s imports: the api, and its own events as the cluster's.
+    fn import(name: &str) -> String {
+        format!(
+            "imports: [\n    \
+             {{ service: {{ account: \"EMBER_c\", subject: \"ember.c.driver.api\" }} }}\n    \
+             {{ stream: {{ account: \"EMBER_c\", \
+             subject: \"ember.c.tenant.EMBER_c_TENANT_{name}.events.>\" }}, \
+             to: \"ember.c.events.>\" }}\n  ]"
+        )
+    }
+
+    /// `text` with every run of white space made one space: a block nested in another is
+    /// indented more.
+    fn squashed(text: &str) -> String {
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
 
     #[test]
     fn names() {
@@ -157,8 +195,8 @@ mod tests {
                 let user = format!("{{ user: \"c.tenant.{name}\", password: \"pw-{name}\", ");
                 assert_eq!(tenants.matches(&account).count(), 1, "{tenants}");
                 assert_eq!(tenants.matches(&user).count(), 1, "{tenants}");
+                assert_eq!(tenants.matches(&import(name)).count(), 1, "{tenants}");
             }
-            assert_eq!(tenants.matches(IMPORT).count(), 2, "{tenants}");
             assert_eq!(
                 tenants
                     .matches("publish: { allow: [\"ember.c.driver.api\"] }")
@@ -175,13 +213,13 @@ mod tests {
             "{full}"
         );
         assert!(
-            accounts_block.ends_with(&format!("    {IMPORT}\n  }}\n}}\n")),
+            squashed(accounts_block).ends_with(&squashed(&format!("{} }} }}", import("b")))),
             "{full}"
         );
         // A leaf server holds neither them nor the export.
         let leaf = account_block(&s, &users, AccountFor::Leaf);
         assert!(
-            !leaf.contains("exports") && !leaf.contains("TENANT") && !leaf.contains("c.tenant."),
+            !leaf.contains("exports") && !leaf.contains("TENANT") && !leaf.contains("\"c.tenant."),
             "{leaf}"
         );
     }
@@ -196,7 +234,7 @@ mod tests {
             assert_eq!(accounts(&s, &without, placed), alone);
             assert!(!alone.contains("exports"), "{alone}");
             // Tenants add their export to the cluster's account, and nothing else.
-            let export = api_export(&s, &with);
+            let export = exports(&s, &with);
             assert_eq!(
                 account_block(&s, &with, placed).replacen(&export, "", 1),
                 alone

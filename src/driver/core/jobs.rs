@@ -398,14 +398,16 @@ impl Core {
         job.tenant = tenant.map(str::to_string);
         self.next_job += 1;
         self.next_task += u64::from(job.len());
-        self.publish(Event::JobStart {
+        let start = Event::JobStart {
             time_ms: now,
             job_id: id,
             name: job.name.clone(),
             tasks: job.len(),
-        });
+        };
         let read = job.reads_results_of();
         self.add_job(job);
+        // Once the job is known, so that its tenant hears of it too.
+        self.publish(start);
         self.pin_results(&read);
         self.track_speculation(id);
         self.settle_waiting(id, None, now);

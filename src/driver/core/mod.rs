@@ -61,6 +61,9 @@ pub use tenants::Requester;
 pub enum Effect {
     /// Publish on the listener bus.
     Publish(Event),
+    /// Tell tenant `tenant` (its account) an event of one of its jobs, beside the
+    /// [`Effect::Publish`] of the same event before it (see [`tenants`]).
+    PublishToTenant { tenant: String, event: Event },
     /// Send to an executor's inbox.
     Send {
         to: ExecutorId,
@@ -358,8 +361,18 @@ impl Core {
         self.speculate(now);
     }
 
+    /// Publishes `event`, and tells it to the tenant whose job it is about, if a tenant's.
     fn publish(&mut self, event: Event) {
-        self.effects.push(Effect::Publish(event));
+        let tenant = event
+            .job_id()
+            .and_then(|id| self.jobs.get(&id))
+            .and_then(|job| job.tenant.clone());
+        if let Some(tenant) = tenant {
+            self.effects.push(Effect::Publish(event.clone()));
+            self.effects.push(Effect::PublishToTenant { tenant, event });
+        } else {
+            self.effects.push(Effect::Publish(event));
+        }
     }
 
     fn journal(&mut self, record: impl FnOnce() -> JournalRecord) {

@@ -224,7 +224,9 @@ fn send_status(
                 .iter()
                 .position(|effect| match effect {
                     Effect::Send { to: other, .. } => *other > to,
-                    Effect::Publish(event) => matches!(event, Event::TaskStart { .. }),
+                    Effect::Publish(event) | Effect::PublishToTenant { event, .. } => {
+                        matches!(event, Event::TaskStart { .. })
+                    }
                     Effect::Journal(_)
                     | Effect::StoreResult { .. }
                     | Effect::PinResults { .. }

@@ -147,3 +147,46 @@ fn a_jobs_tenant_is_kept_through_the_journal_and_a_snapshot() {
         vec![acme, home]
     );
 }
+
+/// The events `effects` tell each tenant, in order, by the tenant's account.
+fn told_tenants(effects: &[Effect]) -> Vec<(String, Event)> {
+    effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::PublishToTenant { tenant, event } => Some((tenant.clone(), event.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_tenant_is_told_every_event_of_its_own_jobs_and_nothing_of_others() {
+    let mut core = journaled_core(0);
+    add(&mut core, "e1", 2, 0);
+    let acme = submit_as(&mut core, ACME, job(1, 1, 4));
+    let home = submit(&mut core, job(1, 1, 4), 0);
+    let mut effects = core.take_effects();
+    let ran: Vec<_> = launches(&effects)
+        .into_iter()
+        .flat_map(|(_, tasks)| tasks)
+        .collect();
+    for (task_id, _, attempt) in ran {
+        effects.extend(report(&mut core, "e1", vec![finished(task_id, attempt)], 1));
+    }
+    let told = told_tenants(&effects);
+    let acme_events: Vec<Event> = events(&effects)
+        .into_iter()
+        .filter(|event| event.job_id() == Some(acme))
+        .collect();
+    assert_eq!(
+        acme_events.iter().map(Event::kind).collect::<Vec<_>>(),
+        ["job.start", "task.start", "task.end", "job.end"]
+    );
+    // Each of them, to acme alone, in the order the listeners hear them.
+    let expected: Vec<(String, Event)> = acme_events
+        .into_iter()
+        .map(|event| ("EMBER_c_TENANT_acme".to_string(), event))
+        .collect();
+    assert_eq!(told, expected);
+    assert!(told.iter().all(|(_, event)| event.job_id() != Some(home)));
+}
