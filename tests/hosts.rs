@@ -532,17 +532,19 @@ impl Site {
                 // Counted from the watch's start: a first answer slow to come counts too.
                 let started = Instant::now();
                 let api = client(nats_args(&url, &cluster)).await;
-                let (mut answered, mut longest) = (Instant::now(), started.elapsed());
+                let mut answers = Answers {
+                    started,
+                    times: Vec::new(),
+                };
                 while !stopped.load(SeqCst) {
                     let asked = tokio::time::timeout(Duration::from_secs(1), api.executors()).await;
-                    let now = Instant::now();
-                    longest = longest.max(now - answered);
                     if matches!(asked, Ok(Ok(_))) {
-                        answered = now;
+                        answers.times.push(Instant::now());
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                longest
+                answers.times.push(Instant::now());
+                answers
             })
             .await
         });
@@ -568,14 +570,41 @@ impl Site {
 /// A watch of the api's answers, from [`Site::watch_api`].
 struct ApiWatch {
     stop: Arc<AtomicBool>,
-    watching: tokio::task::JoinHandle<Duration>,
+    watching: tokio::task::JoinHandle<Answers>,
 }
 
 impl ApiWatch {
-    /// Stops watching: the longest stretch the api went without answering.
-    async fn stop(mut self) -> Duration {
+    /// Stops watching: when the api answered.
+    async fn stop(mut self) -> Answers {
         self.stop.store(true, SeqCst);
         (&mut self.watching).await.expect("the watch")
+    }
+}
+
+/// When a watch heard the api answer, from its start; the watch's end counts as an answer.
+struct Answers {
+    started: Instant,
+    times: Vec<Instant>,
+}
+
+impl Answers {
+    /// The longest stretch without an answer.
+    fn longest_silence(&self) -> Duration {
+        let mut last = self.started;
+        let mut longest = Duration::ZERO;
+        for &time in &self.times {
+            longest = longest.max(time - last);
+            last = time;
+        }
+        longest
+    }
+
+    /// How long after `at` the api first answered.
+    fn first_after(&self, at: Instant) -> Duration {
+        self.times
+            .iter()
+            .find(|&&time| time >= at)
+            .map_or(Duration::MAX, |&time| time - at)
     }
 }
 
@@ -664,6 +693,7 @@ async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_sta
     let took_over = cut_at.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     site.driver_hosts[old].heal();
+    let healed_at = Instant::now();
     let runs = site.judge(job_id, TASKS).await.runs;
     // Healed, the old leader stands by: the new one keeps the lease.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -672,12 +702,13 @@ async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_sta
         Some(1 - old),
         "the new leader keeps leading"
     );
-    let unanswered = watch.stop().await;
+    let answers = watch.stop().await;
     eprintln!(
         "leader's host cut: a standby led {:.1} s after the cut; the api went unanswered for \
-         at most {:.1} s; {TASKS} tasks, {} re-runs",
+         at most {:.1} s and answered {:.1} s after the heal; {TASKS} tasks, {} re-runs",
         took_over.as_secs_f64(),
-        unanswered.as_secs_f64(),
+        answers.longest_silence().as_secs_f64(),
+        answers.first_after(healed_at).as_secs_f64(),
         reruns(&runs)
     );
 }
@@ -757,12 +788,12 @@ async fn a_job_loses_nothing_when_the_journals_nats_node_is_killed_and_restarted
         "removed for a closed connection"
     );
     let ended = killed_at.elapsed();
-    let unanswered = watch.stop().await;
+    let answers = watch.stop().await;
     eprintln!(
         "the journal's NATS node (its stream leader) killed for 3 s: {TASKS} tasks, {} re-runs; \
          the api went unanswered for at most {:.1} s; the job ended {:.1} s after the kill",
         reruns(&runs),
-        unanswered.as_secs_f64(),
+        answers.longest_silence().as_secs_f64(),
         ended.as_secs_f64()
     );
 }
@@ -782,13 +813,15 @@ async fn a_job_loses_nothing_when_the_journals_nats_node_is_parted_from_the_othe
     parted.heal();
     let healed_at = Instant::now();
     let runs = site.judge(job_id, TASKS).await.runs;
-    let unanswered = watch.stop().await;
+    let answers = watch.stop().await;
     eprintln!(
         "the journal's NATS node (its stream leader) parted from the other two for 6 s: \
-         {TASKS} tasks, {} re-runs; the api went unanswered for at most {:.1} s; the job \
-         ended {:.1} s after the partition, {:.1} s after it healed",
+         {TASKS} tasks, {} re-runs; the api went unanswered for at most {:.1} s and answered \
+         {:.1} s after the heal; the job ended {:.1} s after the partition, {:.1} s after it \
+         healed",
         reruns(&runs),
-        unanswered.as_secs_f64(),
+        answers.longest_silence().as_secs_f64(),
+        answers.first_after(healed_at).as_secs_f64(),
         parted_at.elapsed().as_secs_f64(),
         healed_at.elapsed().as_secs_f64()
     );

@@ -18,6 +18,7 @@ use async_nats::jetstream::{self, consumer::pull::OrderedConfig, stream, ErrorCo
 use async_nats::Client;
 use futures::future::BoxFuture;
 use futures::StreamExt;
+use std::future::IntoFuture;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
@@ -164,7 +165,23 @@ struct Turns {
     /// The highest sequence the server acknowledged storing for this leader.
     stored: AtomicU64,
     guard: Guard,
+    /// Told when the stream answered a write while one before it was missing: the writes
+    /// still waiting for their acknowledgement were likely lost (see [`HURRY_AFTER`]).
+    behind: tokio::sync::Notify,
 }
+
+/// How long the leadership mark waits for its acknowledgement before it is sent again (with
+/// its message id, so stored once): a stream whose leader changed drops it without an answer,
+/// and every answer of the new leadership waits for it. A write this small is acknowledged in
+/// milliseconds by a stream that has a leader.
+const MARK_PATIENCE: Duration = Duration::from_secs(1);
+
+/// How long a write must have waited for its acknowledgement before it is sent again at once
+/// when a later write finds it missing from the stream, rather than at its timeout. A stream
+/// whose leader changed (a NATS node lost or parted) drops the writes sent to the old one
+/// without an answer; each would otherwise wait out its whole timeout in turn, and what waits
+/// on them (answers, events, the next launches) with it.
+const HURRY_AFTER: Duration = Duration::from_millis(250);
 
 /// Whether `error` is the server saying that it, or this user's account, has no JetStream at
 /// all, rather than a failure to answer (a timeout, or JetStream not ready yet).
@@ -367,8 +384,11 @@ impl Journal {
             loop {
                 let sent = self.context.send_publish(self.subject.clone(), publish());
                 let stored = match sent.await {
-                    Ok(ack) => ack.await,
-                    Err(e) => Err(e),
+                    Ok(ack) => tokio::time::timeout(MARK_PATIENCE, ack.into_future())
+                        .await
+                        .map_err(|_| format!("no answer within {MARK_PATIENCE:?}"))
+                        .and_then(|stored| stored.map_err(|e| e.to_string())),
+                    Err(e) => Err(e.to_string()),
                 };
                 match stored {
                     Ok(ack) => {
@@ -387,6 +407,7 @@ impl Journal {
             mark: sequence,
             stored: AtomicU64::new(sequence),
             guard,
+            behind: tokio::sync::Notify::new(),
         }));
         Ok(())
     }
@@ -650,12 +671,18 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
             .payload(payload.clone())
             .message_id(&id)
             .expected_last_sequence(expected);
-        let stored = match journal
+        let sent = journal
             .context
             .send_publish(journal.subject.clone(), publish)
-            .await
-        {
-            Ok(ack) => ack.await.map(drop),
+            .await;
+        let stored = match sent {
+            Ok(ack) => match acknowledged_or_hurried(ack, &turns.behind).await {
+                Some(stored) => stored.map(drop),
+                None => {
+                    retry.hurried();
+                    continue;
+                }
+            },
             Err(e) => Err(e),
         };
         let error = match stored {
@@ -690,8 +717,12 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
                     ));
                     return;
                 }
-                // The write before this one is not stored yet: it goes first.
-                _ => tokio::time::sleep(TURN_DELAY).await,
+                // The write before this one is not stored yet: it goes first, sent again
+                // at once if it has long waited for an answer the stream would have given.
+                _ => {
+                    turns.behind.notify_waiters();
+                    tokio::time::sleep(TURN_DELAY).await
+                }
             }
             continue;
         }
@@ -700,6 +731,33 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
             return;
         }
         retry.failed(&error).await;
+    }
+}
+
+/// The acknowledgement `ack` brings, or none when `behind` is told once the write has waited
+/// [`HURRY_AFTER`] for it: the write is then sent again (with its message id, so that it is
+/// stored once if the first one was stored after all).
+async fn acknowledged_or_hurried(
+    ack: async_nats::jetstream::context::PublishAckFuture,
+    behind: &tokio::sync::Notify,
+) -> Option<
+    Result<
+        async_nats::jetstream::publish::PublishAck,
+        async_nats::jetstream::context::PublishError,
+    >,
+> {
+    let hurry_from = tokio::time::Instant::now() + HURRY_AFTER;
+    let ack = ack.into_future();
+    tokio::pin!(ack);
+    loop {
+        tokio::select! {
+            stored = &mut ack => return Some(stored),
+            // Told too soon, the answer may still be on its way: the later writes tell again
+            // each time they find this one missing.
+            () = behind.notified() => if tokio::time::Instant::now() >= hurry_from {
+                return None;
+            },
+        }
     }
 }
 
@@ -747,6 +805,22 @@ impl Retry {
         }
         if self.attempts > 0 {
             info!(attempts = self.attempts + 1, after = ?self.first.elapsed(), "JetStream write stored");
+        }
+    }
+
+    /// Counts a write sent again at once: a later write found it missing (see
+    /// [`HURRY_AFTER`]).
+    fn hurried(&mut self) {
+        self.attempts += 1;
+        if let Some(writes) = &self.writes {
+            writes.retried();
+        }
+        if self.attempts == 1 {
+            info!(
+                waited = ?self.first.elapsed(),
+                "a JetStream write is unanswered while a later one found the stream; sending it \
+                 again"
+            );
         }
     }
 

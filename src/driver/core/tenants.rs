@@ -3,7 +3,8 @@
 //! `Nats-Request-Info` header of every request that crosses the import; the shell reads it and
 //! asks here on the tenant's behalf. A tenant sees and touches only its own jobs: a job of
 //! anyone else's is answered as one that does not exist, and requests about the cluster itself
-//! (its executors, the object store) are refused.
+//! (its executors, the object store) are refused. The events of a tenant's jobs are told to
+//! it too ([`super::Effect::PublishToTenant`], made where the core publishes).
 
 use super::{Answer, Core};
 use crate::ids::JobId;
