@@ -851,6 +851,10 @@ pub enum ExecutorMessage {
     },
     /// Decommission: finish or hand back the running tasks, then exit.
     StopExecutor { reason: String },
+    /// A driver started to lead, told to every executor at once on `<p>.executors`: one
+    /// registered with another driver instance registers again now, rather than once a
+    /// request to the old one has gone unanswered.
+    Leading { driver_instance: InstanceId },
 }
 
 /// Spark's `TaskDescription`: one attempt of one task. On the wire a list of them travels as
@@ -979,6 +983,10 @@ pub struct RunningAttempt {
     pub attempt: u32,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub term: u64,
+    /// Whether the attempt has ended (its end not yet acknowledged) rather than still runs:
+    /// a new leader adopts running attempts first, as far as the executor's cores go.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ended: bool,
 }
 
 /// An attempt of an earlier term that a new leader adopted, in `RegisteredExecutor`: the run

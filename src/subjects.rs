@@ -80,6 +80,12 @@ impl Subjects {
         self.join(".executor.", id.as_str())
     }
 
+    /// Where a driver that starts to lead says so to every executor
+    /// ([`crate::protocol::ExecutorMessage::Leading`]): `<p>.executors`.
+    pub fn executors(&self) -> String {
+        format!("{}.executors", self.prefix)
+    }
+
     /// The listener-bus subject of one event kind, such as `executor.added`.
     pub fn event(&self, kind: &str) -> String {
         self.join(".events.", kind)
@@ -240,6 +246,7 @@ mod tests {
         assert_eq!(s.results_all(), "ember.prod.driver.results.*");
         assert_eq!(s.api(), "ember.prod.driver.api");
         assert_eq!(s.executor_inbox(&id), "ember.prod.executor.exec-1");
+        assert_eq!(s.executors(), "ember.prod.executors");
         assert_eq!(
             s.event("executor.added"),
             "ember.prod.events.executor.added"

@@ -210,11 +210,13 @@ fn registration_with_held_attempts_and_their_adoption() {
                 task_id: 41,
                 attempt: 0,
                 term: 5,
+                ended: false,
             },
             RunningAttempt {
                 task_id: 42,
                 attempt: 2,
                 term: 0,
+                ended: true,
             },
         ],
         connection: None,
@@ -231,7 +233,7 @@ fn registration_with_held_attempts_and_their_adoption() {
             "attributes": {},
             "held": [
                 {"task_id": 41, "attempt": 0, "term": 5},
-                {"task_id": 42, "attempt": 2}
+                {"task_id": 42, "attempt": 2, "ended": true}
             ]
         }),
     );
@@ -2512,6 +2514,16 @@ fn executor_kill_task() {
             "attempt": 2,
             "reason": "job 7 ended: killed by request"
         }),
+    );
+}
+
+#[test]
+fn executors_told_a_driver_leads() {
+    golden(
+        &ExecutorMessage::Leading {
+            driver_instance: driver_instance(),
+        },
+        json!({ "type": "Leading", "driver_instance": DRIVER }),
     );
 }
 

@@ -158,7 +158,7 @@ fn a_thousand_seeds_of_jobs_after_jobs_with_leader_kills_keep_every_invariant() 
 /// invariant holds. These seeds each have such a write.
 #[test]
 fn a_deposed_leaders_write_stored_after_its_successors_mark_is_skipped() {
-    for seed in [833, 3563, 4104] {
+    for seed in [559, 2905, 2924] {
         let config = SimConfig {
             seed,
             executors: 5,

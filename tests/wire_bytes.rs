@@ -325,11 +325,13 @@ fn running() -> Vec<RunningAttempt> {
             task_id: 42,
             attempt: 0,
             term: 0,
+            ended: false,
         },
         RunningAttempt {
             task_id: 43,
             attempt: 2,
             term: 5,
+            ended: false,
         },
     ]
 }

@@ -499,7 +499,15 @@ mod tests {
         assert!(p.publish_allow[1..]
             .iter()
             .all(|r| r.contains("EMBER_prod_OBJECTS") || r == "$JS.API.INFO"));
-        assert_eq!(p.subscribe_allow, ["ember.prod.executor.e1", "_INBOX.e1.>"]);
+        // Its inbox and replies, and what a new leader tells every executor.
+        assert_eq!(
+            p.subscribe_allow,
+            [
+                "ember.prod.executor.e1",
+                "ember.prod.executors",
+                "_INBOX.e1.>"
+            ]
+        );
         assert!(!p.allow_responses);
     }
 

@@ -97,6 +97,7 @@ async fn lead(
     shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Ended, DriverError> {
     let mut queries = shell.leading(&core);
+    shell.announce(core.driver_instance()).await;
     let mut scrapes = shell.metrics.scrapes();
     // Beside the shell rather than in it: the writes in flight are `Send` but not `Sync`.
     let mut outbox = Outgoing::default();

@@ -83,6 +83,16 @@ impl Shell {
         })
     }
 
+    /// Tells every executor that this driver now leads: one registered with another driver
+    /// registers again at once, rather than after its next request to that one goes
+    /// unanswered (a status batch waits 5 s for its answer).
+    pub(super) async fn announce(&self, driver_instance: crate::ids::InstanceId) {
+        let leading = crate::protocol::ExecutorMessage::Leading { driver_instance };
+        let subject = self.subjects.executors().into();
+        self.publish(subject, crate::protocol::encode(&leading))
+            .await;
+    }
+
     /// Answers a scrape of the metrics with the core's gauges as they are now.
     pub(super) fn on_scrape(
         &self,

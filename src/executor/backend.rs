@@ -144,6 +144,10 @@ pub async fn run(
     .await
 }
 
+/// What the driver sends this executor: its own inbox, and what a new leader tells every
+/// executor (`<p>.executors`).
+type Inbox = futures::stream::Select<Subscriber, Subscriber>;
+
 /// Subscribes to the executor's inbox and to the answers to its status batches, then registers;
 /// returns both subscriptions, the answers' inbox and the driver's answer.
 async fn start(
@@ -151,8 +155,10 @@ async fn start(
     config: &ExecutorConfig,
     instance: InstanceId,
     epochs: &Arc<Newest>,
-) -> Result<(Subscriber, Subscriber, String, Registration), ExecutorError> {
-    let inbox = subscribe(client, config.subjects.executor_inbox(&config.executor_id)).await?;
+) -> Result<(Inbox, Subscriber, String, Registration), ExecutorError> {
+    let own = subscribe(client, config.subjects.executor_inbox(&config.executor_id)).await?;
+    let every = subscribe(client, config.subjects.executors()).await?;
+    let inbox = futures::stream::select(own, every);
     // Status answers come to `<inbox>.<batch>`: an inbox of this connection's own, under the
     // executor's prefix, so no other process (another cluster's executor of the same id, say)
     // shares it.
@@ -425,7 +431,7 @@ impl Backend {
 
     async fn serve(
         mut self,
-        mut inbox: Subscriber,
+        mut inbox: Inbox,
         mut answers: Subscriber,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ExecutorError> {
@@ -626,6 +632,15 @@ impl Backend {
                     );
                 }
             }
+            Ok(ExecutorMessage::Leading { driver_instance }) => {
+                if self.machine.leader_announced(driver_instance) {
+                    info!(driver = %driver_instance, "a new driver leads; registering with it");
+                    // A registration under way starts over, its request sent now.
+                    if self.reregister.is_some() {
+                        self.reregister = Some(self.register_again());
+                    }
+                }
+            }
             Ok(ExecutorMessage::StopExecutor { reason }) => {
                 info!(%reason, "the driver asked this executor to stop");
                 let now = self.now();
@@ -654,22 +669,24 @@ impl Backend {
         });
     }
 
+    /// A registration with whichever driver leads, listing the attempts this executor holds,
+    /// tried until one answers.
+    fn register_again(&self) -> BoxFuture<'static, Result<Registration, ExecutorError>> {
+        Box::pin(register(
+            self.client.clone(),
+            self.config.clone(),
+            self.instance,
+            self.machine.held(),
+            None,
+            self.epochs.clone(),
+        ))
+    }
+
     /// Sends what the machine asked for.
     async fn send_requests(&mut self) {
         while let Some(next) = self.machine.next_request() {
             match next {
-                Request::Register => {
-                    let (client, config) = (self.client.clone(), self.config.clone());
-                    let epochs = self.epochs.clone();
-                    self.reregister = Some(Box::pin(register(
-                        client,
-                        config,
-                        self.instance,
-                        self.machine.held(),
-                        None,
-                        epochs,
-                    )));
-                }
+                Request::Register => self.reregister = Some(self.register_again()),
                 Request::Heartbeat(mut beat) => {
                     if let HeartbeatRequest::Heartbeat { connection, .. } = &mut beat {
                         *connection = connection_of(&self.client);

@@ -16,7 +16,7 @@ use crate::protocol::{
     TaskDescription, TaskState,
 };
 use crate::FixedHasher as Fixed;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -423,17 +423,24 @@ impl<H: Cancel> Machine<H> {
     /// What this executor holds, for a heartbeat or a registration: attempts running, and
     /// ends not yet acknowledged, each with the term of the driver that launched it.
     pub fn held(&self) -> Vec<RunningAttempt> {
-        let mut held: HashSet<RunningAttempt, Fixed> = self
+        // Each attempt once, ended if an end of it waits for its acknowledgement.
+        let mut held: HashMap<(TaskId, u32, u64), bool, Fixed> = self
             .running
             .iter()
-            .map(|(task_id, slot)| RunningAttempt {
-                task_id: *task_id,
-                attempt: slot.attempt,
-                term: slot.term,
-            })
+            .map(|(task_id, slot)| ((*task_id, slot.attempt, slot.term), false))
             .collect();
-        held.extend(self.statuses.unacknowledged());
-        held.into_iter().collect()
+        for attempt in self.statuses.unacknowledged() {
+            let key = (attempt.task_id, attempt.attempt, attempt.term);
+            *held.entry(key).or_default() |= attempt.ended;
+        }
+        held.into_iter()
+            .map(|((task_id, attempt, term), ended)| RunningAttempt {
+                task_id,
+                attempt,
+                term,
+                ended,
+            })
+            .collect()
     }
 
     /// A heartbeat's answer, or why none came.
@@ -470,6 +477,21 @@ impl<H: Cancel> Machine<H> {
             Settled::NoAnswer => {}
         }
         Vec::new()
+    }
+
+    /// Driver `driver_instance` said it leads: an executor registered with another driver
+    /// registers again now, and one registering already starts its registration over (its
+    /// request may wait on a driver that is gone). Returns whether it (re)registers; one
+    /// registered with that driver, or not registered yet, goes on as it is.
+    pub fn leader_announced(&mut self, driver_instance: InstanceId) -> bool {
+        if self.registering {
+            return true;
+        }
+        if self.driver.is_none_or(|driver| driver == driver_instance) {
+            return false;
+        }
+        self.start_reregister();
+        true
     }
 
     /// Registers again with the same id and instance, with no deadline: the next driver that

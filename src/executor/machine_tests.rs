@@ -243,6 +243,9 @@ fn a_new_driver_adopts_what_it_says_and_the_rest_is_dropped() {
         held.iter().all(|a| a.term == 4 && a.attempt == 0),
         "{held:?}"
     );
+    // Task 3's attempt is held as ended: its end waits for an acknowledgement.
+    let ended: Vec<TaskId> = held.iter().filter(|a| a.ended).map(|a| a.task_id).collect();
+    assert_eq!(ended, [3]);
     let adopt = |task_id, new_attempt| Adopted {
         task_id,
         attempt: 0,
@@ -274,12 +277,14 @@ fn a_new_driver_adopts_what_it_says_and_the_rest_is_dropped() {
             RunningAttempt {
                 task_id: 1,
                 attempt: 2,
-                term: 12
+                term: 12,
+                ended: false,
             },
             RunningAttempt {
                 task_id: 3,
                 attempt: 0,
-                term: 12
+                term: 12,
+                ended: true,
             }
         ]
     );
@@ -439,4 +444,23 @@ fn a_launch_whose_cpus_overflow_the_busy_count_fails_and_takes_no_slot() {
         .clone()
         .unwrap();
     assert!(error.contains("overflows"), "{error}");
+}
+
+#[test]
+fn an_executor_registers_again_when_another_driver_says_it_leads() {
+    let mut m = machine();
+    requests(&mut m);
+    // Its own driver, said again: nothing to do.
+    assert!(!m.leader_announced(driver(9, 4).driver));
+    assert_eq!(requests(&mut m), []);
+    // Another: it registers with that one now, once however often it is said.
+    assert!(m.leader_announced(driver(7, 8).driver));
+    assert!(m.is_registering());
+    assert_eq!(requests(&mut m), [Request::Register]);
+    // Said again while it registers: its registration starts over, and no second one.
+    assert!(m.leader_announced(driver(7, 8).driver));
+    assert_eq!(requests(&mut m), []);
+    m.on_registered(driver(7, 8), 1);
+    assert!(!m.is_registering());
+    assert!(!m.leader_announced(driver(7, 8).driver));
 }

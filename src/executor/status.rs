@@ -129,6 +129,7 @@ impl StatusQueue {
                 task_id: q.update.task_id,
                 attempt: q.update.attempt,
                 term: self.term,
+                ended: q.update.state.is_terminal(),
             })
     }
 

@@ -359,6 +359,15 @@ impl World {
             self.due(node, renew, AtDriver::Renew);
             self.due(node, self.config.lease_ms, AtDriver::Expire);
         }
+        // Every executor hears that this driver leads, as the driver's shell tells them.
+        let mut pids: Vec<Pid> = self.pids.values().copied().collect();
+        pids.sort_unstable();
+        for to in pids {
+            let body = crate::protocol::ExecutorMessage::Leading {
+                driver_instance: instance,
+            };
+            self.output(node, Output::Inbox { to, body })?;
+        }
         self.due(node, 0, AtDriver::Tick);
         self.submit_all(node)
     }

@@ -330,6 +330,11 @@ impl World {
                 }
             }
             ExecutorMessage::StopExecutor { reason } => self.stop(pid, &reason, now),
+            ExecutorMessage::Leading { driver_instance } => {
+                self.procs[pid as usize]
+                    .machine
+                    .leader_announced(driver_instance);
+            }
         }
         self.executor_stepped(pid)
     }

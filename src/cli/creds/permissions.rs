@@ -28,6 +28,7 @@ impl Role {
                 publish_allow: [
                     vec![
                         format!("{p}.executor.*"),
+                        subjects.executors(),
                         subjects.events_all(),
                         subjects.tenant_events_all(),
                         subjects.history_all(),
@@ -56,7 +57,11 @@ impl Role {
                     object_rights(subjects, false),
                 ]
                 .concat(),
-                subscribe_allow: vec![subjects.executor_inbox(id), executor_replies(id)],
+                subscribe_allow: vec![
+                    subjects.executor_inbox(id),
+                    subjects.executors(),
+                    executor_replies(id),
+                ],
                 ..Permissions::default()
             },
             Role::Client => Permissions {

@@ -62,11 +62,15 @@ impl Core {
                 *entry = attempt;
             }
         }
-        // What may be adopted, by job and index, while the executor's cores last; then taken
-        // out of each job's waiting lines at once.
+        // What may be adopted, by job and index, while the executor's cores last, the attempts
+        // that still run first: one that ended is adopted only for its end to count, and must
+        // not take the cores of one that runs (which would run again); then taken out of each
+        // job's waiting lines at once.
         let mut free = self.executors.get(executor).map_or(0, |e| e.free_cores);
         let mut wanted: BTreeMap<JobId, BTreeMap<u32, &RunningAttempt>> = BTreeMap::new();
-        for held in newest.into_values() {
+        let mut candidates: Vec<&RunningAttempt> = newest.into_values().collect();
+        candidates.sort_by_key(|held| held.ended);
+        for held in candidates {
             if let Some((job_id, index, cpus)) = self.adoptable(held, free) {
                 free -= cpus;
                 wanted.entry(job_id).or_default().insert(index, held);

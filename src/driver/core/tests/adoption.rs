@@ -43,6 +43,7 @@ fn held(task_id: TaskId, attempt: u32, term: u64) -> RunningAttempt {
         task_id,
         attempt,
         term,
+        ended: false,
     }
 }
 
@@ -187,4 +188,26 @@ fn without_a_journal_nothing_is_adopted_or_held() {
         1,
         "offers are not held: {effects:?}"
     );
+}
+
+#[test]
+fn the_attempts_that_still_run_are_adopted_before_those_that_ended() {
+    let (journal, _) = journal_of_first_leader();
+    let mut core = successor(9, &journal);
+    // e1, of 2 cores, holds task 1's ended attempt (its end not acknowledged) and runs tasks
+    // 2 and 3: the two that run take the cores, though task 1's id comes first.
+    let ended = RunningAttempt {
+        ended: true,
+        ..held(1, 0, 5)
+    };
+    let (adopted, _) = register_holding(
+        &mut core,
+        "e1",
+        2,
+        vec![ended, held(2, 0, 5), held(3, 0, 5)],
+        1_200,
+    );
+    let tasks: Vec<TaskId> = adopted.iter().map(|a| a.task_id).collect();
+    assert_eq!(tasks, [2, 3]);
+    assert_eq!(free(&core, "e1"), 0);
 }

@@ -979,6 +979,7 @@ fn check_effects(core: &Core, effects: &[Effect]) {
                     "StopExecutor to unknown {to}"
                 );
             }
+            ExecutorMessage::Leading { .. } => panic!("the core sends no Leading: the shell does"),
         }
     }
     let started: BTreeSet<_> = events(effects)
