@@ -487,7 +487,7 @@ impl<H: Cancel> Machine<H> {
         if self.registering {
             return true;
         }
-        if self.driver.is_none_or(|driver| driver == driver_instance) {
+        if !self.driver.is_some_and(|driver| driver != driver_instance) {
             return false;
         }
         self.start_reregister();
