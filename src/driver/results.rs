@@ -207,6 +207,15 @@ impl ResultsBucket {
                 let value = match first.get(&key).await {
                     Ok(None) => then.get(&key).await,
                     found => found,
+                }
+                .map_err(|error| error.to_string());
+                // Missing as a replica said: asked of the streams' leaders before it is told.
+                let value = match value {
+                    Ok(None) => match leader_get(first, &key).await {
+                        Ok(None) => leader_get(then, &key).await,
+                        found => found,
+                    },
+                    found => found,
                 };
                 if value.is_ok() || tokio::time::Instant::now() + wait > deadline {
                     break (*index, value);
@@ -236,6 +245,22 @@ impl ResultsBucket {
         }
         fit_page(&mut page, max_bytes);
         ApiReply::Results(page)
+    }
+}
+
+/// The value of `key` in `store` as its stream's leader holds it. A key-value read is a
+/// direct get, which any replica may answer, and one that has not caught up (a node just back
+/// from a partition) says a stored key is missing; the leader has every acknowledged write.
+async fn leader_get(store: &kv::Store, key: &str) -> Result<Option<bytes::Bytes>, String> {
+    let subject = format!("{}{key}", store.prefix);
+    match store.stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => {
+            let operation = message.headers.get("KV-Operation").map(|v| v.as_str());
+            let deleted = matches!(operation, Some("DEL" | "PURGE"));
+            Ok((!deleted).then_some(message.payload))
+        }
+        Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(error) => Err(error.to_string()),
     }
 }
 
