@@ -734,18 +734,19 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
     }
 }
 
+/// What a JetStream write's acknowledgement brings.
+type Acknowledged = Result<
+    async_nats::jetstream::publish::PublishAck,
+    async_nats::jetstream::context::PublishError,
+>;
+
 /// The acknowledgement `ack` brings, or none when `behind` is told once the write has waited
 /// [`HURRY_AFTER`] for it: the write is then sent again (with its message id, so that it is
 /// stored once if the first one was stored after all).
 async fn acknowledged_or_hurried(
     ack: async_nats::jetstream::context::PublishAckFuture,
     behind: &tokio::sync::Notify,
-) -> Option<
-    Result<
-        async_nats::jetstream::publish::PublishAck,
-        async_nats::jetstream::context::PublishError,
-    >,
-> {
+) -> Option<Acknowledged> {
     let hurry_from = tokio::time::Instant::now() + HURRY_AFTER;
     let ack = ack.into_future();
     tokio::pin!(ack);

@@ -204,17 +204,8 @@ impl ResultsBucket {
             let deadline = tokio::time::Instant::now() + READ_PATIENCE;
             let mut wait = Duration::from_millis(100);
             loop {
-                let value = match first.get(&key).await {
-                    Ok(None) => then.get(&key).await,
-                    found => found,
-                }
-                .map_err(|error| error.to_string());
-                // Missing as a replica said: asked of the streams' leaders before it is told.
-                let value = match value {
-                    Ok(None) => match leader_get(first, &key).await {
-                        Ok(None) => leader_get(then, &key).await,
-                        found => found,
-                    },
+                let value = match read_key(first, &key).await {
+                    Ok(None) => read_key(then, &key).await,
                     found => found,
                 };
                 if value.is_ok() || tokio::time::Instant::now() + wait > deadline {
@@ -245,6 +236,15 @@ impl ResultsBucket {
         }
         fit_page(&mut page, max_bytes);
         ApiReply::Results(page)
+    }
+}
+
+/// The value of `key` in `store`; one a replica says is missing is asked of the stream's
+/// leader before it is taken as missing (see [`leader_get`]).
+async fn read_key(store: &kv::Store, key: &str) -> Result<Option<bytes::Bytes>, String> {
+    match store.get(key).await {
+        Ok(None) => leader_get(store, key).await,
+        found => found.map_err(|error| error.to_string()),
     }
 }
 
