@@ -122,7 +122,10 @@ fn a_thousand_seeds_with_leader_kills_and_pauses_keep_every_invariant() {
     for seed in 1..=1_000 {
         let report = passes(failover(seed));
         assert_eq!(report.jobs_ended, 4, "seed {seed}");
-        assert!(report.tasks_finished >= 500, "seed {seed}");
+        // A task whose object fetches all failed fails its job, whose other tasks stop.
+        if report.fetches.jobs_failed == 0 {
+            assert!(report.tasks_finished >= 500, "seed {seed}: {report:?}");
+        }
         failovers += report.leaderships - 1;
         kills += report.faults.driver_restarts;
         pauses += report.faults.driver_pauses;
@@ -158,7 +161,7 @@ fn a_thousand_seeds_of_jobs_after_jobs_with_leader_kills_keep_every_invariant() 
 /// invariant holds. These seeds each have such a write.
 #[test]
 fn a_deposed_leaders_write_stored_after_its_successors_mark_is_skipped() {
-    for seed in [559, 2905, 2924] {
+    for seed in [448, 502, 529] {
         let config = SimConfig {
             seed,
             executors: 5,

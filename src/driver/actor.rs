@@ -11,6 +11,7 @@ use super::advisories::{closed_by_client, next_advisory, Closing};
 use super::config::DriverConfig;
 use super::core::Core;
 use super::discovery;
+use super::lease::Guard;
 use super::outgoing::Outgoing;
 use super::shell::{Shell, DRAIN_TIMEOUT};
 use super::start::{start, DriverError, Inputs, Run};
@@ -21,7 +22,10 @@ use async_nats::Client;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 /// How often the dynamic allocation target is brought up to date, when it is on (as Spark's
@@ -39,7 +43,63 @@ pub async fn run(
     config: DriverConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
-    tokio::pin!(shutdown);
+    // The stop is heard beside whatever the driver does, so that a leader waiting in its sends
+    // for a lapsed lease (see `lease::Guard::current`) hears it too.
+    let stop = Stop::default();
+    let driving = drive(client, config, &stop);
+    tokio::pin!(shutdown, driving);
+    tokio::select! {
+        done = &mut driving => return done,
+        () = &mut shutdown => stop.tell(),
+    }
+    driving.await
+}
+
+/// A driver's stop, once told: whatever waits on it hears it, and so does the leadership it
+/// holds.
+#[derive(Default)]
+struct Stop {
+    told: AtomicBool,
+    heard: Notify,
+    leading: Mutex<Option<Guard>>,
+}
+
+impl Stop {
+    fn tell(&self) {
+        self.told.store(true, SeqCst);
+        self.heard.notify_waiters();
+        if let Some(guard) = self
+            .leading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            guard.stopping();
+        }
+    }
+
+    /// Completes once the stop is told.
+    async fn told(&self) {
+        loop {
+            let heard = self.heard.notified();
+            if self.told.load(SeqCst) {
+                return;
+            }
+            heard.await;
+        }
+    }
+
+    /// The leadership the stop is also to tell, from now on.
+    fn leads(&self, guard: Option<Guard>) {
+        if let Some(guard) = guard.as_ref().filter(|_| self.told.load(SeqCst)) {
+            guard.stopping();
+        }
+        *self.leading.lock().unwrap_or_else(PoisonError::into_inner) = guard;
+    }
+}
+
+/// The driver's life: standing by, leading, standing by again, until `stop` is told.
+async fn drive(client: Client, config: DriverConfig, stop: &Stop) -> Result<(), DriverError> {
     // Once this driver has opened its streams (`run.opened`), its settings are known to
     // work, and a start that fails later (a server electing its JetStream leaders after
     // losing a node, a journal slow to answer the standby that has just taken the lease) is
@@ -56,7 +116,7 @@ pub async fn run(
                 tokio::time::sleep(retry_in).await;
                 start(&client, &config, &mut run).await
             } => started,
-            _ = &mut shutdown => {
+            () = stop.told() => {
                 info!("driver stopped before it led");
                 return Ok(());
             }
@@ -72,7 +132,8 @@ pub async fn run(
         };
         run.led = true;
         retry_in = Duration::ZERO;
-        match lead(&client, &config, core, inputs, shell, &mut shutdown).await? {
+        stop.leads(shell.guard().cloned());
+        match lead(&client, &config, core, inputs, shell, stop).await? {
             Ended::Stopped => return Ok(()),
             Ended::Deposed => info!("standing by again"),
         }
@@ -87,15 +148,17 @@ enum Ended {
     Deposed,
 }
 
-/// Runs the core until `shutdown` completes or the leadership is lost.
+/// Runs the core until `stop` is told or the leadership is lost.
 async fn lead(
     client: &Client,
     config: &DriverConfig,
     mut core: Core,
     mut inputs: Inputs,
     mut shell: Shell,
-    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    stop: &Stop,
 ) -> Result<Ended, DriverError> {
+    let told = stop.told();
+    tokio::pin!(told);
     let mut queries = shell.leading(&core);
     shell.announce(core.driver_instance()).await;
     let mut scrapes = shell.metrics.scrapes();
@@ -141,7 +204,7 @@ async fn lead(
                 shell.stood_down();
                 return Ok(Ended::Deposed);
             }
-            _ = &mut *shutdown => break,
+            () = &mut told => break,
             Some(message) = inputs.register.next() => {
                 timed(&shell.metrics, RequestKind::Register, || shell.on_register(&mut core, message))
             }

@@ -382,7 +382,7 @@ impl Chain {
                     Err(error) => {
                         self.acks = FuturesOrdered::new();
                         self.last = None;
-                        if !self.may_go_on(&error, &retry) {
+                        if !self.may_go_on(&error, &retry).await {
                             return;
                         }
                         retry.failed(&error).await;
@@ -418,22 +418,30 @@ impl Chain {
 
     /// Whether the writer goes on after `error`: a writer that no longer leads gives its
     /// events up at once, since they could land after its successor's (whose epoch readers
-    /// hold to); the successor tells again from the journal what they told.
-    fn may_go_on(&self, error: &PublishError, retry: &Retry) -> bool {
-        if self.guard.is_current() {
-            return true;
-        }
+    /// hold to); the successor tells again from the journal what they told. One whose lease
+    /// has lapsed waits to learn which it is.
+    fn may_go_on(
+        &self,
+        error: &PublishError,
+        retry: &Retry,
+    ) -> impl std::future::Future<Output = bool> + Send + 'static {
+        // What it asks taken now: the writer is not `Sync`, and the wait may be long.
+        let (guard, events, attempts) =
+            (self.guard.clone(), self.pending.len(), retry.attempts + 1);
         let why = match error.kind() {
             PublishErrorKind::WrongLastSequence => "a newer leader wrote the event history first",
             _ => "the history did not store them before this driver stopped leading",
         };
-        warn!(
-            events = self.pending.len(),
-            attempts = retry.attempts + 1,
-            why,
-            "events of a leadership since lost are not stored"
-        );
-        false
+        async move {
+            if guard.current().await {
+                return true;
+            }
+            warn!(
+                events,
+                attempts, why, "events of a leadership since lost are not stored"
+            );
+            false
+        }
     }
 
     /// Reads the stream's end and sends the pending events again one by one, each expecting
@@ -449,7 +457,7 @@ impl Chain {
                     return true;
                 }
                 Err(error) => {
-                    if !self.may_go_on(&error, retry) {
+                    if !self.may_go_on(&error, retry).await {
                         return false;
                     }
                     retry.failed(&error).await;
@@ -516,7 +524,7 @@ impl Chain {
         let mut delay = Duration::ZERO;
         loop {
             tokio::time::sleep(delay).await;
-            if !self.guard.is_current() {
+            if !self.guard.current().await {
                 return;
             }
             match self.tell_untold(&fill).await {

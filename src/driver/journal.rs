@@ -693,7 +693,7 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
             Err(error) => error,
         };
         if error.kind() == PublishErrorKind::WrongLastSequence {
-            if !turns.guard.is_current() {
+            if !turns.guard.current().await {
                 return;
             }
             match journal.last_sequence().await {
@@ -726,8 +726,9 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
             }
             continue;
         }
-        if !turns.guard.is_current() {
-            // No longer leading: nothing may be sent after this write any more.
+        // No longer leading: nothing may be sent after this write any more. A lapsed lease
+        // waits here: renewed, the write goes on in its turn.
+        if !turns.guard.current().await {
             return;
         }
         retry.failed(&error).await;

@@ -10,8 +10,14 @@
 //!   it last wrote, and counts its lease from the moment it *sent* the renewal, so that it
 //!   expires in its own eyes before any standby, which counts from when it *saw* the renewal,
 //!   may take over;
-//! - a leader that cannot renew in time stops sending at once ([`Tenure::is_current`]), however
-//!   slow NATS is, because a successor may already lead;
+//! - a leader that cannot renew in time stops sending at once ([`Guard::is_current`]), however
+//!   slow NATS is, because a successor may already lead. Its lease has *lapsed*, not been lost:
+//!   it goes on trying the compare-and-set on the revision it last wrote, and sends again only
+//!   once that succeeds, which proves that no other driver wrote the key meanwhile, so none led.
+//!   Whatever it was to send waits ([`Guard::current`]); nothing is dropped. Only a key found
+//!   written by another driver (or the driver's connection lost, or a fenced write refused)
+//!   ends the leadership. A lease bucket whose stream is electing a new leader (a NATS node
+//!   lost) so costs its leader a pause, not a new leadership replayed from the journal;
 //! - a leader that stops releases the key by a compare-and-set, never a delete, so a key it no
 //!   longer holds is left alone.
 //!
@@ -35,6 +41,14 @@ use uuid::Uuid;
 
 /// The key of the lease in the bucket.
 const KEY: &str = "leader";
+
+/// How long a renewal of a lapsed lease waits for its answer before it is sent again: one
+/// sent before the connection came back, or to a stream still electing its leader, goes
+/// unanswered, and the leader sends nothing meanwhile.
+const LAPSED_PATIENCE: Duration = Duration::from_secs(1);
+
+/// How often a leader whose connection was lost looks whether it is connected again.
+const RECONNECT_POLL: Duration = Duration::from_millis(20);
 
 /// How long a lease lasts unless told otherwise.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(3);
@@ -338,7 +352,15 @@ struct Shared {
     /// renewing task writes it, whatever sends reads it.
     hold: Mutex<Hold<Instant>>,
     lost: AtomicBool,
-    lost_now: Notify,
+    /// Set once the driver is told to stop: what waits for a lapsed lease waits no more.
+    stopping: AtomicBool,
+    /// Told when the leadership is lost, renewed after a lapse, or told to stop.
+    changed: Notify,
+    /// Tells the renewing task to renew at once (the lease lapsed before its time).
+    renew_now: Notify,
+    /// Set when the driver's connection is lost, until a renewal names another: the key
+    /// names the lost one, from which a standby may take it.
+    disconnected: AtomicBool,
 }
 
 impl Shared {
@@ -349,7 +371,17 @@ impl Shared {
                 why, "no longer leading: sending nothing more"
             );
         }
-        self.lost_now.notify_waiters();
+        self.changed.notify_waiters();
+    }
+
+    /// Ends the lease now in this driver's eyes, for `why`: it sends nothing more until a
+    /// renewal of the revision it holds succeeds, which it tries at once.
+    fn lapse(&self, why: &str) {
+        if !self.lost.load(SeqCst) {
+            warn!(epoch = self.epoch, why, "the lease lapses now");
+        }
+        self.change(|hold| hold.lapse(Instant::now()));
+        self.renew_now.notify_one();
     }
 
     fn hold(&self) -> Hold<Instant> {
@@ -358,10 +390,6 @@ impl Shared {
 
     fn change<T>(&self, change: impl FnOnce(&mut Hold<Instant>) -> T) -> T {
         change(&mut self.hold.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    fn valid_until(&self) -> Instant {
-        self.hold().valid_until()
     }
 }
 
@@ -377,7 +405,10 @@ impl Tenure {
             epoch: revision,
             hold: Mutex::new(Hold::taken(lease.lease, revision, sent)),
             lost: AtomicBool::new(false),
-            lost_now: Notify::new(),
+            stopping: AtomicBool::new(false),
+            changed: Notify::new(),
+            renew_now: Notify::new(),
+            disconnected: AtomicBool::new(false),
         });
         let renewing = tokio::spawn(hold(
             lease.clone(),
@@ -434,17 +465,42 @@ impl Drop for Tenure {
 pub struct Guard(Arc<Shared>);
 
 impl Guard {
-    /// Whether this driver may still send: its lease has not run out in its own eyes and it
-    /// has not been told of a successor.
+    /// Whether this driver may send now: it has not lost its leadership, and its lease has not
+    /// run out in its own eyes (lapsed) since its last renewal.
     pub fn is_current(&self) -> bool {
+        !self.0.lost.load(SeqCst) && self.0.hold().is_current(Instant::now())
+    }
+
+    /// Whether this driver may send, waiting while its lease has lapsed: true once it is
+    /// current (at once, mostly), false once the leadership is lost, or at once if the lease
+    /// has lapsed and the driver was told to stop. What was to be sent waits here, so that a
+    /// leader whose lapse ends in a renewal goes on having dropped nothing.
+    pub async fn current(&self) -> bool {
+        loop {
+            if let Some(current) = self.decided() {
+                return current;
+            }
+            // Asked again once the wait is registered, so that no change is missed between.
+            let changed = self.0.changed.notified();
+            if let Some(current) = self.decided() {
+                return current;
+            }
+            changed.await;
+        }
+    }
+
+    /// Whether this driver may send, if that is decided now: not while the lease has lapsed,
+    /// unless the driver is stopping.
+    fn decided(&self) -> Option<bool> {
         if self.0.lost.load(SeqCst) {
-            return false;
+            Some(false)
+        } else if self.is_current() {
+            Some(true)
+        } else if self.0.stopping.load(SeqCst) {
+            Some(false)
+        } else {
+            None
         }
-        if !self.0.hold().is_current(Instant::now()) {
-            self.0.lose("the lease ran out before it could be renewed");
-            return false;
-        }
-        true
     }
 
     /// Marks the leadership lost, for a write refused because another driver wrote first.
@@ -452,28 +508,33 @@ impl Guard {
         self.0.lose(why);
     }
 
+    /// The driver is stopping: nothing waits for a lapsed lease any more ([`Guard::current`]
+    /// answers at once), so that a stop is never held up by a lease store that does not answer.
+    pub fn stopping(&self) {
+        self.0.stopping.store(true, SeqCst);
+        self.0.changed.notify_waiters();
+    }
+
     pub fn epoch(&self) -> u64 {
         self.0.epoch
     }
 
-    /// Completes once the leadership is lost, or its lease runs out unrenewed.
+    /// Completes once the leadership is lost (a lapse is not a loss: see [`Guard::current`]).
     pub async fn lost(&self) {
         loop {
-            let notified = self.0.lost_now.notified();
-            if !self.is_current() {
+            let changed = self.0.changed.notified();
+            if self.0.lost.load(SeqCst) {
                 return;
             }
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep_until(self.0.valid_until()) => {}
-            }
+            changed.await;
         }
     }
 }
 
-/// Renews the lease until it is lost, or until the driver's connection is: a standby that
-/// hears from the server that it closed may lead within `--disconnect-grace`, well before the
-/// lease would run out, so the leader stops sending at once rather than race it.
+/// Renews the lease until it is lost. A loss of the driver's connection lapses it at once: a
+/// standby that hears from the server that the connection closed may take the key within
+/// `--disconnect-grace`, well before the lease would run out, so the leader stops sending
+/// rather than race it, and goes on only if its renewal of the same revision succeeds.
 async fn hold(
     lease: Lease,
     me: Holder,
@@ -485,32 +546,93 @@ async fn hold(
     let Some(mut lost) = connection_lost else {
         return renewing.await;
     };
-    tokio::select! {
-        _ = &mut renewing => {}
-        changed = lost.changed() => match changed {
-            Ok(()) => shared.lose("its NATS connection was lost: a standby may lead at once"),
-            // Nothing counts the losses any more: the lease alone decides.
-            Err(_) => renewing.await,
-        },
+    loop {
+        tokio::select! {
+            _ = &mut renewing => return,
+            changed = lost.changed() => match changed {
+                Ok(()) => {
+                    shared.disconnected.store(true, SeqCst);
+                    shared.lapse("its NATS connection was lost: a standby may take the lease");
+                }
+                // Nothing counts the losses any more: the lease alone decides.
+                Err(_) => return renewing.await,
+            },
+        }
     }
 }
 
 /// Renews the lease until it is lost: a compare-and-set every third of the lease, each counted
-/// from when it was sent.
+/// from when it was sent. One unanswered by the time the lease runs out leaves it lapsed, and
+/// the compare-and-set on the same revision is tried again, each try waiting a third of the
+/// lease (at most [`LAPSED_PATIENCE`]), until it succeeds (the leadership goes on) or the key
+/// is found written by another driver (it is lost).
 async fn renew(lease: Lease, me: Holder, shared: Arc<Shared>) {
     let mut next = shared.hold().first_renewal(Instant::now());
+    let mut lapsed_since = None;
+    // The connection the key names, as this driver last wrote it.
+    let mut named = me.connection.clone();
     loop {
-        tokio::time::sleep_until(next).await;
-        // Each renewal names the connection it goes through, which a reconnect changes.
-        let value = me.through(&lease.client).encode();
-        let (sent, hold) = (Instant::now(), shared.hold());
-        if shared.lost.load(SeqCst) || !hold.is_current(sent) {
-            shared.lose("the lease ran out before it could be renewed");
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = shared.renew_now.notified() => {}
+        }
+        if shared.lost.load(SeqCst) {
             return;
         }
+        // Each renewal names the connection it goes through, which a reconnect changes. After
+        // a loss, only one through a new connection may renew: one naming the lost
+        // connection (not connected again yet) would leave the key for a standby to take.
+        let through = me.through(&lease.client);
+        if shared.disconnected.load(SeqCst) && through.connection == named {
+            next = Instant::now() + RECONNECT_POLL;
+            continue;
+        }
+        let value = through.encode();
+        let (sent, hold) = (Instant::now(), shared.hold());
+        let deadline = match hold.is_current(sent) {
+            true => hold.valid_until(),
+            false => {
+                if lapsed_since.is_none() {
+                    warn!(
+                        epoch = shared.epoch,
+                        "the lease has lapsed: sending nothing until a renewal of it succeeds, \
+                         or until another driver is found to hold it"
+                    );
+                    lapsed_since = Some(sent);
+                }
+                sent + ask_patience(lease.lease).min(LAPSED_PATIENCE)
+            }
+        };
         let update = lease.store.update(KEY, value.clone(), hold.revision());
-        match tokio::time::timeout_at(hold.valid_until(), update).await {
-            Ok(Ok(revision)) => next = shared.change(|hold| hold.renewed(revision, sent)),
+        let answered = tokio::select! {
+            answered = tokio::time::timeout_at(deadline, update) => answered,
+            // Lapsed meanwhile (its connection lost): the answer may never come, and a
+            // renewal sent before counts for nothing anyway.
+            () = shared.renew_now.notified() => {
+                next = Instant::now();
+                continue;
+            }
+        };
+        match answered {
+            Ok(Ok(revision)) => {
+                next = shared.change(|hold| hold.renewed(revision, sent));
+                // Not renewed if the connection was lost again after it was sent.
+                let renewed = shared.hold().is_current(Instant::now());
+                if named != through.connection {
+                    named = through.connection;
+                    if renewed {
+                        shared.disconnected.store(false, SeqCst);
+                    }
+                }
+                if let Some(since) = lapsed_since.take_if(|_| renewed) {
+                    info!(
+                        epoch = shared.epoch,
+                        lapsed = ?since.elapsed(),
+                        "lease renewed after it lapsed: no other driver took it; leading on"
+                    );
+                    shared.changed.notify_waiters();
+                }
+            }
             Ok(Err(error)) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                 // Either another driver wrote the key, or this driver's own last renewal was
                 // stored though its answer was lost. Only the key's holder can tell.
@@ -530,14 +652,29 @@ async fn renew(lease: Lease, me: Holder, shared: Arc<Shared>) {
                     Err(_) => next = hold.retry(Instant::now()),
                 }
             }
+            // A server that answers with a refusal (its store full, say) refuses every
+            // driver's write, and a leader that waits for it answers nothing: once the lease
+            // has lapsed it stands by, where it answers that no driver can lead, and why.
+            Ok(Err(error)) if lapsed_since.is_some() && refused_by_server(&error) => {
+                shared.lose(&format!("the server refuses to renew the lease: {error}"));
+                return;
+            }
             Ok(Err(error)) => {
                 warn!(%error, "could not renew the lease; trying again");
                 next = hold.retry(Instant::now());
             }
-            Err(_) => {
-                shared.lose("the lease ran out while its renewal was unanswered");
-                return;
-            }
+            // Unanswered: the lease has now lapsed, if it had not; the same compare-and-set
+            // goes again at once.
+            Err(_) => next = Instant::now(),
         }
     }
+}
+
+/// Whether a write of the key was answered by the server with a refusal, rather than left
+/// unanswered (no stream leader to take it, or no connection): the server said no.
+fn refused_by_server(error: &kv::UpdateError) -> bool {
+    use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<PublishError>())
+        .is_some_and(|error| error.kind() == PublishErrorKind::Other)
 }

@@ -76,6 +76,9 @@ pub struct Hold<T> {
     revision: u64,
     /// Until when this leader may send.
     valid_until: T,
+    /// When the lease was made to lapse before its time, if it was since its last renewal:
+    /// only a renewal sent after that counts.
+    lapsed_at: Option<T>,
 }
 
 impl<T: Moment> Hold<T> {
@@ -85,6 +88,7 @@ impl<T: Moment> Hold<T> {
             lease,
             revision,
             valid_until: sent + lease,
+            lapsed_at: None,
         }
     }
 
@@ -108,9 +112,15 @@ impl<T: Moment> Hold<T> {
     }
 
     /// A renewal sent at `sent` was stored at `revision`: the lease counts from `sent`.
-    /// Returns when the next renewal goes.
+    /// Returns when the next renewal goes. One sent before the lease was made to lapse counts
+    /// for nothing but its revision (it may name the connection that was lost, which a standby
+    /// may take the key from), and the next goes at once.
     pub fn renewed(&mut self, revision: u64, sent: T) -> T {
         self.revision = revision;
+        if self.lapsed_at.is_some_and(|lapsed| sent <= lapsed) {
+            return sent;
+        }
+        self.lapsed_at = None;
         self.valid_until = self.valid_until.max(sent + self.lease);
         sent + renew_interval(self.lease)
     }
@@ -122,6 +132,13 @@ impl<T: Moment> Hold<T> {
     pub fn found_own(&mut self, revision: u64, now: T) -> T {
         self.revision = revision;
         now
+    }
+
+    /// The lease ends now in this leader's eyes (its connection was lost, say), whatever its
+    /// last renewal gave: it sends nothing until a renewal of the same revision succeeds.
+    pub fn lapse(&mut self, now: T) {
+        self.valid_until = self.valid_until.min(now);
+        self.lapsed_at = Some(now);
     }
 
     /// A renewal failed for a reason that may pass: when to try again.
@@ -192,5 +209,22 @@ mod tests {
         assert_eq!(hold.found_own(11, at(2_000)), at(2_000));
         assert_eq!((hold.revision(), hold.valid_until()), (11, at(4_150)));
         assert_eq!(hold.retry(at(2_000)), at(2_300));
+    }
+
+    #[test]
+    fn a_lease_made_to_lapse_counts_only_renewals_sent_after() {
+        let mut hold = Hold::taken(LEASE, 7, at(0));
+        hold.lapse(at(1_000));
+        assert!(!hold.is_current(at(1_000)), "it lapses at once");
+        // Sent before the lapse, answered after: its revision, but no time.
+        assert_eq!(hold.renewed(8, at(900)), at(900), "the next goes at once");
+        assert_eq!(hold.revision(), 8);
+        assert!(!hold.is_current(at(1_200)));
+        assert_eq!(hold.renewed(9, at(1_200)), at(2_200));
+        assert!(hold.is_current(at(4_199)));
+        assert!(!hold.is_current(at(4_200)));
+        // A lapse never lengthens a lease.
+        hold.lapse(at(5_000));
+        assert_eq!(hold.valid_until(), at(4_200));
     }
 }

@@ -397,7 +397,7 @@ impl Shell {
     /// Publishes an event on its plain subject and, with a journal while this driver leads,
     /// hands it to the events stream's writer to store under its history subject.
     pub(super) async fn publish_event(&self, event: Event, stamp: Stamp) {
-        let current = self.guard().map_or(true, Guard::is_current);
+        let current = may_send(self.guard()).await;
         if let (Some(web), true) = (&self.web, current) {
             web.published(&event);
         }
@@ -476,6 +476,15 @@ impl Shell {
     }
 }
 
+/// Whether this driver may send: it leads (waiting while its lease has lapsed, see
+/// [`Guard::current`]), or runs alone without a journal (and so without a lease).
+async fn may_send(guard: Option<&Guard>) -> bool {
+    match guard {
+        Some(guard) => guard.current().await,
+        None => true,
+    }
+}
+
 /// Sends a client's answer as [`send`] does, through the service endpoint it came from, with
 /// the service error headers of a refusal.
 async fn answer(
@@ -485,7 +494,7 @@ async fn answer(
     payload: bytes::Bytes,
     error: Option<ServiceError>,
 ) {
-    if !guard.map_or(true, Guard::is_current) {
+    if !may_send(guard).await {
         return;
     }
     let mut headers = headers.cloned().unwrap_or_default();
@@ -506,7 +515,7 @@ async fn send(
     subject: Subject,
     payload: bytes::Bytes,
 ) {
-    if !guard.map_or(true, Guard::is_current) {
+    if !may_send(guard).await {
         return;
     }
     let sent = match headers {

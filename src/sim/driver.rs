@@ -60,6 +60,8 @@ pub struct Leader {
     pub leadership: u32,
     /// Its hold on the lease, with the journal.
     hold: Option<Hold<Duration>>,
+    /// Whether its lease has lapsed (told once in the trace).
+    lapsed: bool,
     pub(super) writes: Writes,
     /// When a commit of the group gathering is due to it, if one is.
     pub(super) commit_at: Option<u64>,
@@ -239,9 +241,12 @@ impl World {
             self.queue.at(wake, Event::Driver { node, turn, what });
             return Ok(());
         }
-        // The actor's biased first branch: a leader whose lease ran out stops before it
-        // handles anything.
-        if !self.current(node) {
+        // A leader whose lease has lapsed sends nothing (`Guard::current`): what it would
+        // handle waits, as the driver's actor waits in its first send, while its renewal goes
+        // on. Renewed, it handles what waited; found taken, it stands by.
+        if !self.current(node) && !matches!(what, AtDriver::Renew | AtDriver::Renewed { .. }) {
+            let wake = self.queue.now() + Self::ms(lease::poll_interval(self.lease()));
+            self.queue.at(wake, Event::Driver { node, turn, what });
             return Ok(());
         }
         match what {
@@ -257,21 +262,24 @@ impl World {
         }
     }
 
-    /// Whether driver `node` may act: not a leader whose lease ran out (which it then stops
-    /// being, as `Guard::is_current` decides).
+    /// Whether driver `node` may act: not a leader whose lease has lapsed, as
+    /// `Guard::is_current` decides.
     fn current(&mut self, node: u32) -> bool {
         if !self.config.fencing {
             return true;
         }
         let now = at(self.queue.now());
-        let expired = self.drivers[node as usize]
-            .leader()
-            .and_then(|l| l.hold)
-            .is_some_and(|hold| !hold.is_current(now));
-        if expired {
-            self.depose(node, "the lease ran out before it could be renewed");
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return true;
+        };
+        let lapsed = leader.hold.is_some_and(|hold| !hold.is_current(now));
+        if lapsed && !std::mem::replace(&mut leader.lapsed, true) {
+            self.trace.line(
+                self.queue.now(),
+                format_args!("d{node}'s lease has lapsed: it sends nothing until renewed"),
+            );
         }
-        !expired
+        !lapsed
     }
 
     /// Leadership lost: the process goes back to standing by, its state gone.
@@ -349,6 +357,7 @@ impl World {
             epoch,
             leadership,
             hold: journal.then(|| Hold::taken(lease, epoch, at(now))),
+            lapsed: false,
             writes: Writes::new(term, self.config.max_held),
             commit_at: None,
         }));
@@ -544,10 +553,7 @@ impl World {
     /// Who a message from leader `node` is from; a broken invariant if `node` sends while it
     /// does not hold the lease.
     fn sender(&self, node: u32) -> Result<Sender, String> {
-        let driver = &self.drivers[node as usize];
-        let Role::Leading(leader) = &driver.role else {
-            return Err(format!("d{node} sent while it does not lead"));
-        };
+        let sender = self.leading_sender(node)?;
         if self.config.journal && self.broker.lease.holder != Some(node) {
             let holder = match self.broker.lease.holder {
                 Some(other) => format!("d{other} holds the lease"),
@@ -555,9 +561,17 @@ impl World {
             };
             return Err(format!(
                 "d{node} sent in epoch {} while {holder}",
-                leader.epoch
+                sender.epoch
             ));
         }
+        Ok(sender)
+    }
+
+    /// Who a message from leader `node` is from; a broken invariant if `node` does not lead.
+    fn leading_sender(&self, node: u32) -> Result<Sender, String> {
+        let Role::Leading(leader) = &self.drivers[node as usize].role else {
+            return Err(format!("d{node} sent while it does not lead"));
+        };
         Ok(Sender {
             node,
             leadership: leader.leadership,
@@ -759,7 +773,12 @@ impl World {
     }
 
     pub(super) fn send_to_broker(&mut self, node: u32, what: ToBroker) -> Result<(), String> {
-        let sender = self.sender(node)?;
+        // A renewal is a compare-and-set the broker refuses unless the driver still holds the
+        // lease's revision: a leader whose lease lapsed sends it to learn which it is.
+        let sender = match what {
+            ToBroker::Renew { .. } => self.leading_sender(node)?,
+            ToBroker::Write { .. } => self.sender(node)?,
+        };
         let now = self.queue.now();
         let at = self.network.arrival_at_broker(&mut self.rng, now);
         let turn = self.drivers[node as usize].turn;
@@ -818,10 +837,10 @@ impl World {
 
     fn renewed(&mut self, node: u32, sent: u64, revision: Option<u64>) -> Result<(), String> {
         let now = self.queue.now();
-        let Some(hold) = self.drivers[node as usize]
-            .leader()
-            .and_then(|l| l.hold.as_mut())
-        else {
+        let Some(leader) = self.drivers[node as usize].leader() else {
+            return Ok(());
+        };
+        let Some(hold) = leader.hold.as_mut() else {
             return Ok(());
         };
         let Some(revision) = revision else {
@@ -829,8 +848,13 @@ impl World {
             return Ok(());
         };
         let next = hold.renewed(revision, at(sent));
+        let valid_until = hold.valid_until();
+        if hold.is_current(at(now)) && std::mem::take(&mut leader.lapsed) {
+            self.trace
+                .line(now, format_args!("d{node}'s lease renewed after it lapsed"));
+        }
         let (expire, next) = (
-            Self::ms(hold.valid_until()).saturating_sub(now),
+            Self::ms(valid_until).saturating_sub(now),
             Self::ms(next).saturating_sub(now),
         );
         self.due(node, expire, AtDriver::Expire);
