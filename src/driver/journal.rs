@@ -667,6 +667,11 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
     let id = format!("{}.{}", turns.guard.epoch(), expected + 1);
     let mut retry = Retry::new(Some(journal.writes.clone()));
     loop {
+        // Each send, the first and every one again, waits while the lease has lapsed: a
+        // write sent then could land after a successor's mark, and depose the successor.
+        if !turns.guard.current().await {
+            return;
+        }
         let publish = PublishMessage::build()
             .payload(payload.clone())
             .message_id(&id)

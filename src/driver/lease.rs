@@ -633,7 +633,7 @@ async fn renew(lease: Lease, me: Holder, shared: Arc<Shared>) {
                     shared.changed.notify_waiters();
                 }
             }
-            Ok(Err(error)) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+            Ok(Err(error)) if wrong_revision(&error) => {
                 // Either another driver wrote the key, or this driver's own last renewal was
                 // stored though its answer was lost. Only the key's holder can tell.
                 match lease.store.entry(KEY).await {
@@ -677,4 +677,70 @@ fn refused_by_server(error: &kv::UpdateError) -> bool {
     std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<PublishError>())
         .is_some_and(|error| error.kind() == PublishErrorKind::Other)
+}
+
+/// Whether a compare-and-set of the key was refused because the key is past the revision it
+/// expected: async-nats says so in the error's kind, or, on some paths, only in the server's
+/// error code beneath it.
+fn wrong_revision(error: &kv::UpdateError) -> bool {
+    use async_nats::jetstream::{Error as ServerError, ErrorCode};
+    if error.kind() == kv::UpdateErrorKind::WrongLastRevision {
+        return true;
+    }
+    let mut cause = std::error::Error::source(error);
+    while let Some(error) = cause {
+        let code = error
+            .downcast_ref::<ServerError>()
+            .map(ServerError::error_code);
+        if code == Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE) {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+
+    /// A refusal of the server as async-nats wraps it: `kind`, over a publish error of
+    /// `publish`, over the server's error of `code`.
+    fn refusal(kind: kv::UpdateErrorKind, publish: PublishErrorKind, code: u64) -> kv::UpdateError {
+        let server: async_nats::jetstream::Error = serde_json::from_value(serde_json::json!({
+            "code": 400, "err_code": code, "description": "refused"
+        }))
+        .expect("a server error");
+        kv::UpdateError::with_source(kind, PublishError::with_source(publish, server))
+    }
+
+    #[test]
+    fn a_key_past_its_revision_is_told_from_a_refusal_and_from_no_answer() {
+        use kv::UpdateErrorKind::{Other, WrongLastRevision};
+        let moved = refusal(
+            WrongLastRevision,
+            PublishErrorKind::WrongLastSequence,
+            10071,
+        );
+        assert!(wrong_revision(&moved));
+        // The same refusal, wrapped as another kind on its way.
+        let wrapped = refusal(Other, PublishErrorKind::Other, 10071);
+        assert!(wrong_revision(&wrapped));
+        let full = refusal(Other, PublishErrorKind::Other, 10023);
+        assert!(!wrong_revision(&full));
+        assert!(
+            refused_by_server(&full),
+            "insufficient resources: the server said no"
+        );
+        let unanswered = kv::UpdateError::with_source(
+            Other,
+            PublishError::new(PublishErrorKind::StreamNotFound),
+        );
+        assert!(!wrong_revision(&unanswered));
+        assert!(
+            !refused_by_server(&unanswered),
+            "no responders: no stream leader answered"
+        );
+    }
 }
