@@ -15,9 +15,10 @@
 //!   it goes on trying the compare-and-set on the revision it last wrote, and sends again only
 //!   once that succeeds, which proves that no other driver wrote the key meanwhile, so none led.
 //!   Whatever it was to send waits ([`Guard::current`]); nothing is dropped. Only a key found
-//!   written by another driver (or the driver's connection lost, or a fenced write refused)
-//!   ends the leadership. A lease bucket whose stream is electing a new leader (a NATS node
-//!   lost) so costs its leader a pause, not a new leadership replayed from the journal;
+//!   written by another driver (or a server refusing the renewal, or a fenced journal write
+//!   refused) ends the leadership; a lost connection lapses it at once. A lease bucket whose
+//!   stream is electing a new leader (a NATS node lost) so costs its leader a pause, not a
+//!   new leadership replayed from the journal;
 //! - a leader that stops releases the key by a compare-and-set, never a delete, so a key it no
 //!   longer holds is left alone.
 //!
