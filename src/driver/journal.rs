@@ -731,11 +731,7 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
             }
             continue;
         }
-        // No longer leading: nothing may be sent after this write any more. A lapsed lease
-        // waits here: renewed, the write goes on in its turn.
-        if !turns.guard.current().await {
-            return;
-        }
+        // Tried again at the loop's top, which gives it up once the leadership is lost.
         retry.failed(&error).await;
     }
 }
