@@ -91,10 +91,20 @@ impl NatsCluster {
             .stdout(std::process::Stdio::null())
             .stderr(match std::env::var("EMBER_TEST_LOG") {
                 Ok(_) => std::process::Stdio::inherit(),
-                Err(_) => std::process::Stdio::null(),
+                Err(_) => self.log(n),
             })
             .spawn()
             .expect("nats-server starts")
+    }
+
+    /// Node `n`'s log, beside its configuration (`<config>.log`), appended to across restarts,
+    /// for a kept scratch directory (`EMBER_TEST_KEEP`) to tell what the servers did.
+    fn log(&self, n: usize) -> std::process::Stdio {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.configs[n].with_extension("log"))
+            .map_or_else(|_| std::process::Stdio::null(), Into::into)
     }
 
     /// The index of the node named `name`.

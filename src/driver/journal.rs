@@ -170,11 +170,14 @@ struct Turns {
     behind: tokio::sync::Notify,
 }
 
-/// How long the leadership mark waits for its acknowledgement before it is sent again (with
-/// its message id, so stored once): a stream whose leader changed drops it without an answer,
-/// and every answer of the new leadership waits for it. A write this small is acknowledged in
-/// milliseconds by a stream that has a leader.
-const MARK_PATIENCE: Duration = Duration::from_secs(1);
+/// How long a write waits for its acknowledgement before it is sent again (with its message
+/// id, so stored once). A stream whose leader was lost or parted drops the writes sent to it
+/// without an answer, and when no later write comes to find them missing (the next launches
+/// wait on them) nothing but this brings them to the new leader: every answer and event
+/// behind them waits that long after JetStream has elected one. A write is acknowledged in
+/// milliseconds by a stream that has a leader; one sent again that was stored after all is
+/// answered as a duplicate.
+const ACK_PATIENCE: Duration = Duration::from_secs(1);
 
 /// How long a write must have waited for its acknowledgement before it is sent again at once
 /// when a later write finds it missing from the stream, rather than at its timeout. A stream
@@ -384,9 +387,9 @@ impl Journal {
             loop {
                 let sent = self.context.send_publish(self.subject.clone(), publish());
                 let stored = match sent.await {
-                    Ok(ack) => tokio::time::timeout(MARK_PATIENCE, ack.into_future())
+                    Ok(ack) => tokio::time::timeout(ACK_PATIENCE, ack.into_future())
                         .await
-                        .map_err(|_| format!("no answer within {MARK_PATIENCE:?}"))
+                        .map_err(|_| format!("no answer within {ACK_PATIENCE:?}"))
                         .and_then(|stored| stored.map_err(|e| e.to_string())),
                     Err(e) => Err(e.to_string()),
                 };
@@ -630,8 +633,9 @@ async fn by<T>(
 /// Publishes `payload` on `subject` into JetStream, trying again until the server
 /// acknowledges it: what waits behind it must not leave before it is stored. The write runs
 /// as a task of its own, started at once (writes started in turn are sent in turn), rather
-/// than when the returned future is first polled. Its time and retries are counted in
-/// `writes`, if given.
+/// than when the returned future is first polled. One unanswered within [`ACK_PATIENCE`] is
+/// sent again (with no message id, a write stored twice stores the same value twice). Its
+/// time and retries are counted in `writes`, if given.
 pub fn store(
     context: jetstream::Context,
     subject: String,
@@ -682,9 +686,13 @@ async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload
             .await;
         let stored = match sent {
             Ok(ack) => match acknowledged_or_hurried(ack, &turns.behind).await {
-                Some(stored) => stored.map(drop),
-                None => {
+                Answer::Acknowledged(stored) => stored.map(drop),
+                Answer::Hurried => {
                     retry.hurried();
+                    continue;
+                }
+                Answer::None => {
+                    retry.unanswered();
                     continue;
                 }
             },
@@ -742,24 +750,37 @@ type Acknowledged = Result<
     async_nats::jetstream::context::PublishError,
 >;
 
-/// The acknowledgement `ack` brings, or none when `behind` is told once the write has waited
-/// [`HURRY_AFTER`] for it: the write is then sent again (with its message id, so that it is
-/// stored once if the first one was stored after all).
+/// What became of a write sent: its acknowledgement, or why it is to be sent again.
+enum Answer {
+    Acknowledged(Acknowledged),
+    /// A later write found it missing from the stream (see [`HURRY_AFTER`]).
+    Hurried,
+    /// No answer within [`ACK_PATIENCE`].
+    None,
+}
+
+/// The acknowledgement `ack` brings; or, for the write to be sent again (with its message id,
+/// so that it is stored once if the first one was stored after all), that `behind` was told
+/// once the write had waited [`HURRY_AFTER`] for it, or that [`ACK_PATIENCE`] passed.
 async fn acknowledged_or_hurried(
     ack: async_nats::jetstream::context::PublishAckFuture,
     behind: &tokio::sync::Notify,
-) -> Option<Acknowledged> {
-    let hurry_from = tokio::time::Instant::now() + HURRY_AFTER;
+) -> Answer {
+    let sent = tokio::time::Instant::now();
+    let hurry_from = sent + HURRY_AFTER;
     let ack = ack.into_future();
     tokio::pin!(ack);
+    let patience = tokio::time::sleep_until(sent + ACK_PATIENCE);
+    tokio::pin!(patience);
     loop {
         tokio::select! {
-            stored = &mut ack => return Some(stored),
+            stored = &mut ack => return Answer::Acknowledged(stored),
             // Told too soon, the answer may still be on its way: the later writes tell again
             // each time they find this one missing.
             () = behind.notified() => if tokio::time::Instant::now() >= hurry_from {
-                return None;
+                return Answer::Hurried;
             },
+            () = &mut patience => return Answer::None,
         }
     }
 }
@@ -773,7 +794,14 @@ async fn store_until_stored(
     let mut retry = Retry::new(writes);
     loop {
         let stored = match context.publish(subject.clone(), payload.clone()).await {
-            Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+            Ok(ack) => match tokio::time::timeout(ACK_PATIENCE, ack.into_future()).await {
+                Ok(stored) => stored.map(drop).map_err(|e| e.to_string()),
+                // Sent again: a write to a stream whose leader was lost gets no answer.
+                Err(_) => {
+                    retry.unanswered();
+                    continue;
+                }
+            },
             Err(e) => Err(e.to_string()),
         };
         match stored {
@@ -823,6 +851,23 @@ impl Retry {
                 waited = ?self.first.elapsed(),
                 "a JetStream write is unanswered while a later one found the stream; sending it \
                  again"
+            );
+        }
+    }
+
+    /// Counts a write sent again because it went unanswered for [`ACK_PATIENCE`]; warns at
+    /// the first time, and every tenth after it while JetStream stays silent.
+    fn unanswered(&mut self) {
+        self.attempts += 1;
+        if let Some(writes) = &self.writes {
+            writes.retried();
+        }
+        if self.attempts % 10 == 1 {
+            warn!(
+                attempts = self.attempts,
+                failing_for = ?self.first.elapsed(),
+                "JetStream write unanswered within {ACK_PATIENCE:?}; sending it again, and the \
+                 answers and events that follow it wait until it is stored (is JetStream up?)"
             );
         }
     }

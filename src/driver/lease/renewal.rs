@@ -4,7 +4,7 @@
 
 use super::{Holder, Lease, Shared, KEY};
 use crate::driver::lease_clock::ask_patience;
-use async_nats::jetstream::kv;
+use async_nats::jetstream::{kv, ErrorCode};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,33 +159,35 @@ async fn renew(lease: Lease, me: Holder, shared: Arc<Shared>) {
 }
 
 /// Whether a write of the key was answered by the server with a refusal, rather than left
-/// unanswered (no stream leader to take it, or no connection): the server said no.
+/// unanswered (no stream leader to take it, or no connection): the server said no. A write
+/// turned away because another of the same key is still in process (one sent before a lapse,
+/// which a new stream leader has yet to decide) is not a refusal: it passes.
 fn refused_by_server(error: &kv::UpdateError) -> bool {
     use async_nats::jetstream::context::{PublishError, PublishErrorKind};
-    std::error::Error::source(error)
+    let answered = std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<PublishError>())
-        .is_some_and(|error| error.kind() == PublishErrorKind::Other)
+        .is_some_and(|error| error.kind() == PublishErrorKind::Other);
+    answered && server_code(error) != Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT)
 }
 
 /// Whether a compare-and-set of the key was refused because the key is past the revision it
 /// expected: async-nats says so in the error's kind, or, on some paths, only in the server's
 /// error code beneath it.
 fn wrong_revision(error: &kv::UpdateError) -> bool {
-    use async_nats::jetstream::{Error as ServerError, ErrorCode};
-    if error.kind() == kv::UpdateErrorKind::WrongLastRevision {
-        return true;
-    }
+    error.kind() == kv::UpdateErrorKind::WrongLastRevision
+        || server_code(error) == Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE)
+}
+
+/// The server's error code beneath `error`, however deep async-nats wrapped it.
+fn server_code(error: &kv::UpdateError) -> Option<ErrorCode> {
     let mut cause = std::error::Error::source(error);
     while let Some(error) = cause {
-        let code = error
-            .downcast_ref::<ServerError>()
-            .map(ServerError::error_code);
-        if code == Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE) {
-            return true;
+        if let Some(server) = error.downcast_ref::<async_nats::jetstream::Error>() {
+            return Some(server.error_code());
         }
         cause = error.source();
     }
-    false
+    None
 }
 
 #[cfg(test)]
@@ -220,6 +222,13 @@ mod tests {
         assert!(
             refused_by_server(&full),
             "insufficient resources: the server said no"
+        );
+        // Turned away while an earlier write of the key is still in process: it passes.
+        let in_process = refusal(Other, PublishErrorKind::Other, 10164);
+        assert!(!wrong_revision(&in_process));
+        assert!(
+            !refused_by_server(&in_process),
+            "a write of the same key in process is no refusal"
         );
         let unanswered = kv::UpdateError::with_source(
             Other,
