@@ -51,7 +51,7 @@ impl NatsCluster {
                 std::fs::write(
                     &config,
                     format!(
-                        "server_name: {name}\nlisten: {addr}:4222\n\
+                        "server_name: {name}\nlisten: {addr}:4222\nhttp: {addr}:8222\n\
                          jetstream {{ store_dir: \"{store}\" }}\n\
                          cluster {{ name: ember, listen: {addr}:6222, routes: [{routes}] }}\n\
                          {ACCOUNTS}",
@@ -293,9 +293,13 @@ impl Drop for Scratch {
 struct Judged {
     runs: BTreeMap<u32, u32>,
     removed: Vec<(String, String)>,
+    /// When the job was seen to end: judged once it had (reading the history may wait for
+    /// JetStream's elections, which the job did not).
+    ended: Instant,
 }
 
 async fn judge(api: &EmberClient, cluster: &str, job_id: u64, tasks: u32, ledger: &Path) -> Judged {
+    let seen_ended = Instant::now();
     let ended = api.job(job_id).await.unwrap();
     assert_eq!(ended.state, JobState::Succeeded, "{ended:?}");
     let outcomes = api.results(job_id).await.unwrap();
@@ -367,7 +371,11 @@ async fn judge(api: &EmberClient, cluster: &str, job_id: u64, tasks: u32, ledger
         finished.values().all(|n| *n == 1),
         "each FINISHED end once: {finished:?}"
     );
-    Judged { runs, removed }
+    Judged {
+        runs,
+        removed,
+        ended: seen_ended,
+    }
 }
 
 /// The topology these tests share: three NATS nodes, `drivers` drivers, two executors and a
@@ -588,6 +596,33 @@ impl Site {
     }
 }
 
+impl Site {
+    /// The name of the NATS node that leads JetStream's meta group, from a node's monitoring
+    /// port (`/jsz`), asked from the client's host.
+    async fn meta_leader(&self) -> String {
+        let addr = format!("{}:8222", self.nats.nodes[0].addr);
+        self.client_host
+            .run(move || async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let deadline = Instant::now() + LIMIT;
+                loop {
+                    let mut http = tokio::net::TcpStream::connect(&addr).await.expect("/jsz");
+                    http.write_all(b"GET /jsz HTTP/1.0\r\n\r\n").await.unwrap();
+                    let mut answer = String::new();
+                    http.read_to_string(&mut answer).await.unwrap();
+                    let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+                    let jsz: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+                    if let Some(leader) = jsz["meta_cluster"]["leader"].as_str() {
+                        return leader.to_string();
+                    }
+                    assert!(Instant::now() < deadline, "a meta leader: {answer}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await
+    }
+}
+
 /// A watch of the api's answers, from [`Site::watch_api`].
 struct ApiWatch {
     stop: Arc<AtomicBool>,
@@ -666,11 +701,11 @@ async fn a_job_across_hosts_loses_nothing_when_an_executor_host_is_cut_off() {
     site.workers[0].cut();
     tokio::time::sleep(Duration::from_secs(4)).await;
     site.workers[0].heal();
-    let runs = site.judge(job_id, TASKS).await.runs;
+    let judged = site.judge(job_id, TASKS).await;
     eprintln!(
         "executor host cut: {TASKS} tasks, {} re-runs; the job ended {:.1} s after the cut",
-        reruns(&runs),
-        cut_at.elapsed().as_secs_f64()
+        reruns(&judged.runs),
+        (judged.ended - cut_at).as_secs_f64()
     );
 }
 
@@ -685,14 +720,14 @@ async fn a_job_loses_nothing_while_every_executor_host_drops_two_percent_of_its_
     const LOSSY_TASKS: u32 = 60;
     let started = Instant::now();
     let job_id = site.submit(LOSSY_TASKS, "0.1").await;
-    let runs = site.judge(job_id, LOSSY_TASKS).await.runs;
+    let judged = site.judge(job_id, LOSSY_TASKS).await;
     for host in &site.workers {
         host.clear_loss();
     }
     eprintln!(
         "2% loss on every executor host: {LOSSY_TASKS} tasks, {} re-runs, {:.1} s",
-        reruns(&runs),
-        started.elapsed().as_secs_f64()
+        reruns(&judged.runs),
+        (judged.ended - started).as_secs_f64()
     );
 }
 
@@ -715,8 +750,8 @@ async fn when_the_leaders_host_is_cut_off_a_standby_leads_and_the_old_leader_sta
     tokio::time::sleep(Duration::from_secs(2)).await;
     site.driver_hosts[old].heal();
     let healed_at = Instant::now();
-    let runs = site.judge(job_id, TASKS).await.runs;
-    let ended = cut_at.elapsed();
+    let judged = site.judge(job_id, TASKS).await;
+    let (runs, ended) = (judged.runs, judged.ended - cut_at);
     // Healed, the old leader stands by: the new one keeps the lease.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -787,18 +822,48 @@ async fn an_ember_connection_leaves_a_nats_node_cut_off_for_a_live_one_within_se
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_loses_nothing_when_the_journals_nats_node_is_killed_and_restarted() {
-    let Some((mut site, job_id)) = Site::mid_job("nodekill", 1).await else {
+/// What a NATS node killed in [`a_node_killed_mid_job`] does for the cluster.
+#[derive(Clone, Copy, Debug)]
+enum Role {
+    /// It leads the journal's stream.
+    JournalLeader,
+    /// It leads JetStream's meta group (where streams are placed and their leaders chosen).
+    MetaLeader,
+    /// It leads neither.
+    Follower,
+}
+
+/// Kills the node of `role` mid-job for 3 s, then restarts it on its store; judges the job
+/// and prints the recovery's figures.
+async fn a_node_killed_mid_job(tag: &str, role: Role) {
+    let Some((mut site, job_id)) = Site::mid_job(tag, 1).await else {
         return;
     };
     let watch = site.watch_api();
-    let node = site.nats.node(&site.journal_leader().await);
+    let (journal, meta) = (site.journal_leader().await, site.meta_leader().await);
+    let node = match role {
+        Role::JournalLeader => site.nats.node(&journal),
+        Role::MetaLeader => site.nats.node(&meta),
+        Role::Follower => (0..site.nats.nodes.len())
+            .find(|&n| ![&journal, &meta].contains(&&site.nats.nodes[n].name))
+            .expect("a node that leads neither"),
+    };
+    let name = site.nats.nodes[node].name.clone();
+    let also = match (name == journal, name == meta) {
+        (true, true) => "leads the journal's stream and the meta group",
+        (true, false) => "leads the journal's stream",
+        (false, true) => "leads the meta group",
+        (false, false) => "leads neither the journal's stream nor the meta group",
+    };
     let killed_at = Instant::now();
     site.nats.kill(node).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     site.nats.restart(node);
-    let Judged { runs, removed } = site.judge(job_id, TASKS).await;
+    let Judged {
+        runs,
+        removed,
+        ended,
+    } = site.judge(job_id, TASKS).await;
     // A server that dies tells nothing of its clients: they reconnect elsewhere, and none is
     // removed for a closed connection (one whose reconnect outlasts the 2 s heartbeat timeout
     // may be removed for that).
@@ -811,15 +876,30 @@ async fn a_job_loses_nothing_when_the_journals_nats_node_is_killed_and_restarted
         [] as [&(String, String); 0],
         "removed for a closed connection"
     );
-    let ended = killed_at.elapsed();
+    let ended = ended - killed_at;
     let answers = watch.stop().await;
     eprintln!(
-        "the journal's NATS node (its stream leader) killed for 3 s: {TASKS} tasks, {} re-runs; \
-         the api went unanswered for at most {:.1} s; the job ended {:.1} s after the kill",
+        "a NATS node killed for 3 s ({role:?}: it {also}): {TASKS} tasks, {} re-runs; the api \
+         went unanswered for at most {:.1} s; the job ended {:.1} s after the kill",
         reruns(&runs),
         answers.longest_silence().as_secs_f64(),
         ended.as_secs_f64()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_loses_nothing_when_the_journals_nats_node_is_killed_and_restarted() {
+    a_node_killed_mid_job("nodekill", Role::JournalLeader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_loses_nothing_when_the_nats_meta_leader_is_killed_and_restarted() {
+    a_node_killed_mid_job("metakill", Role::MetaLeader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_loses_nothing_when_a_nats_follower_is_killed_and_restarted() {
+    a_node_killed_mid_job("followerkill", Role::Follower).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -836,18 +916,21 @@ async fn a_job_loses_nothing_when_the_journals_nats_node_is_parted_from_the_othe
     tokio::time::sleep(Duration::from_secs(6)).await;
     parted.heal();
     let healed_at = Instant::now();
-    let runs = site.judge(job_id, TASKS).await.runs;
+    let judged = site.judge(job_id, TASKS).await;
     let answers = watch.stop().await;
     eprintln!(
         "the journal's NATS node (its stream leader) parted from the other two for 6 s: \
          {TASKS} tasks, {} re-runs; the api went unanswered for at most {:.1} s and answered \
          {:.1} s after the heal; the job ended {:.1} s after the partition, {:.1} s after it \
          healed",
-        reruns(&runs),
+        reruns(&judged.runs),
         answers.longest_silence().as_secs_f64(),
         answers.first_after(healed_at).as_secs_f64(),
-        parted_at.elapsed().as_secs_f64(),
-        healed_at.elapsed().as_secs_f64()
+        (judged.ended - parted_at).as_secs_f64(),
+        judged
+            .ended
+            .saturating_duration_since(healed_at)
+            .as_secs_f64()
     );
 }
 
@@ -978,7 +1061,11 @@ async fn an_edge_sites_executors_finish_their_job_through_a_cut_of_the_leaf_link
     leaf.heal();
     let healed_at = Instant::now();
     let (args, ledger_dir, name) = (client_args.clone(), ledger.clone(), cluster.clone());
-    let Judged { runs, removed } = client_host
+    let Judged {
+        runs,
+        removed,
+        ended,
+    } = client_host
         .run(move || async move {
             let api = client(args).await;
             within(LIMIT, api.wait(job_id, |_| {})).await.unwrap();
@@ -990,7 +1077,7 @@ async fn an_edge_sites_executors_finish_their_job_through_a_cut_of_the_leaf_link
          removed meanwhile; the job ended {:.1} s after the link healed",
         reruns(&runs),
         removed.len(),
-        healed_at.elapsed().as_secs_f64()
+        ended.saturating_duration_since(healed_at).as_secs_f64()
     );
 }
 
