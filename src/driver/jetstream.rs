@@ -59,6 +59,21 @@ fn unanswered(error: &str) -> bool {
         .any(|words| error.contains(words))
 }
 
+/// The JetStream error code the server answered with, beneath `error` however deep async-nats
+/// wrapped it; `None` for an error that is not the server's answer (a timeout, no responders).
+pub fn server_code(
+    error: &(dyn std::error::Error + 'static),
+) -> Option<async_nats::jetstream::ErrorCode> {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(server) = error.downcast_ref::<async_nats::jetstream::Error>() {
+            return Some(server.error_code());
+        }
+        cause = error.source();
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use crate::metrics::JournalWrites;
 use crate::protocol::{decode, encode, JournalRecord};
 use crate::subjects::Subjects;
 use async_nats::header::NATS_MESSAGE_ID;
-use async_nats::jetstream::context::{AccountError, AccountErrorKind, PublishErrorKind};
+use async_nats::jetstream::context::{AccountError, AccountErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig, stream, ErrorCode};
 use async_nats::Client;
@@ -23,12 +23,22 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
+use writes::{joined, store_after, Retry, ACK_PATIENCE};
+
+mod writes;
+
+pub use writes::store;
 
 /// The longest a replay (or the leadership mark before it) may take before the driver gives
 /// up starting, unless `--replay-timeout` says otherwise.
 pub const DEFAULT_REPLAY_TIMEOUT: Duration = Duration::from_secs(120);
-/// The longest a failed store waits before it tries again.
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// The longest pause between replays of a journal that could not be read. A driver that has
+/// just taken the lease answers nothing until its replay ends, and a JetStream cluster just
+/// healed answers at once that it is unavailable, for a second or two: asked every 250 ms at
+/// most, the replay starts soon after it can.
+const REPLAY_RETRY_DELAY: Duration = Duration::from_millis(250);
+
 /// How long the server remembers a write's message id, so that a write tried again after a
 /// lost answer is known as one it stored already.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(30);
@@ -169,22 +179,6 @@ struct Turns {
     /// still waiting for their acknowledgement were likely lost (see [`HURRY_AFTER`]).
     behind: tokio::sync::Notify,
 }
-
-/// How long a write waits for its acknowledgement before it is sent again (with its message
-/// id, so stored once). A stream whose leader was lost or parted drops the writes sent to it
-/// without an answer, and when no later write comes to find them missing (the next launches
-/// wait on them) nothing but this brings them to the new leader: every answer and event
-/// behind them waits that long after JetStream has elected one. A write is acknowledged in
-/// milliseconds by a stream that has a leader; one sent again that was stored after all is
-/// answered as a duplicate.
-const ACK_PATIENCE: Duration = Duration::from_secs(1);
-
-/// How long a write must have waited for its acknowledgement before it is sent again at once
-/// when a later write finds it missing from the stream, rather than at its timeout. A stream
-/// whose leader changed (a NATS node lost or parted) drops the writes sent to the old one
-/// without an answer; each would otherwise wait out its whole timeout in turn, and what waits
-/// on them (answers, events, the next launches) with it.
-const HURRY_AFTER: Duration = Duration::from_millis(250);
 
 /// Whether `error` is the server saying that it, or this user's account, has no JetStream at
 /// all, rather than a failure to answer (a timeout, or JetStream not ready yet).
@@ -462,7 +456,7 @@ impl Journal {
                     warn!(%error, attempts, retry_in = ?delay,
                           "the journal could not be read; replaying it again from the start");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(MAX_RETRY_DELAY);
+                    delay = (delay * 2).min(REPLAY_RETRY_DELAY);
                 }
                 Some(Err(error)) => return Err(error),
             }
@@ -490,11 +484,16 @@ impl Journal {
             .map_err(|e| read_error(&e))?
             .state
             .clone();
+        // Read through this leadership's own mark at least: the state may come from a server
+        // that has not heard of the writes acknowledged since (one that led the stream before
+        // a partition healed answers as its leader until it learns of its successor), and the
+        // mark was stored after everything any earlier leader was told was stored.
+        let mark = self.mark().unwrap_or(0);
         // Every record may have aged out, leaving a last sequence but nothing to read up to it.
-        if state.messages == 0 {
+        if state.messages == 0 && mark == 0 {
             return Ok(0);
         }
-        let last = state.last_sequence;
+        let last = state.last_sequence.max(mark);
         let consumer = stream
             .create_consumer(OrderedConfig::default())
             .await
@@ -628,268 +627,6 @@ async fn by<T>(
 ) -> Option<T> {
     let done = tokio::time::timeout_at(deadline, future).await.ok()?;
     (tokio::time::Instant::now() <= deadline).then_some(done)
-}
-
-/// Publishes `payload` on `subject` into JetStream, trying again until the server
-/// acknowledges it: what waits behind it must not leave before it is stored. The write runs
-/// as a task of its own, started at once (writes started in turn are sent in turn), rather
-/// than when the returned future is first polled. One unanswered within [`ACK_PATIENCE`] is
-/// sent again (with no message id, a write stored twice stores the same value twice). Its
-/// time and retries are counted in `writes`, if given.
-pub fn store(
-    context: jetstream::Context,
-    subject: String,
-    payload: bytes::Bytes,
-    writes: Option<JournalWrites>,
-) -> BoxFuture<'static, ()> {
-    joined(tokio::spawn(store_until_stored(
-        context, subject, payload, writes,
-    )))
-}
-
-/// Waits for a write's task.
-fn joined(write: tokio::task::JoinHandle<()>) -> BoxFuture<'static, ()> {
-    Box::pin(async move {
-        if let Err(error) = write.await {
-            // Only a panic gets here (the task is never cancelled): a defect, logged as one;
-            // what waits on the write goes on rather than waiting for ever.
-            tracing::error!(%error, "a JetStream write's task ended without storing it");
-        }
-    })
-}
-
-/// Stores `payload` once the journal's last sequence is `expected`, trying again until it is
-/// stored. A refusal because the journal is past `expected` means another driver wrote it:
-/// this one no longer leads, and gives the write up. What waited on it is not sent, as
-/// nothing is once the leadership is lost (the shell's sends check it). A write whose
-/// leadership is lost while it waits for the one before it gives up too: left waiting, it
-/// would land after the records of this driver's next leadership (or a successor's), out of
-/// its place. And one whose predecessor the server acknowledged, but no longer holds (a server
-/// that lost acknowledged writes in an OS crash), stands the driver down: the journal it
-/// leads from is not the one it wrote.
-async fn store_after(journal: Journal, turns: Arc<Turns>, expected: u64, payload: bytes::Bytes) {
-    let id = format!("{}.{}", turns.guard.epoch(), expected + 1);
-    let mut retry = Retry::new(Some(journal.writes.clone()));
-    loop {
-        // Each send, the first and every one again, waits while the lease has lapsed: a
-        // write sent then could land after a successor's mark, and depose the successor.
-        if !turns.guard.current().await {
-            return;
-        }
-        let publish = PublishMessage::build()
-            .payload(payload.clone())
-            .message_id(&id)
-            .expected_last_sequence(expected);
-        let sent = journal
-            .context
-            .send_publish(journal.subject.clone(), publish)
-            .await;
-        let stored = match sent {
-            Ok(ack) => match acknowledged_or_hurried(ack, &turns.behind).await {
-                Answer::Acknowledged(stored) => stored.map(drop),
-                Answer::Hurried => {
-                    retry.hurried();
-                    continue;
-                }
-                Answer::None => {
-                    retry.unanswered();
-                    continue;
-                }
-            },
-            Err(e) => Err(e),
-        };
-        let error = match stored {
-            Ok(()) => {
-                turns.stored.fetch_max(expected + 1, SeqCst);
-                return retry.stored();
-            }
-            Err(error) => error,
-        };
-        if error.kind() == PublishErrorKind::WrongLastSequence {
-            if !turns.guard.current().await {
-                return;
-            }
-            match journal.last_sequence().await {
-                Ok(last) if last > expected => {
-                    turns
-                        .guard
-                        .depose("another driver wrote the journal after this one");
-                    return;
-                }
-                Ok(last) if last < turns.mark => {
-                    // What this leader read is gone: it starts again from what is left.
-                    turns
-                        .guard
-                        .depose("the journal was deleted or purged under this driver");
-                    return;
-                }
-                Ok(last) if last < expected && turns.stored.load(SeqCst) >= expected => {
-                    turns.guard.depose(&format!(
-                        "the journal lost records it had acknowledged (its last is {last}, \
-                         {expected} was stored): was its server restarted without them?"
-                    ));
-                    return;
-                }
-                // The write before this one is not stored yet: it goes first, sent again
-                // at once if it has long waited for an answer the stream would have given.
-                _ => {
-                    turns.behind.notify_waiters();
-                    tokio::time::sleep(TURN_DELAY).await
-                }
-            }
-            continue;
-        }
-        // Tried again at the loop's top, which gives it up once the leadership is lost.
-        retry.failed(&error).await;
-    }
-}
-
-/// What a JetStream write's acknowledgement brings.
-type Acknowledged = Result<
-    async_nats::jetstream::publish::PublishAck,
-    async_nats::jetstream::context::PublishError,
->;
-
-/// What became of a write sent: its acknowledgement, or why it is to be sent again.
-enum Answer {
-    Acknowledged(Acknowledged),
-    /// A later write found it missing from the stream (see [`HURRY_AFTER`]).
-    Hurried,
-    /// No answer within [`ACK_PATIENCE`].
-    None,
-}
-
-/// The acknowledgement `ack` brings; or, for the write to be sent again (with its message id,
-/// so that it is stored once if the first one was stored after all), that `behind` was told
-/// once the write had waited [`HURRY_AFTER`] for it, or that [`ACK_PATIENCE`] passed.
-async fn acknowledged_or_hurried(
-    ack: async_nats::jetstream::context::PublishAckFuture,
-    behind: &tokio::sync::Notify,
-) -> Answer {
-    let sent = tokio::time::Instant::now();
-    let hurry_from = sent + HURRY_AFTER;
-    let ack = ack.into_future();
-    tokio::pin!(ack);
-    let patience = tokio::time::sleep_until(sent + ACK_PATIENCE);
-    tokio::pin!(patience);
-    loop {
-        tokio::select! {
-            stored = &mut ack => return Answer::Acknowledged(stored),
-            // Told too soon, the answer may still be on its way: the later writes tell again
-            // each time they find this one missing.
-            () = behind.notified() => if tokio::time::Instant::now() >= hurry_from {
-                return Answer::Hurried;
-            },
-            () = &mut patience => return Answer::None,
-        }
-    }
-}
-
-async fn store_until_stored(
-    context: jetstream::Context,
-    subject: String,
-    payload: bytes::Bytes,
-    writes: Option<JournalWrites>,
-) {
-    let mut retry = Retry::new(writes);
-    loop {
-        let stored = match context.publish(subject.clone(), payload.clone()).await {
-            Ok(ack) => match tokio::time::timeout(ACK_PATIENCE, ack.into_future()).await {
-                Ok(stored) => stored.map(drop).map_err(|e| e.to_string()),
-                // Sent again: a write to a stream whose leader was lost gets no answer.
-                Err(_) => {
-                    retry.unanswered();
-                    continue;
-                }
-            },
-            Err(e) => Err(e.to_string()),
-        };
-        match stored {
-            Ok(()) => return retry.stored(),
-            Err(error) => retry.failed(&error).await,
-        }
-    }
-}
-
-/// The tries of one write: how many so far, since when, and the pause before the next.
-struct Retry {
-    delay: Duration,
-    first: std::time::Instant,
-    attempts: u32,
-    /// Where the write's time and retries are counted, if anywhere.
-    writes: Option<JournalWrites>,
-}
-
-impl Retry {
-    fn new(writes: Option<JournalWrites>) -> Self {
-        Self {
-            delay: Duration::from_millis(50),
-            first: std::time::Instant::now(),
-            attempts: 0,
-            writes,
-        }
-    }
-
-    fn stored(&self) {
-        if let Some(writes) = &self.writes {
-            writes.stored(self.first.elapsed());
-        }
-        if self.attempts > 0 {
-            info!(attempts = self.attempts + 1, after = ?self.first.elapsed(), "JetStream write stored");
-        }
-    }
-
-    /// Counts a write sent again at once: a later write found it missing (see
-    /// [`HURRY_AFTER`]).
-    fn hurried(&mut self) {
-        self.attempts += 1;
-        if let Some(writes) = &self.writes {
-            writes.retried();
-        }
-        if self.attempts == 1 {
-            info!(
-                waited = ?self.first.elapsed(),
-                "a JetStream write is unanswered while a later one found the stream; sending it \
-                 again"
-            );
-        }
-    }
-
-    /// Counts a write sent again because it went unanswered for [`ACK_PATIENCE`]; warns at
-    /// the first time, and every tenth after it while JetStream stays silent.
-    fn unanswered(&mut self) {
-        self.attempts += 1;
-        if let Some(writes) = &self.writes {
-            writes.retried();
-        }
-        if self.attempts % 10 == 1 {
-            warn!(
-                attempts = self.attempts,
-                failing_for = ?self.first.elapsed(),
-                "JetStream write unanswered within {ACK_PATIENCE:?}; sending it again, and the \
-                 answers and events that follow it wait until it is stored (is JetStream up?)"
-            );
-        }
-    }
-
-    /// Logs the failure and waits before the next try, twice as long each time up to
-    /// `MAX_RETRY_DELAY`.
-    async fn failed(&mut self, error: &(dyn std::fmt::Display + Sync)) {
-        self.attempts += 1;
-        if let Some(writes) = &self.writes {
-            writes.retried();
-        }
-        warn!(
-            %error,
-            attempts = self.attempts,
-            failing_for = ?self.first.elapsed(),
-            retry_in = ?self.delay,
-            "JetStream write failed; the answers and events that follow it wait until \
-             it is stored (is JetStream up?)"
-        );
-        tokio::time::sleep(self.delay).await;
-        self.delay = (self.delay * 2).min(MAX_RETRY_DELAY);
-    }
 }
 
 #[cfg(test)]

@@ -178,16 +178,9 @@ fn wrong_revision(error: &kv::UpdateError) -> bool {
         || server_code(error) == Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE)
 }
 
-/// The server's error code beneath `error`, however deep async-nats wrapped it.
+/// The server's error code beneath `error`.
 fn server_code(error: &kv::UpdateError) -> Option<ErrorCode> {
-    let mut cause = std::error::Error::source(error);
-    while let Some(error) = cause {
-        if let Some(server) = error.downcast_ref::<async_nats::jetstream::Error>() {
-            return Some(server.error_code());
-        }
-        cause = error.source();
-    }
-    None
+    crate::driver::jetstream::server_code(error)
 }
 
 #[cfg(test)]
