@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
-/// How often the journal is read short of a write it acknowledged, a pause apart, before the
-/// leader believes it (see [`store_after`]): a stale answer lasts as long as a stream leader
-/// cut off from the others takes to learn of its successor once the partition heals.
+/// How often the journal is read short of this leader's mark or of a write it stored, a pause
+/// apart, before the leader believes it (see [`store_after`]): a stale answer lasts as long as
+/// a stream leader cut off from the others takes to learn of its successor once the partition
+/// heals.
 const SHORT_READS: u32 = 5;
 const SHORT_READ_PAUSE: Duration = Duration::from_millis(500);
 
@@ -133,7 +134,20 @@ pub(super) async fn store_after(
             if !turns.guard.current().await {
                 return;
             }
-            match journal.last_sequence().await {
+            let last = journal.last_sequence().await;
+            // Shorter than this leader's own mark, or than a write it stored. A server that led
+            // the stream before a partition healed answers as its leader, from its own short
+            // copy, until it learns of its successor: the stream is asked again before the
+            // leadership is given up for it.
+            let short = last.as_ref().is_ok_and(|&last| {
+                last < turns.mark || (last < expected && turns.stored.load(SeqCst) >= expected)
+            });
+            if short && short_reads < SHORT_READS {
+                short_reads += 1;
+                tokio::time::sleep(SHORT_READ_PAUSE).await;
+                continue;
+            }
+            match last {
                 Ok(last) if last > expected => {
                     turns
                         .guard
@@ -148,14 +162,6 @@ pub(super) async fn store_after(
                     return;
                 }
                 Ok(last) if last < expected && turns.stored.load(SeqCst) >= expected => {
-                    // A server that led the stream before a partition healed answers as its
-                    // leader, from its own short copy, until it learns of its successor: the
-                    // stream is asked again before the leadership is given up for it.
-                    if short_reads < SHORT_READS {
-                        short_reads += 1;
-                        tokio::time::sleep(SHORT_READ_PAUSE).await;
-                        continue;
-                    }
                     turns.guard.depose(&format!(
                         "the journal lost records it had acknowledged (its last is {last}, \
                          {expected} was stored): was its server restarted without them?"
