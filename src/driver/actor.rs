@@ -11,7 +11,7 @@ use super::advisories::{closed_by_client, next_advisory, Closing};
 use super::config::DriverConfig;
 use super::core::Core;
 use super::discovery;
-use super::lease::Guard;
+use super::lease::{once_decided, Guard};
 use super::outgoing::Outgoing;
 use super::shell::{Shell, DRAIN_TIMEOUT};
 use super::start::{start, DriverError, Inputs, Run};
@@ -80,13 +80,7 @@ impl Stop {
 
     /// Completes once the stop is told.
     async fn told(&self) {
-        loop {
-            let heard = self.heard.notified();
-            if self.told.load(SeqCst) {
-                return;
-            }
-            heard.await;
-        }
+        once_decided(&self.heard, || self.told.load(SeqCst).then_some(())).await
     }
 
     /// The leadership the stop is also to tell, from now on.

@@ -472,17 +472,7 @@ impl Guard {
     /// has lapsed and the driver was told to stop. What was to be sent waits here, so that a
     /// leader whose lapse ends in a renewal goes on having dropped nothing.
     pub async fn current(&self) -> bool {
-        loop {
-            if let Some(current) = self.decided() {
-                return current;
-            }
-            // Asked again once the wait is registered, so that no change is missed between.
-            let changed = self.0.changed.notified();
-            if let Some(current) = self.decided() {
-                return current;
-            }
-            changed.await;
-        }
+        once_decided(&self.0.changed, || self.decided()).await
     }
 
     /// Whether this driver may send, if that is decided now: not while the lease has lapsed,
@@ -517,12 +507,21 @@ impl Guard {
 
     /// Completes once the leadership is lost (a lapse is not a loss: see [`Guard::current`]).
     pub async fn lost(&self) {
-        loop {
-            let changed = self.0.changed.notified();
-            if self.0.lost.load(SeqCst) {
-                return;
-            }
-            changed.await;
+        once_decided(&self.0.changed, || self.0.lost.load(SeqCst).then_some(())).await
+    }
+}
+
+/// What `decided` gives once it gives anything, asked again each time `changed` is told.
+pub(super) async fn once_decided<T>(changed: &Notify, decided: impl Fn() -> Option<T>) -> T {
+    loop {
+        if let Some(done) = decided() {
+            return done;
         }
+        // Asked again once the wait is registered, so that no change is missed between.
+        let notified = changed.notified();
+        if let Some(done) = decided() {
+            return done;
+        }
+        notified.await;
     }
 }

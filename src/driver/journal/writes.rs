@@ -277,13 +277,18 @@ impl Retry {
         }
     }
 
-    /// Counts a write sent again at once: a later write found it missing (see
-    /// [`HURRY_AFTER`]).
-    pub(super) fn hurried(&mut self) {
+    /// Counts a try that did not store the write.
+    fn count(&mut self) {
         self.attempts += 1;
         if let Some(writes) = &self.writes {
             writes.retried();
         }
+    }
+
+    /// Counts a write sent again at once: a later write found it missing (see
+    /// [`HURRY_AFTER`]).
+    pub(super) fn hurried(&mut self) {
+        self.count();
         if self.attempts == 1 {
             info!(
                 waited = ?self.first.elapsed(),
@@ -295,19 +300,13 @@ impl Retry {
 
     /// Counts a write sent again because an earlier send of it is being stored.
     pub(super) fn in_process(&mut self) {
-        self.attempts += 1;
-        if let Some(writes) = &self.writes {
-            writes.retried();
-        }
+        self.count();
     }
 
     /// Counts a write sent again because it went unanswered for [`ACK_PATIENCE`]; warns at
     /// the first time, and every tenth after it while JetStream stays silent.
     pub(super) fn unanswered(&mut self) {
-        self.attempts += 1;
-        if let Some(writes) = &self.writes {
-            writes.retried();
-        }
+        self.count();
         if self.attempts % 10 == 1 {
             warn!(
                 attempts = self.attempts,
@@ -321,10 +320,7 @@ impl Retry {
     /// Logs the failure and waits before the next try, twice as long each time up to
     /// `MAX_RETRY_DELAY`.
     pub(super) async fn failed(&mut self, error: &(dyn std::fmt::Display + Sync)) {
-        self.attempts += 1;
-        if let Some(writes) = &self.writes {
-            writes.retried();
-        }
+        self.count();
         warn!(
             %error,
             attempts = self.attempts,

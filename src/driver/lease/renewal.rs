@@ -3,6 +3,7 @@
 //! (see the [parent module](super) for why a lapse is not a loss).
 
 use super::{Holder, Lease, Shared, KEY};
+use crate::driver::jetstream::server_code;
 use crate::driver::lease_clock::ask_patience;
 use async_nats::jetstream::{kv, ErrorCode};
 use std::sync::atomic::Ordering::SeqCst;
@@ -176,11 +177,6 @@ fn refused_by_server(error: &kv::UpdateError) -> bool {
 fn wrong_revision(error: &kv::UpdateError) -> bool {
     error.kind() == kv::UpdateErrorKind::WrongLastRevision
         || server_code(error) == Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE)
-}
-
-/// The server's error code beneath `error`.
-fn server_code(error: &kv::UpdateError) -> Option<ErrorCode> {
-    crate::driver::jetstream::server_code(error)
 }
 
 #[cfg(test)]
