@@ -15,14 +15,14 @@
 //! epoch.
 //!
 //! Without the journal there is one driver and no lease: a killed one starts empty, and the
-//! client submits again what had not ended.
+//! client submits again what had not ended. The lease's side is in [`lease`](super::lease).
 
 use super::broker::WrongLast;
 use super::network::{Message, Pid, Reply, Request, Sender};
 use super::writes::{at, Output, Writes};
 use super::{Event, World};
 use crate::driver::core::{Core, CoreConfig, Effect, Retention};
-use crate::driver::lease_clock::{self as lease, Hold, Key, Watch};
+use crate::driver::lease_clock::{self as lease, Hold, Watch};
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
     ApiReply, ApiRequest, JobState, JournalRecord, StatusRequest, SubmitJob, TaskOutcome, TaskState,
@@ -59,9 +59,9 @@ pub struct Leader {
     /// Which leadership of the run this is, counting from 0.
     pub leadership: u32,
     /// Its hold on the lease, with the journal.
-    hold: Option<Hold<Duration>>,
+    pub(super) hold: Option<Hold<Duration>>,
     /// Whether its lease has lapsed (told once in the trace).
-    lapsed: bool,
+    pub(super) lapsed: bool,
     pub(super) writes: Writes,
     /// When a commit of the group gathering is due to it, if one is.
     pub(super) commit_at: Option<u64>,
@@ -188,10 +188,6 @@ fn finished_of(outcomes: &[TaskOutcome]) -> BTreeSet<TaskId> {
 }
 
 impl World {
-    fn lease(&self) -> Duration {
-        Duration::from_millis(self.config.lease_ms)
-    }
-
     pub(super) fn ms(duration: Duration) -> u64 {
         duration.as_millis() as u64
     }
@@ -262,65 +258,9 @@ impl World {
         }
     }
 
-    /// Whether driver `node` may act: not a leader whose lease has lapsed, as
-    /// `Guard::is_current` decides.
-    fn current(&mut self, node: u32) -> bool {
-        if !self.config.fencing {
-            return true;
-        }
-        let now = at(self.queue.now());
-        let Some(leader) = self.drivers[node as usize].leader() else {
-            return true;
-        };
-        let lapsed = leader.hold.is_some_and(|hold| !hold.is_current(now));
-        if lapsed && !std::mem::replace(&mut leader.lapsed, true) {
-            self.trace.line(
-                self.queue.now(),
-                format_args!("d{node}'s lease has lapsed: it sends nothing until renewed"),
-            );
-        }
-        !lapsed
-    }
-
-    /// Leadership lost: the process goes back to standing by, its state gone.
-    pub(super) fn depose(&mut self, node: u32, why: &str) {
-        let now = self.queue.now();
-        let driver = &mut self.drivers[node as usize];
-        driver.turn += 1;
-        driver.role = Role::Standby {
-            watch: Watch::default(),
-        };
-        self.trace
-            .line(now, format_args!("d{node} stops leading: {why}"));
-        let poll = Self::ms(lease::poll_interval(self.lease()));
-        self.due(node, poll, AtDriver::Poll);
-    }
-
-    /// A standby's look at the lease key, and a compare-and-set if it is free or lapsed.
-    fn poll(&mut self, node: u32) -> Result<(), String> {
-        let now = self.queue.now();
-        let lease = self.lease();
-        let Role::Standby { watch } = &mut self.drivers[node as usize].role else {
-            return Ok(());
-        };
-        let revision = self.broker.lease.revision;
-        // Every driver of the run declares the same lease.
-        let key = match self.broker.lease.holder {
-            None => Key::Free,
-            Some(_) => Key::Held { revision, lease },
-        };
-        if watch.may_take(key, at(now)) {
-            if let Some(epoch) = self.broker.write_lease(node, revision) {
-                return self.lead(node, epoch);
-            }
-        }
-        self.due(node, Self::ms(lease::poll_interval(lease)), AtDriver::Poll);
-        Ok(())
-    }
-
     /// Driver `node` leads from now, in `epoch` (0 without the journal): it marks the journal,
     /// restores what it holds, and the client submits what the new leader does not know.
-    fn lead(&mut self, node: u32, epoch: u64) -> Result<(), String> {
+    pub(super) fn lead(&mut self, node: u32, epoch: u64) -> Result<(), String> {
         let now = self.queue.now();
         let instance = self.rng.uuid();
         let journal = self.config.journal;
@@ -821,44 +761,6 @@ impl World {
                 what: answer,
             },
         );
-        Ok(())
-    }
-
-    fn renew(&mut self, node: u32) -> Result<(), String> {
-        let Some(leader) = self.drivers[node as usize].leader() else {
-            return Ok(());
-        };
-        let Some(hold) = leader.hold else {
-            return Ok(());
-        };
-        let (expected, sent) = (hold.revision(), self.queue.now());
-        self.send_to_broker(node, ToBroker::Renew { expected, sent })
-    }
-
-    fn renewed(&mut self, node: u32, sent: u64, revision: Option<u64>) -> Result<(), String> {
-        let now = self.queue.now();
-        let Some(leader) = self.drivers[node as usize].leader() else {
-            return Ok(());
-        };
-        let Some(hold) = leader.hold.as_mut() else {
-            return Ok(());
-        };
-        let Some(revision) = revision else {
-            self.depose(node, "another driver took the lease");
-            return Ok(());
-        };
-        let next = hold.renewed(revision, at(sent));
-        let valid_until = hold.valid_until();
-        if hold.is_current(at(now)) && std::mem::take(&mut leader.lapsed) {
-            self.trace
-                .line(now, format_args!("d{node}'s lease renewed after it lapsed"));
-        }
-        let (expire, next) = (
-            Self::ms(valid_until).saturating_sub(now),
-            Self::ms(next).saturating_sub(now),
-        );
-        self.due(node, expire, AtDriver::Expire);
-        self.due(node, next, AtDriver::Renew);
         Ok(())
     }
 

@@ -19,6 +19,7 @@ mod driver;
 mod executors;
 mod faults;
 pub mod fetches;
+mod lease;
 pub mod ledger;
 mod network;
 mod objects;
