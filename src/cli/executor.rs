@@ -4,7 +4,7 @@
 
 use super::{parse_duration, parse_key_value, parse_wait, show_duration, to_map};
 use crate::connect::{ConnectError, NatsArgs, Watch};
-use crate::executor::{run, ExecutorConfig, Handlers, PythonConfig, DEFAULT_INTERPRETER};
+use crate::executor::{default_interpreter, run, ExecutorConfig, Handlers, PythonConfig};
 use crate::ids::{validate_host_port, ExecutorId};
 use crate::metrics::ExecutorMetrics;
 use crate::objects::cache::DEFAULT_CACHE_BYTES;
@@ -90,12 +90,12 @@ pub struct ExecutorArgs {
     /// a free port and logs it).
     #[arg(long, env = "EMBER_METRICS_ADDR", value_name = "HOST:PORT")]
     pub metrics_addr: Option<SocketAddr>,
-    /// The Python interpreter that runs python tasks, a name on PATH or a path. It needs
-    /// cloudpickle to run functions that were pickled by value (lambdas, functions of
-    /// __main__).
-    #[arg(long, env = "EMBER_PYTHON", default_value = DEFAULT_INTERPRETER,
-          value_parser = parse_interpreter)]
-    pub python: String,
+    /// The Python interpreter that runs python tasks, a name on PATH or a path. It needs the
+    /// clients' cloudpickle to run functions that were pickled by value (lambdas, functions of
+    /// __main__) [default: the `python` beside this executable if there is one, as in a
+    /// virtualenv Ember was installed into with pip, else python3 on the PATH].
+    #[arg(long, env = "EMBER_PYTHON", value_parser = parse_interpreter)]
+    pub python: Option<String>,
     /// How many warm Python workers to keep, at most [default: one per core]. They start on
     /// the first python task and stay for the next.
     #[arg(long, env = "EMBER_PYTHON_WORKERS",
@@ -185,7 +185,7 @@ impl ExecutorArgs {
             exit_on_driver_loss: self.exit_on_driver_loss,
             metrics: Arc::new(ExecutorMetrics::new()),
             python: (!self.no_python).then(|| PythonConfig {
-                interpreter: self.python.clone(),
+                interpreter: self.python.clone().unwrap_or_else(default_interpreter),
                 workers: self.python_workers.unwrap_or(0),
             }),
             object_cache_bytes: self.object_cache_bytes,

@@ -57,6 +57,22 @@ pub fn stop_or_hangup_signal() -> impl std::future::Future<Output = ()> {
     signalled(true)
 }
 
+/// Completes when standard input ends (or cannot be read): for a process whose parent holds
+/// a pipe to it, the parent's end, however it ended. Whatever is read is ignored.
+pub fn stdin_ended() -> impl std::future::Future<Output = ()> {
+    let (ended, end) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buffer = [0u8; 512];
+        let mut stdin = std::io::stdin().lock();
+        while matches!(stdin.read(&mut buffer), Ok(n) if n > 0) {}
+        let _ = ended.send(());
+    });
+    async move {
+        let _ = end.await;
+    }
+}
+
 fn signalled(hangup: bool) -> impl std::future::Future<Output = ()> {
     let (signalled, signal) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {

@@ -33,9 +33,10 @@ pub struct UpArgs {
     /// Cores each executor offers [default: this machine's].
     #[arg(long, env = "EMBER_UP_CORES")]
     pub cores: Option<u32>,
-    /// The Python interpreter of the executors' Python workers [default: python3 on the
-    /// PATH]. It needs the clients' version of cloudpickle: give the one you installed the
-    /// `ember` package into (e.g. .venv/bin/python) if that is not the first python3.
+    /// The Python interpreter of the executors' Python workers [default: the `python` beside
+    /// the executors' binary if there is one (a virtualenv Ember was installed into with pip),
+    /// else python3 on the PATH]. It needs the clients' version of cloudpickle: give the one
+    /// you installed the `ember` package into (e.g. .venv/bin/python) if that is neither.
     #[arg(long, env = "EMBER_UP_PYTHON")]
     pub python: Option<PathBuf>,
     /// Port for the nats-server it starts.
@@ -61,6 +62,11 @@ pub struct UpArgs {
     /// Print events as wire JSON.
     #[arg(long, env = "EMBER_UP_JSON")]
     pub json: bool,
+    /// Stop everything when standard input ends, as on Ctrl-C: for a program that starts
+    /// `ember up` as its child with a pipe to its stdin (as Python's `ember.LocalCluster`
+    /// does), so that the cluster ends with that program even when it is killed.
+    #[arg(long)]
+    pub exit_with_stdin: bool,
     /// Join the server at --nats-url rather than start one: set when --nats-url is on the
     /// command line.
     #[arg(skip)]

@@ -15,7 +15,7 @@ pub mod tasks;
 mod upstream;
 
 pub use backend::{default_data_dir, run, ExecutorConfig, ExecutorError};
-pub use python::{PythonConfig, DEFAULT_INTERPRETER};
+pub use python::{default_interpreter, PythonConfig, DEFAULT_INTERPRETER};
 pub use status::encode_status_batch;
 pub use tasks::{Handlers, TaskContext, TaskResult};
 

@@ -24,8 +24,24 @@ use tokio::sync::Semaphore;
 /// The worker's program, run as `<interpreter> -c <script>`.
 const WORKER_SCRIPT: &str = include_str!("python_worker.py");
 
-/// The interpreter a worker runs unless `--python` names another.
+/// The interpreter a worker runs unless `--python` names another and none is beside the
+/// executor ([`default_interpreter`]).
 pub const DEFAULT_INTERPRETER: &str = "python3";
+
+/// The interpreter an executor's workers run unless told: the `python` beside the executor's
+/// own executable when there is one (a virtualenv's, when Ember was installed into it with pip,
+/// so that workers unpickle with the clients' cloudpickle), else [`DEFAULT_INTERPRETER`].
+pub fn default_interpreter() -> String {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("python")));
+    match beside.filter(|path| path.is_file()) {
+        // Not canonicalized: a virtualenv's python is a link that knows its virtualenv only
+        // through the path it is started by.
+        Some(path) => path.display().to_string(),
+        None => DEFAULT_INTERPRETER.into(),
+    }
+}
 
 /// How long a new worker has to import what it needs and say it is ready.
 const START_TIMEOUT: Duration = Duration::from_secs(60);

@@ -142,7 +142,17 @@ impl Launcher {
         for (key, value) in child_env(&self.nats_for(user)?) {
             command.env(key, value);
         }
-        command.args(extra).kill_on_drop(true).spawn().map_err(|e| {
+        command.args(extra).kill_on_drop(true);
+        // Linux tells a child when `ember up` dies, even by SIGKILL, so none outlives it.
+        #[cfg(target_os = "linux")]
+        unsafe {
+            // SAFETY: between fork and exec only prctl(2), which is async-signal-safe.
+            command.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        command.spawn().map_err(|e| {
             anyhow::anyhow!(
                 "could not start {}: {e} (build it with `cargo build --release`)",
                 path.display()
