@@ -1,11 +1,12 @@
 """Ember from Python: run Python functions, commands and handlers on an Ember cluster.
 
     import ember
-    client = ember.connect("nats://127.0.0.1:4222")
-    print(client.map(lambda x: x * x, range(10)).results())
+    with ember.LocalCluster() as cluster:       # or ember.connect("nats://host:4222")
+        client = cluster.client()
+        print(client.map(lambda x: x * x, range(10)).results())
 
 `ember.Client` is the asyncio client (`await ember.Client.connect(...)`); `ember.connect` gives
-the blocking one.
+the blocking one, and `ember.Executor` is a `concurrent.futures.Executor` on the cluster.
 """
 
 from .client import (
@@ -32,7 +33,8 @@ from .errors import (
     Unavailable,
     UpstreamError,
 )
-from .sync import SyncClient, SyncFuture, SyncJob, connect
+from .sync import Executor, Future, SyncClient, SyncJob, connect
+from .cluster import LocalCluster
 
 __all__ = [
     "DEFAULT_CLUSTER",
@@ -40,7 +42,10 @@ __all__ = [
     "Client",
     "DriverError",
     "EmberError",
+    "Executor",
+    "Future",
     "Job",
+    "LocalCluster",
     "NoAnswer",
     "NoDriver",
     "ObjectRef",
@@ -49,7 +54,6 @@ __all__ = [
     "RequestTooLarge",
     "ResultGone",
     "SyncClient",
-    "SyncFuture",
     "SyncJob",
     "Unavailable",
     "TaskError",

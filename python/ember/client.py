@@ -595,8 +595,11 @@ class Client:
                     waiters.remove(waiter)
                     if not waiters:
                         del self._waiters[job_id]
-            # No event yet: ask (an event may have been lost, or a driver took over).
-            summary = (await self._expect({"type": "GetJob", "job_id": job_id}, "Job"))["job"]
+            # No event yet: ask (an event may have been lost, or a driver took over), through a
+            # failover as any safe request.
+            request = {"type": "GetJob", "job_id": job_id}
+            answer = await self._through_failover(lambda: self._expect(request, "Job"))
+            summary = answer["job"]
             if summary["state"] not in _OPEN:
                 return summary
 
@@ -768,11 +771,12 @@ class Job(_objects.Upstream):
 
     async def wait(self, timeout=None, *, progress=None):
         """Waits for the job to end and returns its `JobSummary` (whatever its state). With a
-        terminal on stderr (or `progress=True`) a tqdm bar shows the tasks done."""
+        terminal on stderr, in a Jupyter notebook (a widget there), or with `progress=True`, a
+        tqdm bar shows the tasks done."""
         if self.job_id is None:
             return _empty_summary()
         if progress is None:
-            progress = sys.stderr.isatty()
+            progress = _shows_progress()
         if progress:
             await self._wait_with_bar(timeout)
         else:
@@ -780,7 +784,7 @@ class Job(_objects.Upstream):
         return await self.summary()
 
     async def _wait_with_bar(self, timeout):
-        from tqdm import tqdm
+        tqdm = _tqdm()
 
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -927,6 +931,33 @@ class Job(_objects.Upstream):
             if end.get("reason"):
                 error += f" ({end['reason']})"
         return TaskError(error, **where)
+
+
+def _shows_progress():
+    """Whether a wait shows a bar unless told: with a terminal on stderr, or in a notebook's
+    kernel."""
+    try:
+        if sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        return False
+    return "ipykernel" in sys.modules
+
+
+def _tqdm():
+    """tqdm's bar for where it shows: a widget in Jupyter (text there without ipywidgets), text
+    in a terminal. tqdm's warnings on the choice (experimental; no ipywidgets) are not shown."""
+    import warnings
+
+    try:
+        from tqdm import TqdmWarning  # TqdmExperimentalWarning is one
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=TqdmWarning)
+            from tqdm.auto import tqdm
+    except ImportError:  # a tqdm older than tqdm.auto
+        from tqdm import tqdm
+    return tqdm
 
 
 def _unpickle_result(value):

@@ -1,6 +1,7 @@
-"""A real cluster for the tests: nats-server from $EMBER_NATS_SERVER (with JetStream, in a
-store of its own), and ember-driver and ember-executor from the release build (target/release,
-or $EMBER_BIN_DIR), each on a cluster name of its own. The executors' Python workers run this
+"""A real cluster for the tests: nats-server from $EMBER_NATS_SERVER or the PATH (with
+JetStream, in a store of its own), and ember-driver and ember-executor from $EMBER_BIN_DIR, else
+the ones installed beside this interpreter or on the PATH (the wheel's), else the release build
+(target/release), each on a cluster name of its own. The executors' Python workers run this
 interpreter, so they unpickle with the cloudpickle the tests pickle with."""
 
 import os
@@ -28,6 +29,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def binary(name):
+    from ember.cluster import binary as installed
+
+    if "EMBER_BIN_DIR" not in os.environ:
+        try:
+            return installed(name)
+        except Exception:
+            pass
     directory = Path(os.environ.get("EMBER_BIN_DIR", REPO / "target" / "release"))
     path = directory / name
     if not path.exists():
