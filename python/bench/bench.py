@@ -11,7 +11,7 @@ combine's value; beside it the same 10,101 submits with plain numbers in place o
 timed to the end of the last. The overhead per dependency edge is the difference over the
 10,100 edges.
 
-    EMBER_NATS_SERVER=.tools/bin/nats-server .tools/venv/bin/python python/bench/bench.py
+    EMBER_NATS_SERVER=.tools/bin/nats-server .tools/wheel-venv/bin/python python/bench/bench.py
 
 It starts its own nats-server (max_payload 8 MB; JetStream only with --journal), a driver and the executors
 from target/release (or $EMBER_BIN_DIR) on a loopback port, and stops them at the end. Each
