@@ -168,9 +168,22 @@ impl TestCluster {
             ..DriverConfig::new(self.subjects.clone())
         };
         configure(&mut config);
+        let api = config.subjects.api();
+        let probe = self.client().await;
         let running = Running::spawn(|stop| driver::run(client, config, stop));
-        // The driver subscribes first thing; give it that moment.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A driver answers once it has subscribed, and a journaled one once it has read its
+        // journal, which on a loaded machine takes a while: wait until something answers on
+        // the api (bounded, and not for a driver that stopped: a test may start one that
+        // never answers).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let ask = br#"{"type":"ListExecutors","limit":0}"#;
+        while !running.handle.is_finished() && tokio::time::Instant::now() < deadline {
+            let answer = probe.request(api.clone(), ask.to_vec().into());
+            match tokio::time::timeout(Duration::from_millis(500), answer).await {
+                Ok(Ok(_)) => break,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
         running
     }
 
