@@ -139,6 +139,7 @@ mod tests {
             pool: None,
             priority: 0,
             speculation: None,
+            retry_backoff: None,
             submission_id: None,
             name: "squares".into(),
             tasks: vec![ember::protocol::TaskSpec::Handler {

@@ -33,6 +33,7 @@ fn work_job(tasks: u32) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "work".into(),
         tasks: vec![TaskSpec::Handler {

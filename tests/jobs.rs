@@ -30,6 +30,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "test".into(),
         tasks,
@@ -576,6 +577,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "echo".into(),
         tasks: vec![handler("echo", json!({"value": "kept"}))],
@@ -866,4 +868,49 @@ async fn a_submission_sent_again_makes_one_job() {
     );
     let jobs = api.jobs().await.expect("jobs");
     assert_eq!(jobs.len(), 1, "{jobs:?}");
+}
+
+#[tokio::test]
+async fn failed_attempts_wait_out_their_backoff_before_they_run_again() {
+    let cluster = TestCluster::start("jobs-backoff");
+    let mut events = cluster.listen(cluster.subjects.event("task.*")).await;
+    let _driver = cluster.driver().await;
+    let _a = cluster.executor("a", 1, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let backoff = ember::protocol::RetryBackoff {
+        initial_ms: 200,
+        multiplier: 2.0,
+        max_ms: None,
+        jitter: 0.2,
+    };
+    let submission = SubmitJob {
+        retry_backoff: Some(backoff),
+        ..job(vec![handler("fail", json!(null))], 1)
+    };
+    let summary = within(LIMIT, api.run_job(submission, |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(summary.state, JobState::Failed, "{summary:?}");
+    assert_eq!(api.results(summary.job_id).await.unwrap()[0].attempts, 4);
+
+    // The driver's own times: each attempt starts at least its wait, less the jitter, after
+    // the failure before it ends.
+    let (mut starts, mut ends) = (Vec::new(), Vec::new());
+    while starts.len() < 4 || ends.len() < 4 {
+        let message = within(LIMIT, events.next()).await.unwrap();
+        match decode::<Event>(&message.payload, usize::MAX) {
+            Ok(Event::TaskStart { time_ms, .. }) => starts.push(time_ms),
+            Ok(Event::TaskEnd { time_ms, .. }) => ends.push(time_ms),
+            _ => {}
+        }
+    }
+    for failures in 1..4u32 {
+        let wait = starts[failures as usize] - ends[failures as usize - 1];
+        let least = (backoff.base_delay_ms(failures) as f64 * (1.0 - backoff.jitter)) as u64;
+        assert!(
+            wait >= least,
+            "retry {failures} started {wait} ms after the failure, before {least} ms: \
+             starts {starts:?}, ends {ends:?}"
+        );
+    }
 }

@@ -26,6 +26,7 @@ fn sleepers(pid_file: &Path, timeout_ms: Option<u64>) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "group".into(),
         tasks: vec![TaskSpec::Command {

@@ -1201,6 +1201,7 @@ fn full_job() -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "nightly".into(),
         tasks: vec![
@@ -1245,6 +1246,7 @@ fn default_job() -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: String::new(),
         tasks: vec![TaskSpec::Handler {
@@ -2817,6 +2819,7 @@ fn journal_records() {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "nightly".into(),
         tasks: vec![TaskSpec::Handler {
@@ -2986,6 +2989,15 @@ fn journal_records() {
             time_ms: 1_700_000_000_960,
         },
         json!({"type":"TaskKilledByRequest","job_id":3,"index":5,"time_ms":1700000000960u64}),
+    );
+    golden(
+        &JournalRecord::TaskRetryWaits {
+            job_id: 3,
+            index: 5,
+            failures: 2,
+            until_ms: 1_700_000_002_960,
+        },
+        json!({"type":"TaskRetryWaits","job_id":3,"index":5,"failures":2,"until_ms":1700000002960u64}),
     );
     golden(
         &JournalRecord::Leader {
@@ -3503,6 +3515,42 @@ fn submit_job_with_speculation() {
     json_error::<SubmitJob>(
         br#"{"tasks":[{"kind":"handler","name":"noop"}],"speculation":{"quantile":"high"}}"#,
         &["expected f64"],
+    );
+}
+
+#[test]
+fn submit_job_with_a_retry_backoff() {
+    let job = SubmitJob {
+        retry_backoff: Some(ember::protocol::RetryBackoff {
+            initial_ms: 1000,
+            multiplier: 3.0,
+            max_ms: Some(60_000),
+            jitter: 0.1,
+        }),
+        ..default_job()
+    };
+    golden(
+        &job,
+        json!({
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "retry_backoff": {"initial_ms": 1000, "multiplier": 3.0, "max_ms": 60000, "jitter": 0.1}
+        }),
+    );
+    // Only the first wait is needed: doubling, capped at 100 times it, 20% of jitter.
+    decodes_to(
+        json!({"tasks": [{"kind": "handler", "name": "noop"}], "retry_backoff": {"initial_ms": 500}}),
+        &SubmitJob {
+            retry_backoff: Some(ember::protocol::RetryBackoff::starting_at(500)),
+            ..default_job()
+        },
+    );
+    json_error::<SubmitJob>(
+        br#"{"tasks":[{"kind":"handler","name":"noop"}],"retry_backoff":{"multiplier":2}}"#,
+        &["missing field `initial_ms`"],
     );
 }
 

@@ -77,6 +77,7 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "python".into(),
         tasks,

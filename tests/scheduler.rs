@@ -17,6 +17,7 @@ fn commands(scripts: &[&str]) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "commands".into(),
         tasks: scripts.iter().map(|script| sh(script)).collect(),

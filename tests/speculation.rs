@@ -23,6 +23,7 @@ fn job(speculation: Option<Speculation>) -> SubmitJob {
         format!(r#"if [ -n "$EMBER_TEST_SLOW" ]; then sleep {SLOW_SECS}; else sleep 0.3; fi"#);
     SubmitJob {
         speculation,
+        retry_backoff: None,
         submission_id: None,
         name: "slow-one".into(),
         tasks: vec![sh(&script)],

@@ -18,6 +18,7 @@ from .client import (
     command_task,
     handler_task,
     python_task,
+    retry_backoff,
 )
 from .objects import ObjectRef
 from .errors import (
@@ -63,4 +64,5 @@ __all__ = [
     "connect",
     "handler_task",
     "python_task",
+    "retry_backoff",
 ]

@@ -89,6 +89,17 @@ def _timeout_ms(timeout):
     return ms
 
 
+def retry_backoff(initial, *, multiplier=2.0, max=None, jitter=0.2):
+    """A job's `retry_backoff`: a failed task waits `initial` seconds (or a `timedelta`)
+    before its first retry, `multiplier` times longer before each later one, at most `max`
+    (by default 100 times `initial`), less up to `jitter` (0 to 1) of each wait at random."""
+    backoff = {"initial_ms": _timeout_ms(initial), "multiplier": float(multiplier),
+               "jitter": float(jitter)}
+    if max is not None:
+        backoff["max_ms"] = _timeout_ms(max)
+    return backoff
+
+
 def python_task(fn, args=(), kwargs=None, *, timeout=None):
     """The spec of one python task that calls `fn(*args, **kwargs)`."""
     if not callable(fn):
@@ -347,6 +358,7 @@ class Client:
         submission_id=None,
         after=(),
         after_any=(),
+        retry_backoff=None,
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
         repeated `repeat` times, and returns its `Job`. `resources` asks for custom resources
@@ -355,6 +367,10 @@ class Client:
         `after` names jobs (`Job`s or ids) this one runs after: it waits (`WAITING`) until all
         have succeeded, and ends FAILED without running anything if one fails or is killed.
         `after_any` names jobs it runs after however they end. Only jobs the driver keeps.
+
+        `retry_backoff` makes a failed task wait before it runs again, holding no cores: the
+        first wait in seconds (or a `timedelta`), doubling for each later retry, or
+        `ember.retry_backoff(...)` for the multiplier, the cap and the jitter.
 
         The submission carries `submission_id` (a new one unless given), so it is safe to send
         again: while the driver answers `Unavailable`, or no driver answers after one did, it is
@@ -370,6 +386,7 @@ class Client:
             submission_id=submission_id,
             after=after,
             after_any=after_any,
+            retry_backoff=retry_backoff,
         )
         answer = await self._through_failover(lambda: self._expect(request, "JobAccepted"))
         return Job(self, answer["job_id"])
@@ -465,12 +482,13 @@ class Client:
 
     async def submit_with(
         self, fn, args=(), kwargs=None, *, timeout=None, name=None, max_failures=1,
-        resources=None,
+        resources=None, retry_backoff=None,
     ):
         """`submit` with options: `timeout` (seconds, or a timedelta) stops the call's worker
         when it runs longer; `max_failures` is how many attempts it gets; `resources` what
         custom resources the call holds (`{"gpu": 1}`: it reads the address in
-        `os.environ["EMBER_RESOURCE_GPU"]`)."""
+        `os.environ["EMBER_RESOURCE_GPU"]`); `retry_backoff` how a failed attempt waits
+        before the next (see `submit_job`)."""
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
         spec = {"kind": "python"}
@@ -484,13 +502,14 @@ class Client:
             name=name or _name_of(fn),
             max_failures=max_failures,
             resources=resources,
+            retry_backoff=retry_backoff,
             python="call",
         )
         return TaskFuture(job)
 
     async def map(
         self, fn, iterable, *, chunksize=None, timeout=None, name=None, max_failures=1,
-        resources=None,
+        resources=None, retry_backoff=None,
     ):
         """Runs `fn` on each item of `iterable` as one job, `chunksize` items per task (by
         default about four tasks per core of the cluster); returns its `Job`, whose
@@ -518,7 +537,8 @@ class Client:
         function = await self._pickled({}, "function", pickled)
         if not items:
             return Job(self, None, python="map")
-        job = {"name": name or _name_of(fn), "max_failures": max_failures, "resources": resources}
+        job = {"name": name or _name_of(fn), "max_failures": max_failures, "resources": resources,
+               "retry_backoff": retry_backoff}
         tasks = _objects.MapTasks(
             self._objects(), base, function, pickled[0], self._task_room(**job)
         )
@@ -712,6 +732,7 @@ def _job_request(
     submission_id=None,
     after=(),
     after_any=(),
+    retry_backoff=None,
 ):
     """A SubmitJob request (docs/protocol.md)."""
     request = {
@@ -725,6 +746,11 @@ def _job_request(
     }
     if resources:
         request["resources"] = dict(resources)
+    if retry_backoff is not None:
+        request["retry_backoff"] = (
+            dict(retry_backoff) if isinstance(retry_backoff, dict)
+            else {"initial_ms": _timeout_ms(retry_backoff)}
+        )
     for key, jobs in (("after", after), ("after_any", after_any)):
         if jobs:
             request[key] = [_job_id(job) for job in jobs]

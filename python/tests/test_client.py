@@ -106,6 +106,32 @@ def test_a_timeout_stops_the_call(client):
     assert client.submit(square, 3).result() == 9
 
 
+def always_fails():
+    raise RuntimeError("not yet")
+
+
+def test_a_failed_call_waits_out_its_backoff_before_it_runs_again(client):
+    started = time.monotonic()
+    future = client.submit_with(
+        always_fails, max_failures=3, retry_backoff=ember.retry_backoff(0.3, jitter=0)
+    )
+    with pytest.raises(RuntimeError, match="not yet"):
+        future.result(timeout=60)
+    # Three attempts: 0.3 s and then 0.6 s of waiting between them.
+    assert time.monotonic() - started >= 0.9
+    assert future.job.outcomes()[0]["attempts"] == 3
+
+
+def test_a_backoff_is_written_as_the_driver_reads_it():
+    from ember.client import _job_request
+
+    assert _job_request([], retry_backoff=1.5)["retry_backoff"] == {"initial_ms": 1500}
+    assert ember.retry_backoff(1, multiplier=3, max=60, jitter=0.1) == {
+        "initial_ms": 1000, "multiplier": 3.0, "max_ms": 60000, "jitter": 0.1
+    }
+    assert "retry_backoff" not in _job_request([])
+
+
 def test_kill_a_job(client):
     job = client.map(time.sleep, [60] * 4, chunksize=1)
     time.sleep(0.5)

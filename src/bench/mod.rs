@@ -377,6 +377,7 @@ fn noops(tasks: u32) -> crate::protocol::SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "bench".into(),
         tasks: vec![noop()],

@@ -49,6 +49,7 @@ fn printers(tasks: u32) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "soak-print".into(),
         tasks: vec![TaskSpec::Command {

@@ -2,6 +2,7 @@
 //! (`ember-driver`'s in [`driver`], `ember-executor`'s in [`executor`], `ember`'s in [`command`]
 //! and its subcommands). The binaries in src/bin only parse flags and call into here.
 
+pub mod backoff;
 pub mod command;
 pub mod creds;
 pub mod driver;

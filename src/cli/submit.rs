@@ -28,6 +28,8 @@ pub struct SubmitArgs {
     pub max_failures: u32,
     #[command(flatten)]
     pub speculation: super::speculation::SpeculationArgs,
+    #[command(flatten)]
+    pub backoff: super::backoff::BackoffArgs,
     /// Cores each task takes.
     #[arg(long, default_value_t = 1)]
     pub cpus_per_task: u32,
@@ -180,6 +182,7 @@ impl SubmitArgs {
             pool: self.pool.clone(),
             priority: self.priority,
             speculation: self.speculation.config()?,
+            retry_backoff: self.backoff.config()?,
             submission_id: self.submission_id.clone(),
             name,
             tasks: vec![spec],

@@ -214,6 +214,7 @@ mod tests {
                 pool: None,
                 priority: 0,
                 speculation: None,
+                retry_backoff: None,
                 submission_id: None,
                 name: "n".into(),
                 tasks: vec![TaskSpec::Handler {

@@ -58,6 +58,15 @@ pub enum JournalRecord {
         index: u32,
         time_ms: u64,
     },
+    /// Task `index` of a job with a retry backoff failed for the `failures`-th time and waits
+    /// until `until_ms` (the driver's clock, ms since the epoch) before it runs again. A
+    /// restarted driver counts its failures on from there and keeps the wait.
+    TaskRetryWaits {
+        job_id: JobId,
+        index: u32,
+        failures: u32,
+        until_ms: u64,
+    },
     /// A finished job's results were dropped, to keep all results under the driver's cap.
     ResultsDropped { job_id: JobId },
     /// A driver took the lead of the cluster's drivers, with this epoch (the lease's

@@ -406,10 +406,14 @@ impl World {
                 as u32;
             // Every other job copies its slow tasks: the invariants hold with speculation too.
             let speculation = (origin % 2 == 1).then(crate::protocol::Speculation::default);
+            // And one in four waits before each retry, through failovers: the waits replay.
+            let retry_backoff =
+                (origin % 4 == 2).then(|| crate::protocol::RetryBackoff::starting_at(50));
             let job = SubmitJob {
                 pool: None,
                 priority: 0,
                 speculation,
+                retry_backoff,
                 submission_id: Some(name.clone()),
                 name: name.clone(),
                 tasks: vec![super::objects::spec_of(&self.objects, origin)],

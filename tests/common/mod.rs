@@ -382,6 +382,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "noops".into(),
         tasks: vec![ember::protocol::TaskSpec::Handler {
@@ -404,6 +405,7 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "sleepers".into(),
         tasks: vec![ember::protocol::TaskSpec::Handler {

@@ -68,6 +68,8 @@ pub struct Job {
     pub reason: Option<String>,
     /// Speculative execution, when the job asked for it.
     pub speculation: Option<Box<super::speculation::Speculation>>,
+    /// How its failed tasks wait before they run again; none: at once.
+    pub retry_backoff: Option<crate::protocol::RetryBackoff>,
     /// The key its client gave to make the submission safe to send again.
     pub submission_id: Option<String>,
     /// The term of the leader that accepted it, if known (see [`JournalRecord::JobSubmitted`]).
@@ -131,6 +133,7 @@ impl Job {
             speculation: submit
                 .speculation
                 .map(|config| Box::new(super::speculation::Speculation::new(config))),
+            retry_backoff: submit.retry_backoff,
             submission_id: submit.submission_id,
             term: None,
             tenant: None,
@@ -210,6 +213,7 @@ impl Job {
             pool: self.pool.clone(),
             priority: self.priority,
             speculation: self.speculation.as_ref().map(|s| s.config),
+            retry_backoff: self.retry_backoff,
             submission_id: self.submission_id.clone(),
             name: self.name.clone(),
             tasks: self
@@ -683,6 +687,9 @@ pub(super) fn validate_job(
     }
     if let Some(speculation) = &submit.speculation {
         super::speculation::validate(speculation)?;
+    }
+    if let Some(backoff) = &submit.retry_backoff {
+        super::backoff::validate(backoff)?;
     }
     // A launch of one task must fit in one message: it is one group, the spec and under 250
     // bytes of ids and framing, so 1024 bytes of room is plenty.

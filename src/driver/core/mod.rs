@@ -7,6 +7,7 @@
 
 mod adoption;
 mod allocation;
+mod backoff;
 mod dependencies;
 mod exclusion;
 mod gate;
@@ -30,12 +31,13 @@ use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
     ApiReply, ApiRequest, Event, ExecutorMessage, JobState, JournalRecord, ResultsPage,
 };
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 pub use adoption::DEFAULT_ADOPT_WAIT;
 pub use allocation::{
     AllocationConfig, DEFAULT_BACKLOG_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MIN_EXECUTORS,
 };
+pub use backoff::validate as validate_retry_backoff;
 pub use exclusion::{
     ExclusionConfig, DEFAULT_EXCLUDE_CLUSTER_FAILURES, DEFAULT_EXCLUDE_JOB_FAILURES,
     DEFAULT_EXCLUDE_TASK_FAILURES, DEFAULT_EXCLUDE_TIMEOUT, DEFAULT_UNSCHEDULABLE_TIMEOUT,
@@ -148,6 +150,8 @@ pub struct Core {
     jobs: BTreeMap<JobId, Job>,
     /// Jobs that may have tasks waiting, first submitted first.
     queue: VecDeque<JobId>,
+    /// Retries waiting out their job's backoff: when each may run again, its job and index.
+    retry_waits: BTreeSet<(u64, JobId, u32)>,
     /// The pools FAIR scheduling orders jobs by; none under FIFO.
     pools: Option<Box<pools::Pools>>,
     /// First task id of each job, to find a task's job by range.
@@ -207,6 +211,7 @@ impl Core {
             total_cores: 0,
             jobs: BTreeMap::new(),
             queue: VecDeque::new(),
+            retry_waits: BTreeSet::new(),
             pools: None,
             first_tasks: BTreeMap::new(),
             submissions: HashMap::new(),
@@ -357,6 +362,7 @@ impl Core {
     pub fn tick(&mut self, now: u64) {
         self.expire(now);
         self.exclusion_tick(now);
+        self.wake_retries(now);
         self.make_offers(None, now);
         self.speculate(now);
     }

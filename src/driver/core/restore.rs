@@ -3,8 +3,9 @@
 //! idempotent, since a publish retried after a lost acknowledgement may store a record twice.
 //!
 //! What comes back is what the journal holds: every job with its ids, name, tasks and end, and
-//! each task that ended for good with its outcome. Attempts in flight, and failures that were
-//! retried, are not journaled: those tasks run again, with a fresh failure budget.
+//! each task that ended for good with its outcome, and the retries that wait out a backoff.
+//! Attempts in flight, and failures retried at once, are not journaled: those tasks run again,
+//! with a fresh failure budget.
 
 use super::jobs::{validate_job, Job, TaskStatus};
 use super::snapshot::SnapshotIds;
@@ -110,6 +111,12 @@ impl Core {
             JournalRecord::TaskKilledByRequest { job_id, index, .. } => {
                 self.replay_task_killed(job_id, index)
             }
+            JournalRecord::TaskRetryWaits {
+                job_id,
+                index,
+                failures,
+                until_ms,
+            } => self.replay_retry_wait(job_id, index, failures, until_ms),
             // Who led changes nothing in the jobs.
             JournalRecord::Leader { .. } => Ok(()),
             JournalRecord::JobEnded {
@@ -348,6 +355,7 @@ impl Core {
                     }
                 }
                 JournalRecord::TaskKilledByRequest { .. }
+                | JournalRecord::TaskRetryWaits { .. }
                 | JournalRecord::ResultsDropped { .. }
                 | JournalRecord::Leader { .. }
                 | JournalRecord::SnapshotPart { .. } => {}

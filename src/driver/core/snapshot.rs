@@ -115,6 +115,7 @@ impl Core {
                         time_ms: job.submitted_at_ms,
                     });
                 }
+                Core::retry_waits_of(job).for_each(&mut emit);
             }
         }
         // Those kept past the limit for the open jobs that run after them ended first.
@@ -198,6 +199,7 @@ impl Core {
         self.forgetting = restored.forgetting;
         self.readers = restored.readers;
         self.held = restored.held;
+        self.retry_waits = restored.retry_waits;
         self.result_bytes = restored.result_bytes;
         self.next_job = restored.next_job.max(ids.next_job);
         self.next_task = restored.next_task.max(ids.next_task);

@@ -280,6 +280,7 @@ impl Core {
             d.min(super::jobs::NO_DURATION - 1)
         });
         let mut abort = None;
+        let mut rest = None;
         // The last attempt's result is kept whatever its end (a failed command's output
         // explains the failure), and only the last one's.
         let result = update.result.clone().filter(|r| !r.is_null());
@@ -315,7 +316,10 @@ impl Core {
                     ));
                 } else {
                     record.status = TaskStatus::Pending;
-                    job.tasks.wait_again(index);
+                    match job.retry_backoff {
+                        Some(backoff) => rest = Some((record.failures, backoff)),
+                        None => job.tasks.wait_again(index),
+                    }
                 }
             }
             // Killed or lost while the job runs: not the task's fault, so run it again.
@@ -337,6 +341,9 @@ impl Core {
                 error.as_deref().unwrap_or_default(),
                 now,
             );
+        }
+        if let Some((failures, backoff)) = rest {
+            self.rest_retry(job_id, index, failures, backoff, now);
         }
         self.keep_outputs(job_id, index, update.result.as_ref());
         self.keep_result(job_id, index, result, false);

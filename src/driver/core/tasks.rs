@@ -3,7 +3,7 @@
 //! how many tasks it was submitted with.
 
 use crate::ids::ExecutorId;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Where one task stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +72,8 @@ pub enum Pick {
 /// The records of a job's tasks. Tasks `0..frontier` have records; the rest have never run and
 /// are all alike, but for those killed by request before they ran. Tasks wait in two lines:
 /// those below the frontier that must run again (retries, and those a restarted driver found
-/// unfinished) first, then the never-run ones in index order.
+/// unfinished) first, then the never-run ones in index order. Retries of a job with a backoff
+/// rest, in neither line, until the core wakes them.
 #[derive(Debug)]
 pub struct Tasks {
     launched: Vec<TaskRecord>,
@@ -84,6 +85,9 @@ pub struct Tasks {
     /// Tasks past the frontier killed by request before they ran (empty unless a task was):
     /// they get a KILLED record when the frontier reaches them.
     skipped: BTreeSet<u32>,
+    /// Tasks below the frontier waiting out a retry backoff (`Pending`, in no line), each with
+    /// the time its wait ends.
+    resting: BTreeMap<u32, u64>,
 }
 
 impl Tasks {
@@ -95,6 +99,7 @@ impl Tasks {
             again: VecDeque::new(),
             open: true,
             skipped: BTreeSet::new(),
+            resting: BTreeMap::new(),
         }
     }
 
@@ -104,6 +109,16 @@ impl Tasks {
 
     pub fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// How many tasks wait out a retry backoff.
+    pub fn resting(&self) -> u32 {
+        self.resting.len() as u32
+    }
+
+    /// The resting tasks, each with the time its wait ends.
+    pub fn resting_until(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.resting.iter().map(|(index, until)| (*index, *until))
     }
 
     /// How many tasks wait for cores.
@@ -161,6 +176,7 @@ impl Tasks {
         if let Some(position) = self.again.iter().position(|i| *i == index) {
             self.again.remove(position);
         }
+        self.resting.remove(&index);
         true
     }
 
@@ -187,6 +203,11 @@ impl Tasks {
             false => true,
         });
         debug_assert_eq!(before - self.again.len(), taken.len());
+        for index in wanted.range(..frontier) {
+            if self.resting.remove(index).is_some() {
+                taken.push(*index);
+            }
+        }
         // In index order, so each one past the frontier comes into being as itself, not as
         // one that waits on before a later one.
         for index in wanted.range(frontier..) {
@@ -236,10 +257,33 @@ impl Tasks {
         self.again.push_front(index);
     }
 
-    /// Ends the waiting: every waiting task is KILLED. Returns how many there were.
+    /// Sets task `index` (below the frontier, `Pending`) aside until `until`, when
+    /// [`Tasks::wake`] lines it up.
+    pub fn rest(&mut self, index: u32, until: u64) {
+        debug_assert_eq!(self.launched[index as usize].status, TaskStatus::Pending);
+        self.resting.insert(index, until);
+    }
+
+    /// Puts task `index`, resting until `until`, first in line to run again; false if it does
+    /// not rest until then (it was killed, adopted, rests for a later failure, or its job
+    /// ended).
+    pub fn wake(&mut self, index: u32, until: u64) -> bool {
+        if self.resting.get(&index) != Some(&until) {
+            return false;
+        }
+        self.resting.remove(&index);
+        self.wait_again(index);
+        true
+    }
+
+    /// Ends the waiting: every waiting task is KILLED, resting ones too. Returns how many
+    /// there were.
     pub fn close(&mut self) -> u32 {
-        let waiting = self.waiting();
-        for index in std::mem::take(&mut self.again) {
+        let waiting = self.waiting() + self.resting();
+        for index in std::mem::take(&mut self.again)
+            .into_iter()
+            .chain(std::mem::take(&mut self.resting).into_keys())
+        {
             self.launched[index as usize].status = TaskStatus::Killed;
         }
         self.open = false;
@@ -247,10 +291,18 @@ impl Tasks {
     }
 
     /// Lines up again, in index order, the tasks below the frontier that are `Pending` (as a
-    /// replay leaves those it found unfinished). Returns how many tasks wait in all.
+    /// replay leaves those it found unfinished), but those that rest (a replayed retry
+    /// backoff). Returns how many tasks wait in all.
     pub fn requeue_pending(&mut self) -> u32 {
+        let pending =
+            |tasks: &Self, index: u32| tasks.launched[index as usize].status == TaskStatus::Pending;
+        let resting = std::mem::take(&mut self.resting);
+        self.resting = resting
+            .into_iter()
+            .filter(|(i, _)| pending(self, *i))
+            .collect();
         self.again = (0..self.launched.len() as u32)
-            .filter(|index| self.launched[*index as usize].status == TaskStatus::Pending)
+            .filter(|index| pending(self, *index) && !self.resting.contains_key(index))
             .collect();
         self.waiting()
     }

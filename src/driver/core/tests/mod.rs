@@ -5,6 +5,7 @@
 
 mod adoption;
 mod allocation;
+mod backoff;
 mod dependencies;
 mod exclusion;
 mod gate;
@@ -130,6 +131,7 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
         pool: None,
         priority: 0,
         speculation: None,
+        retry_backoff: None,
         submission_id: None,
         name: "test-job".into(),
         tasks: vec![noop()],
@@ -855,11 +857,19 @@ fn check_job_counts(job: &super::Job) {
         count(TaskStatus::Running),
         "job {job_id} running"
     );
+    // A pending task waits for cores or rests out a retry backoff.
     assert_eq!(
-        job.tasks.waiting(),
+        job.tasks.waiting() + job.tasks.resting(),
         count(TaskStatus::Pending),
         "job {job_id} pending"
     );
+    for (index, _) in job.tasks.resting_until() {
+        assert_eq!(
+            job.tasks[index].status,
+            TaskStatus::Pending,
+            "job {job_id} rests {index}"
+        );
+    }
     let waiting: Vec<u32> = job.tasks.waiting_order(usize::MAX).collect();
     let pending: BTreeSet<u32> = waiting.iter().copied().collect();
     assert_eq!(
@@ -871,7 +881,12 @@ fn check_job_counts(job: &super::Job) {
         assert_eq!(job.tasks[index].status, TaskStatus::Pending);
     }
     assert_eq!(
-        job.succeeded + job.failed + job.killed + job.running + job.tasks.waiting(),
+        job.succeeded
+            + job.failed
+            + job.killed
+            + job.running
+            + job.tasks.waiting()
+            + job.tasks.resting(),
         job.len(),
         "job {job_id}: the counts do not add up"
     );
