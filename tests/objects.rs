@@ -889,6 +889,11 @@ async fn a_standby_that_takes_over_keeps_what_the_jobs_use_and_sweeps_the_rest()
         api.objects().await.ok()
     })
     .await;
+    // One of the drivers leads once it has taken the lease and read the journal.
+    common::eventually(Duration::from_secs(20), "a leading driver", || async {
+        api.executors().await.ok()
+    })
+    .await;
     let input = objects.put_bytes(content(1000, 1)).await.unwrap().object;
     let (first, output) = copy_job(&api, &input).await;
 
