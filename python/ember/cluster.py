@@ -199,8 +199,7 @@ class LocalCluster:
         if self._client is None:
             from .sync import SyncClient
 
-            self._client = SyncClient(self.url, cluster=self.name)
-            self._client.web_url = self.web_url
+            self._client = SyncClient(self.url, cluster=self.name, web_url=self.web_url)
         return self._client
 
     @property
@@ -269,14 +268,14 @@ def current() -> Optional[LocalCluster]:
 
 
 def default_target(url: Optional[str], cluster: Optional[str]):
-    """The URL and cluster name a client given `url` and `cluster` (either None) connects to:
-    the LocalCluster open in this process, else `$EMBER_NATS_URL` and `$EMBER_CLUSTER`, else
-    the defaults."""
+    """What a client given `url` and `cluster` (either None) connects to, as (url, cluster,
+    web page or None): the LocalCluster open in this process, else `$EMBER_NATS_URL` and
+    `$EMBER_CLUSTER`, else the defaults."""
     local = current() if url is None else None
     if local is not None:
-        return local.url, cluster or local.name
+        return local.url, cluster or local.name, local.web_url
     url = url or os.environ.get("EMBER_NATS_URL") or DEFAULT_URL
-    return url, cluster or os.environ.get("EMBER_CLUSTER") or DEFAULT_CLUSTER
+    return url, cluster or os.environ.get("EMBER_CLUSTER") or DEFAULT_CLUSTER, None
 
 
 @atexit.register

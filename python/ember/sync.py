@@ -22,7 +22,7 @@ from .client import (
     _name_of,
     _unpickle_result,
 )
-from .cluster import current, default_target
+from .cluster import default_target
 from .errors import DriverError, EmberError, ResultGone
 from .objects import ObjectRef
 
@@ -84,10 +84,8 @@ class SyncClient:
         web_url: str | None = None,
         **options: Any,
     ):
-        self.url, cluster = default_target(url, cluster)
-        if web_url is None and url is None and current() is not None:
-            web_url = current().web_url
-        self.web_url = web_url
+        self.url, cluster, local_web_url = default_target(url, cluster)
+        self.web_url = web_url or local_web_url
         # Tasks on the loop that wait for a job's end for a future (stopped by `close`), and
         # kills sent in the background (waited for by `close`).
         self._watchers: set[asyncio.Task] = set()
