@@ -153,6 +153,7 @@ mod tests {
             placement: Default::default(),
             after: Vec::new(),
             after_any: Vec::new(),
+            timeouts: Default::default(),
         };
         let summary = tokio::time::timeout(Duration::from_secs(30), api.run_job(job, |_| {}))
             .await

@@ -13,12 +13,14 @@ mod fast_tests;
 mod groups;
 mod journal;
 mod launch_tasks;
+mod policy;
 mod status_ack;
 mod status_updates;
 
 pub use batch::{fit, Batch};
 pub use event::{Event, ExclusionScope, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
 pub use journal::{JournalRecord, JournaledTask};
+pub use policy::{JobTimeouts, RetryBackoff};
 pub use status_updates::StatusBatch;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
@@ -252,6 +254,15 @@ pub enum TaskSpec {
         /// worker gives the task their values. Each must be a job this one runs `after`.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         upstream: Vec<JobId>,
+        /// Exceptions, by qualified class name (`module.Class`, `builtins.ValueError`), whose
+        /// failures run again; a failure by any other does not. Empty: every failure may.
+        /// A subclass matches its base.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        retry_on: Vec<String>,
+        /// Exceptions, named the same way, whose failures do not run again, whatever
+        /// `retry_on` says.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        no_retry_on: Vec<String>,
     },
 }
 
@@ -337,6 +348,9 @@ pub struct SubmitJob {
     /// How failed tasks wait before they run again; absent, they run again at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_backoff: Option<RetryBackoff>,
+    /// How long a task may wait to start, an attempt run, and the job last; none by default.
+    #[serde(flatten)]
+    pub timeouts: JobTimeouts,
     /// A key the client picks (1 to 64 letters, digits, `_`, `-` or `.`) that makes the
     /// submission safe to send again: a second `SubmitJob` with the same key, while the job it
     /// made is kept, is answered with that job's id and submits nothing. `EmberClient` sets
@@ -392,67 +406,6 @@ fn default_multiplier() -> f64 {
 
 fn default_min_runtime_ms() -> u64 {
     100
-}
-
-/// How a job's failed tasks wait before they run again (Temporal's retry policy, Celery's
-/// `retry_backoff`): a task's n-th retry waits `initial_ms x multiplier^(n-1)`, at most `max_ms`
-/// (by default 100 x `initial_ms`), less a part of it up to `jitter` (0 to 1), so that tasks
-/// that failed together do not all come back at once. A task waiting holds no cores.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct RetryBackoff {
-    pub initial_ms: u64,
-    #[serde(default = "default_backoff_multiplier")]
-    pub multiplier: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_ms: Option<u64>,
-    #[serde(default = "default_backoff_jitter")]
-    pub jitter: f64,
-}
-
-impl RetryBackoff {
-    /// `initial_ms` with the defaults: doubling, at most 100 times it, 20% of jitter.
-    pub fn starting_at(initial_ms: u64) -> Self {
-        RetryBackoff {
-            initial_ms,
-            multiplier: default_backoff_multiplier(),
-            max_ms: None,
-            jitter: default_backoff_jitter(),
-        }
-    }
-
-    /// The longest wait: `max_ms`, or 100 x `initial_ms`.
-    pub fn cap_ms(&self) -> u64 {
-        self.max_ms
-            .unwrap_or_else(|| self.initial_ms.saturating_mul(100))
-    }
-
-    /// The wait before the retry that follows a task's `failures`-th failure, before jitter.
-    pub fn base_delay_ms(&self, failures: u32) -> u64 {
-        let exponent = failures.saturating_sub(1).min(1024) as i32;
-        let delay = self.initial_ms as f64 * self.multiplier.powi(exponent);
-        let cap = self.cap_ms();
-        if delay.is_finite() && delay < cap as f64 {
-            delay as u64
-        } else {
-            cap
-        }
-    }
-
-    /// The wait after a task's `failures`-th failure: the base delay less `jitter x unit` of
-    /// it, `unit` in [0, 1) (the core draws it from the task's ids, so the same failure waits
-    /// the same on every driver).
-    pub fn delay_ms(&self, failures: u32, unit: f64) -> u64 {
-        let base = self.base_delay_ms(failures) as f64;
-        (base * (1.0 - self.jitter * unit.clamp(0.0, 1.0))).round() as u64
-    }
-}
-
-fn default_backoff_multiplier() -> f64 {
-    2.0
-}
-
-fn default_backoff_jitter() -> f64 {
-    0.2
 }
 
 /// What speculative execution did for a job: copies launched, and those that finished first.
@@ -964,6 +917,9 @@ pub struct StatusUpdate {
     /// Instead of `result`: the result was too large for one message, and the executor put
     /// its JSON text in the object store.
     pub result_object: Option<ResultObject>,
+    /// A failure that running again cannot mend (a python exception the job's `retry_on` /
+    /// `no_retry_on` say is final): the task fails for good, whatever attempts it has left.
+    pub no_retry: bool,
 }
 
 /// A result stored in the object store, because it would not fit in one message: the object

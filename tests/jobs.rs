@@ -41,6 +41,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 
@@ -321,6 +322,7 @@ async fn a_status_from_the_wrong_executor_is_refused() {
             result: Some(json!("forged")),
             error: None,
             result_object: None,
+            no_retry: false,
         }],
         driver_instance: None,
     };
@@ -588,6 +590,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     };
     let job = within(LIMIT, api.run_job(echo.clone(), |_| {}))
         .await
@@ -798,6 +801,7 @@ async fn a_huge_error_is_cut_so_that_the_journal_stores_the_failure() {
             object: ember::objects::ObjectRef::parse(&"ab".repeat(32)).unwrap(),
             bytes: 999_999,
         }),
+        no_retry: false,
     })
     .len();
     let prefix = "exited with code 3: ";

@@ -1101,6 +1101,8 @@ fn task_spec_python() {
             args_object: None,
             objects: Vec::new(),
             upstream: Vec::new(),
+            retry_on: Vec::new(),
+            no_retry_on: Vec::new(),
         },
         json!({
             "kind": "python",
@@ -1120,6 +1122,8 @@ fn task_spec_python() {
         args_object: None,
         objects: Vec::new(),
         upstream,
+        retry_on: Vec::new(),
+        no_retry_on: Vec::new(),
     };
     let call = reading(Vec::new());
     golden(
@@ -1225,6 +1229,7 @@ fn full_job() -> SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 
@@ -1260,6 +1265,7 @@ fn default_job() -> SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 
@@ -1463,6 +1469,7 @@ fn result_objects_and_object_requests() {
             result: None,
             error: None,
             result_object: Some(chunks.clone()),
+            no_retry: false,
         },
         json!({"task_id": 42, "attempt": 0, "state": "FINISHED", "result_object": {"object": "abababababababababababababababababababababababababababababababab", "bytes": 2500000}}),
     );
@@ -2545,6 +2552,7 @@ fn status_updates() {
                 result: None,
                 error: None,
                 result_object: None,
+                no_retry: false,
             },
             StatusUpdate {
                 task_id: 42,
@@ -2553,6 +2561,7 @@ fn status_updates() {
                 result: Some(json!("hi")),
                 error: None,
                 result_object: None,
+                no_retry: false,
             },
             StatusUpdate {
                 task_id: 43,
@@ -2561,6 +2570,7 @@ fn status_updates() {
                 result: Some(json!({"exit_code": 3, "stdout": "", "stderr": "bad\n"})),
                 error: Some("exited with code 3: bad".into()),
                 result_object: None,
+                no_retry: false,
             },
         ],
         driver_instance: Some(driver_instance()),
@@ -2593,6 +2603,7 @@ fn status_updates() {
         result: None,
         error: None,
         result_object: None,
+        no_retry: false,
     };
     golden(
         &StatusRequest::StatusUpdates {
@@ -2627,6 +2638,7 @@ fn status_updates() {
                 result: None,
                 error: None,
                 result_object: None,
+                no_retry: false,
             }],
             driver_instance: None,
         },
@@ -2833,6 +2845,7 @@ fn journal_records() {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     };
     golden(
         &JournalRecord::JobSubmitted {
@@ -3674,5 +3687,98 @@ fn job_summary_of_a_job_waiting_for_others() {
     golden(
         &ApiReply::Job { job: summary },
         json!({"type": "Job", "job": wire}),
+    );
+}
+
+#[test]
+fn submit_job_with_timeouts() {
+    let job = SubmitJob {
+        timeouts: ember::protocol::JobTimeouts {
+            queue_timeout_ms: Some(30_000),
+            attempt_timeout_ms: Some(300_000),
+            deadline_ms: Some(3_600_000),
+        },
+        ..default_job()
+    };
+    golden(
+        &job,
+        json!({
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "queue_timeout_ms": 30000,
+            "attempt_timeout_ms": 300000,
+            "deadline_ms": 3600000
+        }),
+    );
+    // Each is optional, and none is written unless set.
+    decodes_to(
+        json!({"tasks": [{"kind": "handler", "name": "noop"}], "deadline_ms": 60000}),
+        &SubmitJob {
+            timeouts: ember::protocol::JobTimeouts {
+                deadline_ms: Some(60_000),
+                ..Default::default()
+            },
+            ..default_job()
+        },
+    );
+    json_error::<SubmitJob>(
+        br#"{"tasks":[{"kind":"handler","name":"noop"}],"queue_timeout_ms":"5s"}"#,
+        &["invalid type: string \"5s\", expected u64"],
+    );
+}
+
+#[test]
+fn a_failure_said_final() {
+    let update = StatusUpdate {
+        task_id: 7,
+        attempt: 0,
+        state: TaskState::Failed,
+        result: Some(json!({"error": "the task raised: ValueError: no", "no_retry": true})),
+        error: Some(
+            "the task raised: ValueError: no (not retried: no_retry_on names ValueError)".into(),
+        ),
+        result_object: None,
+        no_retry: true,
+    };
+    golden(
+        &update,
+        json!({
+            "task_id": 7,
+            "attempt": 0,
+            "state": "FAILED",
+            "result": {"error": "the task raised: ValueError: no", "no_retry": true},
+            "error": "the task raised: ValueError: no (not retried: no_retry_on names ValueError)",
+            "no_retry": true
+        }),
+    );
+}
+
+#[test]
+fn task_spec_python_with_a_retry_policy() {
+    let function = "gASVFAAAAAAAAACMCGJ1aWx0aW5zlIwDbGVulJOULg==";
+    let args = "gASVDAAAAAAAAABDAmFilIWUfZSGlC4=";
+    golden(
+        &TaskSpec::Python {
+            function: function.into(),
+            args: args.into(),
+            map: false,
+            timeout_ms: None,
+            function_object: None,
+            args_object: None,
+            objects: Vec::new(),
+            upstream: Vec::new(),
+            retry_on: vec!["ConnectionError".into(), "mylib.Throttled".into()],
+            no_retry_on: vec!["ValueError".into()],
+        },
+        json!({
+            "kind": "python",
+            "function": function,
+            "args": args,
+            "retry_on": ["ConnectionError", "mylib.Throttled"],
+            "no_retry_on": ["ValueError"]
+        }),
     );
 }

@@ -69,6 +69,8 @@ fn call(function: &str, args: &str, timeout_ms: Option<u64>) -> TaskSpec {
         args_object: None,
         objects: Vec::new(),
         upstream: Vec::new(),
+        no_retry_on: Vec::new(),
+        retry_on: Vec::new(),
     }
 }
 
@@ -88,6 +90,7 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 
@@ -164,6 +167,8 @@ async fn calls_and_maps_return_their_pickled_results_in_order() {
         args_object: None,
         objects: Vec::new(),
         upstream: Vec::new(),
+        no_retry_on: Vec::new(),
+        retry_on: Vec::new(),
     };
     let outcomes = run(
         api,
@@ -229,6 +234,8 @@ async fn a_function_whose_module_is_not_importable_says_which() {
         args_object: None,
         objects: Vec::new(),
         upstream: Vec::new(),
+        no_retry_on: Vec::new(),
+        retry_on: Vec::new(),
     };
     let outcomes = run(api, vec![spec]).await;
     let error = error_of(&outcomes[0]);
@@ -430,6 +437,8 @@ async fn a_python_task_spec_over_the_size_limit_is_refused() {
         args_object: None,
         objects: Vec::new(),
         upstream: Vec::new(),
+        no_retry_on: Vec::new(),
+        retry_on: Vec::new(),
     };
     let error = api.submit(job(vec![spec])).await.unwrap_err().to_string();
     assert!(error.contains("over the server's limit"), "{error}");

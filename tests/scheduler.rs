@@ -28,6 +28,7 @@ fn commands(scripts: &[&str]) -> SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 

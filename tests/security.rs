@@ -396,6 +396,7 @@ fn status_as(claimed: &str) -> bytes::Bytes {
             result: None,
             error: None,
             result_object: None,
+            no_retry: false,
         }],
         driver_instance: None,
     })

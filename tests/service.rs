@@ -35,6 +35,7 @@ fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 
@@ -216,6 +217,7 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     };
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.unwrap();

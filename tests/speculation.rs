@@ -36,6 +36,7 @@ fn job(speculation: Option<Speculation>) -> SubmitJob {
         priority: 0,
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 

@@ -52,6 +52,7 @@ fn updates() -> Vec<StatusUpdate> {
         result: None,
         error: None,
         result_object: None,
+        no_retry: false,
     };
     vec![
         finished(42, 0),
@@ -180,6 +181,8 @@ fn launched() -> Vec<TaskDescription> {
         args_object: None,
         objects: Vec::new(),
         upstream: Vec::new(),
+        no_retry_on: Vec::new(),
+        retry_on: Vec::new(),
     });
     let echo = Arc::new(TaskSpec::Handler {
         name: "echo".into(),
@@ -660,6 +663,7 @@ fn job_submitted() {
         submission_id: None,
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     };
     let full = SubmitJob {
         name: "nightly".into(),
@@ -692,6 +696,7 @@ fn job_submitted() {
         submission_id: Some("nightly-2024".into()),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     };
     let record = |job: &SubmitJob, term| JournalRecord::JobSubmitted {
         job_id: 7,

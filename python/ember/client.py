@@ -359,6 +359,9 @@ class Client:
         after=(),
         after_any=(),
         retry_backoff=None,
+        queue_timeout=None,
+        attempt_timeout=None,
+        deadline=None,
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
         repeated `repeat` times, and returns its `Job`. `resources` asks for custom resources
@@ -371,6 +374,12 @@ class Client:
         `retry_backoff` makes a failed task wait before it runs again, holding no cores: the
         first wait in seconds (or a `timedelta`), doubling for each later retry, or
         `ember.retry_backoff(...)` for the multiplier, the cap and the jitter.
+
+        Three timeouts, in seconds or `timedelta`s, none by default: `queue_timeout` fails the
+        job when a task has not started that long after it could run; `attempt_timeout` stops
+        an attempt of any kind that runs longer (it fails, and runs again within
+        `max_failures`; a task's own `timeout` takes its place); `deadline` fails the job if it
+        has not ended that long after its submission, stopping its running tasks.
 
         The submission carries `submission_id` (a new one unless given), so it is safe to send
         again: while the driver answers `Unavailable`, or no driver answers after one did, it is
@@ -387,6 +396,9 @@ class Client:
             after=after,
             after_any=after_any,
             retry_backoff=retry_backoff,
+            queue_timeout=queue_timeout,
+            attempt_timeout=attempt_timeout,
+            deadline=deadline,
         )
         answer = await self._through_failover(lambda: self._expect(request, "JobAccepted"))
         return Job(self, answer["job_id"])
@@ -482,19 +494,26 @@ class Client:
 
     async def submit_with(
         self, fn, args=(), kwargs=None, *, timeout=None, name=None, max_failures=1,
-        resources=None, retry_backoff=None,
+        resources=None, retry_backoff=None, retry_on=(), no_retry_on=(), queue_timeout=None,
+        deadline=None,
     ):
         """`submit` with options: `timeout` (seconds, or a timedelta) stops the call's worker
         when it runs longer; `max_failures` is how many attempts it gets; `resources` what
         custom resources the call holds (`{"gpu": 1}`: it reads the address in
         `os.environ["EMBER_RESOURCE_GPU"]`); `retry_backoff` how a failed attempt waits
-        before the next (see `submit_job`)."""
+        before the next, and `queue_timeout` and `deadline` as in `submit_job`.
+
+        `retry_on` and `no_retry_on` are exception classes (or their names, `"ValueError"`,
+        `"mymodule.MyError"`): a call that raises one `no_retry_on` names, or, when
+        `retry_on` is given, one it does not name, fails at once without its other attempts.
+        Subclasses match."""
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
         spec = {"kind": "python"}
         ms = _timeout_ms(timeout)
         if ms is not None:
             spec["timeout_ms"] = ms
+        spec.update(_retry_policy(retry_on, no_retry_on))
         await self._pickled(spec, "function", _objects.dumps(fn))
         await self._pickled(spec, "args", _objects.dumps((tuple(args), dict(kwargs or {}))))
         job = await self._submit(
@@ -503,18 +522,22 @@ class Client:
             max_failures=max_failures,
             resources=resources,
             retry_backoff=retry_backoff,
+            queue_timeout=queue_timeout,
+            deadline=deadline,
             python="call",
         )
         return TaskFuture(job)
 
     async def map(
         self, fn, iterable, *, chunksize=None, timeout=None, name=None, max_failures=1,
-        resources=None, retry_backoff=None,
+        resources=None, retry_backoff=None, retry_on=(), no_retry_on=(), queue_timeout=None,
+        deadline=None,
     ):
         """Runs `fn` on each item of `iterable` as one job, `chunksize` items per task (by
         default about four tasks per core of the cluster); returns its `Job`, whose
         `results()` are the values in the order of the items. `timeout` bounds each task;
-        `resources` is what each task holds, as in `submit_with`.
+        `resources`, `retry_on`, `no_retry_on`, `queue_timeout` and `deadline` are as in
+        `submit_with`.
 
         A task's items travel inline in the request, or in the object store when their pickle
         is over 64 KiB, or, when inline they would make the request pass the server's
@@ -532,13 +555,15 @@ class Client:
         ms = _timeout_ms(timeout)
         if ms is not None:
             base["timeout_ms"] = ms
+        base.update(_retry_policy(retry_on, no_retry_on))
         # The function's pickle, inline or as an object, is made once for every task.
         pickled = _objects.dumps(fn)
         function = await self._pickled({}, "function", pickled)
         if not items:
             return Job(self, None, python="map")
         job = {"name": name or _name_of(fn), "max_failures": max_failures, "resources": resources,
-               "retry_backoff": retry_backoff}
+               "retry_backoff": retry_backoff, "queue_timeout": queue_timeout,
+               "deadline": deadline}
         tasks = _objects.MapTasks(
             self._objects(), base, function, pickled[0], self._task_room(**job)
         )
@@ -733,6 +758,9 @@ def _job_request(
     after=(),
     after_any=(),
     retry_backoff=None,
+    queue_timeout=None,
+    attempt_timeout=None,
+    deadline=None,
 ):
     """A SubmitJob request (docs/protocol.md)."""
     request = {
@@ -751,10 +779,42 @@ def _job_request(
             dict(retry_backoff) if isinstance(retry_backoff, dict)
             else {"initial_ms": _timeout_ms(retry_backoff)}
         )
+    timeouts = (("queue_timeout_ms", queue_timeout), ("attempt_timeout_ms", attempt_timeout),
+                ("deadline_ms", deadline))
+    for key, value in timeouts:
+        if value is not None:
+            request[key] = _timeout_ms(value)
     for key, jobs in (("after", after), ("after_any", after_any)):
         if jobs:
             request[key] = [_job_id(job) for job in jobs]
     return request
+
+
+def _exception_names(classes, what):
+    """The names a python task's spec gives exception classes: `module.Class` (`ValueError`
+    for a built-in), from classes or names, one or a sequence of them."""
+    if isinstance(classes, (type, str)):
+        classes = (classes,)
+    names = []
+    for cls in classes:
+        if isinstance(cls, str) and cls:
+            names.append(cls)
+        elif isinstance(cls, type) and issubclass(cls, BaseException):
+            module = cls.__module__
+            names.append(cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}")
+        else:
+            raise TypeError(f"{what} takes exception classes or their names; got {cls!r}")
+    return names
+
+
+def _retry_policy(retry_on, no_retry_on):
+    """A python task spec's `retry_on` and `no_retry_on`, those given."""
+    policy = {}
+    for key, classes in (("retry_on", retry_on), ("no_retry_on", no_retry_on)):
+        names = _exception_names(classes or (), key)
+        if names:
+            policy[key] = names
+    return policy
 
 
 def _job_id(job):

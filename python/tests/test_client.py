@@ -132,6 +132,62 @@ def test_a_backoff_is_written_as_the_driver_reads_it():
     assert "retry_backoff" not in _job_request([])
 
 
+class Throttled(ConnectionError):
+    """A failure worth another attempt: a subclass of one `retry_on` names."""
+
+
+def raises(kind):
+    raise {"value": ValueError, "throttled": Throttled, "key": KeyError}[kind](kind)
+
+
+@pytest.mark.parametrize("kind, options, attempts", [
+    # no_retry_on names it: one attempt, whatever max_failures allows.
+    ("value", {"no_retry_on": ValueError}, 1),
+    # retry_on names its base class: every attempt.
+    ("throttled", {"retry_on": [ConnectionError]}, 3),
+    # retry_on does not name it: one attempt.
+    ("key", {"retry_on": "ConnectionError"}, 1),
+    # no_retry_on wins over retry_on.
+    ("throttled", {"retry_on": ConnectionError, "no_retry_on": Throttled}, 1),
+])
+def test_retry_on_and_no_retry_on_decide_which_failures_run_again(client, kind, options, attempts):
+    future = client.submit_with(raises, (kind,), max_failures=3, **options)
+    # The call's own exception is raised here, as in a local call.
+    with pytest.raises((ValueError, KeyError, ConnectionError), match=kind):
+        future.result(timeout=60)
+    outcome = future.job.outcomes()[0]
+    assert outcome["attempts"] == attempts
+    assert ("(not retried: " in outcome["error"]) == (attempts == 1), outcome["error"]
+
+
+def test_a_map_takes_a_retry_policy(client):
+    job = client.map(raises, ["value"], max_failures=3, no_retry_on=[ValueError])
+    with pytest.raises(ValueError):
+        job.results(timeout=60)
+    outcome = job.outcomes()[0]
+    assert outcome["attempts"] == 1
+    assert "(not retried: no_retry_on names ValueError)" in outcome["error"]
+
+
+def test_a_retry_policy_is_written_as_the_executor_reads_it():
+    from ember.client import _retry_policy
+
+    assert _retry_policy((), None) == {}
+    assert _retry_policy([ValueError, Throttled], "KeyError") == {
+        "retry_on": ["ValueError", f"{__name__}.Throttled"],
+        "no_retry_on": ["KeyError"],
+    }
+    with pytest.raises(TypeError, match="exception classes or their names"):
+        _retry_policy([int], ())
+
+
+def test_a_job_past_its_deadline_fails(client):
+    job = client.map(time.sleep, [60] * 2, chunksize=1, deadline=0.5)
+    summary = job.wait(timeout=30)
+    assert summary["state"] == "FAILED"
+    assert summary["reason"].startswith("the job passed its deadline (500ms")
+
+
 def test_kill_a_job(client):
     job = client.map(time.sleep, [60] * 4, chunksize=1)
     time.sleep(0.5)

@@ -388,6 +388,7 @@ fn noops(tasks: u32) -> crate::protocol::SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 

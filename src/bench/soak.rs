@@ -67,6 +67,7 @@ fn printers(tasks: u32) -> SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 

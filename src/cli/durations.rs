@@ -22,6 +22,13 @@ pub fn parse_wait(text: &str) -> Result<Duration, String> {
     within(text, Duration::ZERO, MAX_DURATION, "1day")
 }
 
+/// Parses a job's timeout or deadline: more than zero, at most thirty days (what the driver
+/// takes).
+pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let cap = Duration::from_millis(crate::driver::core::MAX_TIMEOUT_MS);
+    within(text, Duration::from_nanos(1), cap, "30days")
+}
+
 /// A grace that may be turned off: `--disconnect-grace off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grace(pub Option<Duration>);

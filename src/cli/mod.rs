@@ -15,6 +15,7 @@ pub mod sim;
 pub mod speculation;
 pub mod status;
 pub mod submit;
+pub mod timeouts;
 pub mod up;
 pub mod view;
 

@@ -30,6 +30,8 @@ pub struct SubmitArgs {
     pub speculation: super::speculation::SpeculationArgs,
     #[command(flatten)]
     pub backoff: super::backoff::BackoffArgs,
+    #[command(flatten)]
+    pub timeouts: super::timeouts::TimeoutArgs,
     /// Cores each task takes.
     #[arg(long, default_value_t = 1)]
     pub cpus_per_task: u32,
@@ -183,6 +185,7 @@ impl SubmitArgs {
             priority: self.priority,
             speculation: self.speculation.config()?,
             retry_backoff: self.backoff.config()?,
+            timeouts: self.timeouts.config()?,
             submission_id: self.submission_id.clone(),
             name,
             tasks: vec![spec],

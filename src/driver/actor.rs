@@ -172,6 +172,11 @@ async fn lead(
     // The same for the group of task ends that waits to be written.
     let commit_due = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(commit_due);
+    // The same for the core's first timer (a timeout, a retry's wait), which the revive
+    // interval would otherwise find up to an interval late.
+    let timers_due = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timers_due);
+    let mut timers_set = None;
     let guard = shell.guard().cloned();
     let lost = async {
         match &guard {
@@ -188,6 +193,16 @@ async fn lead(
         let group_due = outbox.commit_due();
         if let Some(due) = group_due.filter(|&due| due != commit_due.deadline()) {
             commit_due.as_mut().reset(due);
+        }
+        let timer = core.next_due_ms();
+        if timer != timers_set {
+            if let Some(due) = timer {
+                let wait = Duration::from_millis(due.saturating_sub(now_ms()));
+                timers_due
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + wait);
+            }
+            timers_set = timer;
         }
         let reply = tokio::select! {
             biased;
@@ -247,6 +262,14 @@ async fn lead(
                 None
             }
             _ = &mut commit_due, if group_due.is_some() => None,
+            _ = &mut timers_due, if timer.is_some() => {
+                // The timer's own time at least: the monotonic clock it slept on may run a
+                // little ahead of the wall clock the core counts in.
+                core.on_timers(now_ms().max(timer.unwrap_or_default()));
+                // Due again if what fired set a timer at the same time.
+                timers_set = None;
+                None
+            }
             released = outbox.released() => {
                 shell.send_released(released, outbox.released_through()).await;
                 None

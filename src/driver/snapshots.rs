@@ -228,6 +228,7 @@ mod tests {
                 placement: Default::default(),
                 after: Vec::new(),
                 after_any: Vec::new(),
+                timeouts: Default::default(),
             }),
             term: None,
             tenant: None,

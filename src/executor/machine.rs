@@ -323,6 +323,7 @@ impl<H: Cancel> Machine<H> {
             result: None,
             error: None,
             result_object: None,
+            no_retry: false,
         });
     }
 
@@ -598,6 +599,7 @@ fn handed_back(task_id: TaskId, attempt: u32) -> StatusUpdate {
         result: None,
         error: Some("handed back: the executor is decommissioning".into()),
         result_object: None,
+        no_retry: false,
     }
 }
 
@@ -609,6 +611,7 @@ fn failed_status(task_id: TaskId, attempt: u32, error: String) -> StatusUpdate {
         result: None,
         error: Some(error),
         result_object: None,
+        no_retry: false,
     }
 }
 
@@ -620,6 +623,7 @@ fn killed_status(task_id: TaskId, attempt: u32) -> StatusUpdate {
         result: None,
         error: Some("killed by the driver".into()),
         result_object: None,
+        no_retry: false,
     }
 }
 

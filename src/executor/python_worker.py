@@ -102,6 +102,31 @@ def receive(inp):
     return json.loads(body)
 
 
+def class_names(error):
+    """The names an exception answers to: `module.Class` of its class and every base, and the
+    bare name of the built-in ones (`ValueError`)."""
+    names = set()
+    for cls in type(error).__mro__:
+        names.add(f"{cls.__module__}.{cls.__qualname__}")
+        if cls.__module__ == "builtins":
+            names.add(cls.__qualname__)
+    return names
+
+
+def final_failure(error, retry_on, no_retry_on):
+    """Why a failure by `error` must not run again under the job's `retry_on` and
+    `no_retry_on`, or None if it may."""
+    if not retry_on and not no_retry_on:
+        return None
+    names = class_names(error)
+    kind = type(error).__name__
+    if no_retry_on and names.intersection(no_retry_on):
+        return f"no_retry_on names {kind}"
+    if retry_on and not names.intersection(retry_on):
+        return f"retry_on does not name {kind}"
+    return None
+
+
 def failure(error, what):
     """The answer for an exception raised by `what` (the task's code, or unpickling)."""
     tb = error.__traceback__
@@ -306,7 +331,12 @@ def run(request):
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # SystemExit too: the task failed, the worker goes on
-        return failure(error, "the task raised")
+        answer = failure(error, "the task raised")
+        why = final_failure(error, request.get("retry_on"), request.get("no_retry_on"))
+        if why:
+            answer["no_retry"] = True
+            answer["error"] += f" (not retried: {why})"
+        return answer
     finally:
         restore(saved)
     try:

@@ -207,6 +207,8 @@ impl Runner {
                             function,
                             args,
                             map,
+                            retry_on,
+                            no_retry_on,
                             ..
                         } = spec.as_ref()
                         else {
@@ -214,7 +216,8 @@ impl Runner {
                         };
                         let (outcome, detail) = match fetch_pickles(objects.as_deref(), &spec).await
                         {
-                            Ok((files, _held)) => {
+                            Ok((mut files, _held)) => {
+                                retry_policy(&mut files, retry_on, no_retry_on);
                                 pool.run(&context, function, args, *map, files, timeout)
                                     .await
                             }
@@ -236,6 +239,27 @@ impl Runner {
     }
 }
 
+/// Adds a python task's `retry_on` and `no_retry_on` to what its worker is told, when it
+/// names any: the worker says of a failure whether it may run again.
+fn retry_policy(request: &mut Value, retry_on: &[String], no_retry_on: &[String]) {
+    if retry_on.is_empty() && no_retry_on.is_empty() {
+        return;
+    }
+    if !request.is_object() {
+        *request = Value::Object(Default::default());
+    }
+    request["retry_on"] = serde_json::json!(retry_on);
+    request["no_retry_on"] = serde_json::json!(no_retry_on);
+}
+
+/// A failure is final when its detail says so: a python worker's `"no_retry": true`.
+fn said_final(detail: Option<&Value>) -> bool {
+    detail
+        .and_then(|d| d.get("no_retry"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
 fn status(
     task_id: TaskId,
     attempt: u32,
@@ -250,11 +274,13 @@ fn status(
             result: (!result.is_null()).then_some(result),
             error: None,
             result_object: None,
+            no_retry: false,
         },
         Err(error) => StatusUpdate {
             task_id,
             attempt,
             state: TaskState::Failed,
+            no_retry: said_final(detail.as_ref()),
             result: detail,
             error: Some(error),
             result_object: None,

@@ -281,6 +281,7 @@ mod tests {
             result,
             error: (state == TaskState::Failed).then(|| "a \"quoted\"\nerror".into()),
             result_object: None,
+            no_retry: false,
         }
     }
 

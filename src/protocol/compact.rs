@@ -108,6 +108,7 @@ impl StatusUpdate {
             result: None,
             error: None,
             result_object: None,
+            no_retry: false,
         }
     }
 
@@ -117,6 +118,7 @@ impl StatusUpdate {
             && self.result.is_none()
             && self.error.is_none()
             && self.result_object.is_none()
+            && !self.no_retry
     }
 }
 
@@ -132,6 +134,8 @@ struct UpdateObject<R, E> {
     error: Option<E>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     result_object: Option<ResultObject>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    no_retry: bool,
 }
 
 impl Serialize for StatusUpdate {
@@ -146,6 +150,7 @@ impl Serialize for StatusUpdate {
             result: self.result.as_ref(),
             error: self.error.as_ref(),
             result_object: self.result_object.clone(),
+            no_retry: self.no_retry,
         }
         .serialize(serializer)
     }
@@ -166,6 +171,7 @@ impl From<UpdateObject<Value, String>> for StatusUpdate {
             result: o.result,
             error: o.error,
             result_object: o.result_object,
+            no_retry: o.no_retry,
         }
     }
 }

@@ -424,6 +424,7 @@ impl World {
                 placement: Default::default(),
                 after,
                 after_any,
+                timeouts: Default::default(),
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             match (known.get(&name), reply) {

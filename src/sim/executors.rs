@@ -519,5 +519,6 @@ fn end_of(pid: Pid, run: Run, task_id: TaskId, attempt: u32, ok: bool) -> Status
         result: Some(super::runs::result_of(pid, run)),
         error: (!ok).then(|| "simulated failure".to_string()),
         result_object: None,
+        no_retry: false,
     }
 }

@@ -210,6 +210,7 @@ impl World {
                 result: None,
                 error: Some(fetch_error(object)),
                 result_object: None,
+                no_retry: false,
             };
             process.machine.finish(run, end);
             return Ok(());

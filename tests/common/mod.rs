@@ -396,6 +396,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 
@@ -419,6 +420,7 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 

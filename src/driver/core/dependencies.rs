@@ -105,6 +105,7 @@ impl Core {
     ) {
         match self.mark(job_id, ended) {
             Ok(JobState::Running) => {
+                self.start_queue_clock(job_id, now);
                 self.prefer_inputs(job_id, now);
                 self.queue_new_job(job_id);
                 // Released by a job's end: every executor's cores are offered to it.

@@ -70,6 +70,10 @@ pub struct Job {
     pub speculation: Option<Box<super::speculation::Speculation>>,
     /// How its failed tasks wait before they run again; none: at once.
     pub retry_backoff: Option<crate::protocol::RetryBackoff>,
+    /// How long a task may wait to start, an attempt run, and the job last.
+    pub timeouts: crate::protocol::JobTimeouts,
+    /// When its tasks could first run: when it started, or when this driver took it over.
+    pub queued_at_ms: u64,
     /// The key its client gave to make the submission safe to send again.
     pub submission_id: Option<String>,
     /// The term of the leader that accepted it, if known (see [`JournalRecord::JobSubmitted`]).
@@ -134,6 +138,8 @@ impl Job {
                 .speculation
                 .map(|config| Box::new(super::speculation::Speculation::new(config))),
             retry_backoff: submit.retry_backoff,
+            timeouts: submit.timeouts,
+            queued_at_ms: now,
             submission_id: submit.submission_id,
             term: None,
             tenant: None,
@@ -228,6 +234,7 @@ impl Job {
             placement: self.submitted_placement().unwrap_or_default(),
             after: self.after.clone(),
             after_any: self.after_any.clone(),
+            timeouts: self.timeouts,
         }
     }
 
@@ -442,6 +449,7 @@ impl Core {
         }
         self.first_tasks.insert(job.first_task, id);
         self.hold_upstreams(&job.after);
+        self.set_deadline(&job);
         self.jobs.insert(id, job);
         self.placement_job_added(id);
     }
@@ -581,6 +589,7 @@ impl Core {
         reason: Option<String>,
         now: u64,
     ) {
+        self.clear_deadline(job_id);
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
@@ -688,6 +697,7 @@ pub(super) fn validate_job(
     if let Some(speculation) = &submit.speculation {
         super::speculation::validate(speculation)?;
     }
+    super::timeouts::validate(&submit.timeouts)?;
     if let Some(backoff) = &submit.retry_backoff {
         super::backoff::validate(backoff)?;
     }

@@ -227,6 +227,7 @@ impl Core {
                 result: None,
                 error: Some(reason.to_string()),
                 result_object: None,
+                no_retry: false,
             };
             let record = &self.jobs[&job_id].tasks[index];
             let live = record.attempts.checked_sub(1) == Some(attempt)

@@ -26,6 +26,7 @@ mod speculation;
 mod status;
 mod tasks;
 mod tenants;
+mod timeouts;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
 use crate::protocol::{
@@ -57,6 +58,7 @@ pub use snapshot::{SnapshotError, SnapshotIds, SNAPSHOT_TASKS_PER_RECORD};
 pub use speculation::{validate as validate_speculation, SPECULATION_INTERVAL};
 pub use status::MAX_UPDATES_PER_BATCH;
 pub use tenants::Requester;
+pub use timeouts::{validate as validate_timeouts, MAX_TIMEOUT_MS};
 
 /// Something the core wants sent.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,6 +154,8 @@ pub struct Core {
     queue: VecDeque<JobId>,
     /// Retries waiting out their job's backoff: when each may run again, its job and index.
     retry_waits: BTreeSet<(u64, JobId, u32)>,
+    /// Timeouts and deadlines, by when each is due (see [`timeouts`]).
+    timers: BTreeSet<(u64, timeouts::Timer)>,
     /// The pools FAIR scheduling orders jobs by; none under FIFO.
     pools: Option<Box<pools::Pools>>,
     /// First task id of each job, to find a task's job by range.
@@ -212,6 +216,7 @@ impl Core {
             jobs: BTreeMap::new(),
             queue: VecDeque::new(),
             retry_waits: BTreeSet::new(),
+            timers: BTreeSet::new(),
             pools: None,
             first_tasks: BTreeMap::new(),
             submissions: HashMap::new(),
@@ -363,6 +368,7 @@ impl Core {
         self.expire(now);
         self.exclusion_tick(now);
         self.wake_retries(now);
+        self.fire_timers(now);
         self.make_offers(None, now);
         self.speculate(now);
     }

@@ -182,6 +182,15 @@ impl Core {
             self.end_job(job_id, JobState::Failed, Some(reason), now);
         }
         self.placement_resumed(now);
+        let active: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|job| job.is_active())
+            .map(|job| job.id)
+            .collect();
+        for job_id in active {
+            self.start_queue_clock(job_id, now);
+        }
         self.start_adopting(restored.running_jobs, now);
         let ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for job_id in ids {

@@ -200,6 +200,7 @@ impl Core {
         self.readers = restored.readers;
         self.held = restored.held;
         self.retry_waits = restored.retry_waits;
+        self.timers = restored.timers;
         self.result_bytes = restored.result_bytes;
         self.next_job = restored.next_job.max(ids.next_job);
         self.next_task = restored.next_task.max(ids.next_task);

@@ -214,6 +214,18 @@ impl Core {
                     Applied::Ended(job_id, end, abort)
                 }));
         }
+        if record.timed_out && update.state != TaskState::Finished {
+            // Stopped for the job's attempt timeout: a failure, which may run again.
+            let failed = StatusUpdate {
+                state: TaskState::Failed,
+                error: Some(self.timed_out_error(job_id, update.attempt)),
+                result_object: None,
+                no_retry: false,
+                ..update.clone()
+            };
+            let (end, abort) = self.end_attempt(job_id, index, from, &failed, true, now);
+            return Ok(Applied::Ended(job_id, end, abort));
+        }
         if update.state == TaskState::Finished {
             if let Some(reason) = self.result_refusal(job_id, index, update) {
                 // Run again, it would make the same result: the task fails for good.
@@ -228,7 +240,9 @@ impl Core {
                 return Ok(Applied::Ended(job_id, end, abort));
             }
         }
-        let (end, abort) = self.end_attempt(job_id, index, from, update, true, now);
+        // A failure the task's own code said is final does not run again.
+        let retry = !update.no_retry;
+        let (end, abort) = self.end_attempt(job_id, index, from, update, retry, now);
         Ok(Applied::Ended(job_id, end, abort))
     }
 
@@ -262,6 +276,9 @@ impl Core {
             if let Some(ended) = self.first_attempt_ended(job_id, index, from, update, now) {
                 return ended;
             }
+        }
+        if self.jobs[&job_id].timeouts.attempt_timeout_ms.is_some() {
+            self.clear_attempt_timer(job_id, index, update.attempt);
         }
         let job = self.jobs.get_mut(&job_id).expect("located above");
         let task_id = update.task_id;

@@ -27,6 +27,9 @@ pub struct TaskRecord {
     /// Whether a kill without retry was asked for the running attempt: its end, unless
     /// FINISHED, ends the task KILLED.
     pub kill_requested: bool,
+    /// Whether the running attempt was stopped for its job's attempt timeout: its end, unless
+    /// FINISHED, is a failure that says so.
+    pub timed_out: bool,
     /// Where the current (or last) attempt ran.
     pub executor: Option<ExecutorId>,
     pub started_ms: u64,
@@ -49,6 +52,7 @@ impl TaskRecord {
             failures: 0,
             last_failed: false,
             kill_requested: false,
+            timed_out: false,
             executor: None,
             started_ms: 0,
             duration_ms: NO_DURATION,
@@ -150,6 +154,19 @@ impl Tasks {
             .filter(|index| !self.skipped.contains(index))
             .take(self.never_run() as usize);
         self.again.iter().copied().chain(fresh).take(lookahead)
+    }
+
+    /// The tasks waiting to run again, the next one first.
+    pub fn again(&self) -> impl Iterator<Item = u32> + '_ {
+        self.again.iter().copied()
+    }
+
+    /// The next task that has never run, if one waits.
+    pub fn next_fresh(&self) -> Option<u32> {
+        let frontier = self.launched.len() as u32;
+        (self.never_run() > 0)
+            .then(|| (frontier..self.count).find(|index| !self.skipped.contains(index)))
+            .flatten()
     }
 
     /// The tasks killed by request before they ran, past the frontier.

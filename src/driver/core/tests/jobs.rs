@@ -55,6 +55,8 @@ pub(super) fn python_call(
         args_object,
         objects: Vec::new(),
         upstream,
+        no_retry_on: Vec::new(),
+        retry_on: Vec::new(),
     }
 }
 

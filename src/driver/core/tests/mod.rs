@@ -23,6 +23,7 @@ mod retries;
 mod speculation;
 mod status;
 mod tenants;
+mod timeouts;
 
 use super::jobs::TaskStatus;
 use super::{Core, CoreConfig, Effect};
@@ -142,6 +143,7 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
         placement: Default::default(),
         after: Vec::new(),
         after_any: Vec::new(),
+        timeouts: Default::default(),
     }
 }
 
@@ -169,6 +171,7 @@ fn update(task_id: TaskId, attempt: u32, state: TaskState) -> StatusUpdate {
         result: None,
         error: None,
         result_object: None,
+        no_retry: false,
     }
 }
 
@@ -651,6 +654,10 @@ fn check_invariants(core: &Core) {
                 // A job after one that did not succeed fails without running anything.
                 if reason.contains("which this job runs after") {
                     assert_eq!((job.succeeded, job.failed), (0, 0), "job {job_id}");
+                } else if reason.starts_with("the job passed its deadline") {
+                    // Its tasks were stopped, not failed.
+                } else if reason.contains("did not start within the queue timeout") {
+                    assert_eq!(job.failed, 1, "job {job_id}");
                 } else {
                     assert!(
                         job.failed >= 1 || reason.contains("cannot run anywhere"),
@@ -910,11 +917,17 @@ fn check_job_tasks(core: &Core, job: &super::Job) {
             );
         }
         // A task fails when it has used up its attempts, when no executor may run it
-        // (exclusion on failure), or when its result cannot be kept (running it again would
-        // make the same result).
+        // (exclusion on failure), when its result cannot be kept (running it again would
+        // make the same result), when it did not start in time, or when its own code said
+        // its failure is final.
         let unschedulable = job.reason.as_deref().is_some_and(|r| {
-            r.contains("cannot run anywhere") || r.contains("the task's result of")
-        });
+            r.contains("cannot run anywhere")
+                || r.contains("the task's result of")
+                || r.contains("did not start within the queue timeout")
+        }) || job
+            .errors
+            .get(&(index as u32))
+            .is_some_and(|e| e.contains("(not retried:"));
         if record.status == TaskStatus::Failed && !unschedulable {
             assert_eq!(record.failures, job.max_failures, "task {task_id}");
         }
