@@ -1,5 +1,7 @@
 //! A command task's processes end with it: a timeout and a kill reach everything the command
-//! started (the children of `sh -c`), and the task's status does not wait for them.
+//! started (the children of `sh -c`); a killed attempt ends once the command has (after the
+//! SIGKILL, for one that ignores SIGTERM), and no status waits for what the command left
+//! holding its output.
 
 mod common;
 
@@ -132,6 +134,55 @@ async fn a_killed_command_ends_with_its_whole_group() {
     })
     .await;
     assert_eq!(summary.state, JobState::Killed, "{summary:?}");
+    assert_group_gone(pgid).await;
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn a_killed_command_that_ignores_sigterm_frees_its_core_only_once_killed() {
+    let cluster = TestCluster::start("group-ignores-term");
+    let _driver = cluster.driver().await;
+    let _executor = cluster.executor("a", 1, Handlers::builtin()).await;
+    let api = cluster.api(cluster.client().await);
+    let file = pid_file("ignores-term");
+    let mut job = sleepers(&file, None);
+    let script = format!(
+        "trap '' TERM; echo $$ > {}.tmp && mv {0}.tmp {0}; sleep 600",
+        file.display()
+    );
+    job.tasks[0] = TaskSpec::Command {
+        argv: vec!["sh".into(), "-c".into(), script],
+        env: Default::default(),
+        cwd: None,
+        timeout_ms: None,
+        inputs: Default::default(),
+        outputs: Vec::new(),
+    };
+    let job_id = api.submit(job).await.unwrap();
+    let mut reap = Reap(None);
+    let pgid = group_of(&file).await;
+    reap.0 = Some(pgid);
+    let killed = Instant::now();
+    within(LIMIT, api.kill(job_id)).await.unwrap();
+    // SIGTERM changes nothing: the attempt runs on, holding its core, until the SIGKILL the
+    // grace ends with.
+    let summary = eventually(LIMIT, "the task's KILLED status", || async {
+        let summary = api.job(job_id).await.ok()?;
+        (summary.running == 0).then_some(summary)
+    })
+    .await;
+    let took = killed.elapsed();
+    assert!(
+        took >= Duration::from_millis(4500),
+        "the attempt ended {took:?} after the kill, inside the grace"
+    );
+    assert_eq!(summary.killed, 1, "{summary:?}");
+    // The command itself was gone when its end was reported.
+    assert_eq!(
+        nix::sys::signal::kill(pgid, None),
+        Err(Errno::ESRCH),
+        "the command outlived its reported end"
+    );
     assert_group_gone(pgid).await;
     let _ = std::fs::remove_file(file);
 }

@@ -312,7 +312,7 @@ struct Backend {
     client: Client,
     config: ExecutorConfig,
     instance: InstanceId,
-    machine: Machine<Option<tokio::task::AbortHandle>>,
+    machine: Machine<super::runner::Work>,
     runner: Runner,
     ends: tokio::sync::mpsc::UnboundedReceiver<super::runner::Done>,
     /// Ends whose results were too large for a batch, once put in the object store (or

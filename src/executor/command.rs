@@ -39,16 +39,22 @@ pub(crate) async fn run_command(
     let (stop, stopped) = watch::channel(false);
     let stdout = child.stdout.take().map(|p| read_tail(p, stopped.clone()));
     let stderr = child.stderr.take().map(|p| read_tail(p, stopped));
-    let waited = match timeout {
-        Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
-            Ok(waited) => Some(waited),
-            Err(_) => {
-                stop_group(group.as_ref(), &mut child).await;
-                None
-            }
-        },
-        None => Some(child.wait().await),
+    let limit = async {
+        match timeout {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
     };
+    // Asked to stop (killed), the command gets as long to end as one that timed out, and the
+    // attempt ends only once its group has.
+    let (waited, stopped) = tokio::select! {
+        waited = child.wait() => (Some(waited), false),
+        () = limit => (None, false),
+        () = context.stop.stopped() => (None, true),
+    };
+    if waited.is_none() {
+        stop_group(group.as_ref(), &mut child).await;
+    }
     drop(group);
     let tails = async { (join_tail(stdout).await, join_tail(stderr).await) };
     tokio::pin!(tails);
@@ -60,6 +66,7 @@ pub(crate) async fn run_command(
         }
     };
     let error = match &waited {
+        None if stopped => Some("stopped by request".to_string()),
         None => Some(format!("timed out after {:?}", timeout.unwrap_or_default())),
         Some(waited) => failure(waited, &stderr),
     };
@@ -128,7 +135,7 @@ pub(super) struct Group(pub(super) Pid);
 
 impl Group {
     /// Sends `signal` to the whole group; false if none of it is left.
-    fn signal(&self, signal: Signal) -> bool {
+    pub(super) fn signal(&self, signal: Signal) -> bool {
         killpg(self.0, signal).is_ok()
     }
 }
@@ -155,8 +162,8 @@ impl Drop for Group {
     }
 }
 
-/// A timed-out command: SIGTERM to its group, and SIGKILL once [`KILL_GRACE`] has passed
-/// without the command's exit.
+/// A timed-out or stopped command: SIGTERM to its group, and SIGKILL once [`KILL_GRACE`] has
+/// passed without the command's exit.
 async fn stop_group(group: Option<&Group>, child: &mut Child) {
     let Some(group) = group else { return };
     group.signal(Signal::SIGTERM);

@@ -25,14 +25,9 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// Work that may be stopped when its attempt is killed or given up.
 pub trait Cancel {
-    /// Stops the work if it can; whether it stopped (its end will not come).
+    /// Stops the work, or asks it to stop; whether it stopped already (its end will not
+    /// come).
     fn cancel(&mut self) -> bool;
-}
-
-impl Cancel for Option<tokio::task::AbortHandle> {
-    fn cancel(&mut self) -> bool {
-        self.take().map(|handle| handle.abort()).is_some()
-    }
 }
 
 /// This executor's own number for one run of an attempt, never reused while it lives: an end
@@ -344,8 +339,9 @@ impl<H: Cancel> Machine<H> {
         self.statuses.push(update);
     }
 
-    /// Kills an attempt. Cancellable work stops now and reports KILLED at once; other work
-    /// reports KILLED when it returns.
+    /// Kills an attempt. Work that can be aborted stops now and reports KILLED at once; work
+    /// that is asked to stop (a command, a python call) or cannot be (a blocking handler)
+    /// reports KILLED, and frees its cores, once it has ended.
     pub fn kill(&mut self, task_id: TaskId, attempt: u32) {
         let Some(slot) = self.running.get_mut(&task_id) else {
             return;

@@ -17,7 +17,7 @@ mod upstream;
 pub use backend::{default_data_dir, run, ExecutorConfig, ExecutorError};
 pub use python::{default_interpreter, PythonConfig, DEFAULT_INTERPRETER};
 pub use status::encode_status_batch;
-pub use tasks::{Handlers, TaskContext, TaskResult};
+pub use tasks::{Handlers, StopToken, TaskContext, TaskResult};
 
 /// Exit code of an executor whose registration the driver refused (a duplicate id, say).
 pub const EXIT_REGISTRATION_REFUSED: i32 = 1;

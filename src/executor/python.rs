@@ -10,8 +10,9 @@
 //! [`KILL_GRACE`](super::command::KILL_GRACE) later to what is left, as for commands) and fails
 //! only that task; the next task starts a new one in its place.
 
-use super::command::Group;
+use super::command::{Group, KILL_GRACE};
 use super::tasks::{TaskContext, TaskResult};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use std::process::Stdio;
@@ -155,12 +156,22 @@ impl PythonPool {
         if let (Value::Object(request), Value::Object(files)) = (&mut request, files) {
             request.extend(files);
         }
-        match worker.call(&request).await {
+        let answered = match worker.send(&request).await {
+            Err(e) => Err(e),
+            Ok(()) => {
+                let answer = tokio::select! {
+                    answer = worker.read() => Some(answer),
+                    () = context.stop.stopped() => None,
+                };
+                match answer {
+                    Some(answer) => answer,
+                    None => return self.interrupt(worker).await,
+                }
+            }
+        };
+        match answered {
             Ok(answer) => {
-                self.idle
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(worker);
+                self.keep(worker);
                 outcome(answer)
             }
             Err(e) => {
@@ -172,6 +183,37 @@ impl PythonPool {
                     )),
                     None,
                 )
+            }
+        }
+    }
+
+    /// Puts a worker that answered back among the idle ones.
+    fn keep(&self, worker: Worker) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(worker);
+    }
+
+    /// Stops the call `worker` runs, which was asked to stop: `KeyboardInterrupt` in it
+    /// (SIGINT to the worker), and if it has not answered within [`KILL_GRACE`] the worker and
+    /// all it started are killed (a new one takes its place). Returns once the call is over.
+    async fn interrupt(&self, mut worker: Worker) -> (TaskResult, Option<Value>) {
+        if let Some(pid) = worker.child.id() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGINT);
+        }
+        match tokio::time::timeout(KILL_GRACE, worker.read()).await {
+            Ok(Ok(answer)) => {
+                self.keep(worker);
+                (Err("stopped by request: interrupted".into()), Some(answer))
+            }
+            _ => {
+                worker.kill_now().await;
+                let error = format!(
+                    "stopped by request: its python worker did not stop within {KILL_GRACE:?} \
+                     of the interrupt and was killed"
+                );
+                (Err(error), None)
             }
         }
     }
@@ -255,8 +297,8 @@ impl Worker {
         ))
     }
 
-    /// Sends one request and reads its answer.
-    async fn call(&mut self, request: &Value) -> Result<Value, String> {
+    /// Sends one request; its answer is the next frame [`Worker::read`] reads.
+    async fn send(&mut self, request: &Value) -> Result<(), String> {
         let body = serde_json::to_vec(request).map_err(|e| format!("could not be sent it: {e}"))?;
         let length = u32::try_from(body.len())
             .map_err(|_| format!("could not be sent a request of {} bytes", body.len()))?;
@@ -268,8 +310,7 @@ impl Worker {
             self.stdin.flush().await
         };
         sent.await
-            .map_err(|e| format!("could not be sent the task ({e})"))?;
-        self.read().await
+            .map_err(|e| format!("could not be sent the task ({e})"))
     }
 
     /// Reads one frame: 4 bytes of big-endian length, then that much JSON.
@@ -302,6 +343,16 @@ impl Worker {
         };
         self.kill();
         ended
+    }
+
+    /// SIGKILL to the worker's whole group at once (its grace is over), and a bounded wait for
+    /// the worker's exit.
+    async fn kill_now(&mut self) {
+        match &self.group {
+            Some(group) => drop(group.signal(Signal::SIGKILL)),
+            None => drop(self.child.start_kill()),
+        }
+        let _ = tokio::time::timeout(EXIT_WAIT, self.child.wait()).await;
     }
 
     /// SIGTERM to the worker's group, and SIGKILL to what is left of it after the grace

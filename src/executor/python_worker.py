@@ -37,6 +37,7 @@ import io
 import json
 import os
 import pickle
+import signal
 import struct
 import sys
 import traceback
@@ -328,8 +329,8 @@ def run(request):
         else:
             positional, keywords = args
             result = function(*positional, **keywords)
-    except KeyboardInterrupt:
-        raise
+    except KeyboardInterrupt as error:  # the executor asked the call to stop
+        return failure(error, "the task was interrupted")
     except BaseException as error:  # SystemExit too: the task failed, the worker goes on
         answer = failure(error, "the task raised")
         why = final_failure(error, request.get("retry_on"), request.get("no_retry_on"))
@@ -349,10 +350,20 @@ def main():
     inp, out = take_pipes()
     send(out, {"ready": os.getpid(), "cloudpickle": HAVE_CLOUDPICKLE})
     while True:
-        request = receive(inp)
-        if request is None:
-            return
-        send(out, run(request))
+        try:
+            request = receive(inp)
+            if request is None:
+                return
+            answer = run(request)
+        except KeyboardInterrupt:
+            # An interrupt meant for a call that had already answered: nothing runs now.
+            continue
+        # An interrupt must not cut an answer in half: it waits until the answer is out.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            send(out, answer)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 main()

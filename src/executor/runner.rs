@@ -14,6 +14,35 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+/// A running attempt's work, as its executor keeps it: what stops it when it is killed.
+#[derive(Debug, Default)]
+pub(crate) struct Work {
+    /// Work that stops the moment it is aborted (a sleep).
+    abort: Option<AbortHandle>,
+    /// Work that is asked to stop and ends once it has (a command's process group, a python
+    /// worker, a blocking handler that checks its token): its end comes when it has stopped.
+    stopper: Option<super::tasks::Stopper>,
+}
+
+impl super::machine::Cancel for Work {
+    fn cancel(&mut self) -> bool {
+        if let Some(stopper) = &self.stopper {
+            stopper.stop();
+            return false;
+        }
+        self.abort.take().map(|handle| handle.abort()).is_some()
+    }
+}
+
+impl Work {
+    fn aborted_by(handle: AbortHandle) -> Self {
+        Work {
+            abort: Some(handle),
+            stopper: None,
+        }
+    }
+}
+
 /// An attempt's end, sent by the task that ran it.
 pub(crate) struct Done {
     /// The run it ended, as the machine numbered it.
@@ -89,22 +118,24 @@ impl Runner {
         (runner, ends)
     }
 
-    /// Starts one attempt as run `run`: its end, for work done at once, or the handle of work
-    /// that goes on in the background (none for work that cannot be stopped), whose end
-    /// names the run.
-    pub fn start(
-        &self,
-        task: &TaskDescription,
-        run: Run,
-        term: u64,
-    ) -> Started<Option<AbortHandle>> {
-        let context = TaskContext {
+    /// Starts one attempt as run `run`: its end, for work done at once, or what stops work
+    /// that goes on in the background, whose end names the run.
+    pub fn start(&self, task: &TaskDescription, run: Run, term: u64) -> Started<Work> {
+        let mut context = TaskContext {
             job_id: task.job_id,
             task_id: task.task_id,
             index: task.index,
             attempt: task.attempt,
             term,
             resources: task.resources.clone(),
+            stop: Default::default(),
+        };
+        // Work that stops when asked and ends once it has gets a token of its own (below); a
+        // sleep is aborted, and work done at once has nothing to stop.
+        let stoppable = |context: &mut TaskContext| {
+            let (stopper, token) = super::tasks::StopToken::pair();
+            context.stop = token;
+            Some(stopper)
         };
         let (task_id, attempt) = (task.task_id, task.attempt);
         self.metrics.launched();
@@ -140,7 +171,7 @@ impl Runner {
                     }
                     self.metrics.ran(started.elapsed());
                     let _ = self.done.send(Done::from_status(run, end));
-                    None
+                    Work::default()
                 }
                 Some(Handler::Sleep) => match sleep_duration(arg) {
                     Err(e) => return self.ended(started, status(task_id, attempt, Err(e), None)),
@@ -150,47 +181,53 @@ impl Runner {
                             tokio::time::sleep(pause).await;
                             report(Ok(Value::Null), None);
                         });
-                        Some(work.abort_handle())
+                        Work::aborted_by(work.abort_handle())
                     }
                 },
                 Some(Handler::Blocking(f)) => {
+                    let stopper = stoppable(&mut context);
                     let (f, arg, report) = (f.clone(), arg.clone(), reporter());
                     tokio::task::spawn_blocking(move || report(f(context, arg), None));
-                    None
+                    Work {
+                        abort: None,
+                        stopper,
+                    }
                 }
             },
             TaskSpec::Command { timeout_ms, .. } => {
                 let (spec, objects) = (task.spec.clone(), self.objects.clone());
                 let timeout = timeout_ms.map(Duration::from_millis);
                 let report = reporter();
-                Some(
-                    tokio::spawn(async move {
-                        let TaskSpec::Command {
-                            argv,
-                            env,
-                            cwd,
-                            inputs,
-                            outputs,
-                            ..
-                        } = spec.as_ref()
-                        else {
-                            unreachable!("matched as a command above");
-                        };
-                        let (outcome, detail) = run_staged(
-                            objects.as_deref(),
-                            &context,
-                            argv,
-                            env,
-                            cwd.as_deref(),
-                            timeout,
-                            inputs,
-                            outputs,
-                        )
-                        .await;
-                        report(outcome, detail);
-                    })
-                    .abort_handle(),
-                )
+                let stopper = stoppable(&mut context);
+                let work = tokio::spawn(async move {
+                    let TaskSpec::Command {
+                        argv,
+                        env,
+                        cwd,
+                        inputs,
+                        outputs,
+                        ..
+                    } = spec.as_ref()
+                    else {
+                        unreachable!("matched as a command above");
+                    };
+                    let (outcome, detail) = run_staged(
+                        objects.as_deref(),
+                        &context,
+                        argv,
+                        env,
+                        cwd.as_deref(),
+                        timeout,
+                        inputs,
+                        outputs,
+                    )
+                    .await;
+                    report(outcome, detail);
+                });
+                Work {
+                    abort: Some(work.abort_handle()),
+                    stopper,
+                }
             }
             TaskSpec::Python { timeout_ms, .. } => {
                 let Some(pool) = self.python.clone() else {
@@ -201,39 +238,40 @@ impl Runner {
                 let (spec, timeout) = (task.spec.clone(), timeout_ms.map(Duration::from_millis));
                 let objects = self.objects.clone();
                 let report = reporter();
-                Some(
-                    tokio::spawn(async move {
-                        let TaskSpec::Python {
-                            function,
-                            args,
-                            map,
-                            retry_on,
-                            no_retry_on,
-                            ..
-                        } = spec.as_ref()
-                        else {
-                            unreachable!("matched as a python task above");
-                        };
-                        let (outcome, detail) = match fetch_pickles(objects.as_deref(), &spec).await
-                        {
-                            Ok((mut files, _held)) => {
-                                retry_policy(&mut files, retry_on, no_retry_on);
-                                pool.run(&context, function, args, *map, files, timeout)
-                                    .await
-                            }
-                            Err(error) => (Err(error), None),
-                        };
-                        report(outcome, detail);
-                    })
-                    .abort_handle(),
-                )
+                let stopper = stoppable(&mut context);
+                let work = tokio::spawn(async move {
+                    let TaskSpec::Python {
+                        function,
+                        args,
+                        map,
+                        retry_on,
+                        no_retry_on,
+                        ..
+                    } = spec.as_ref()
+                    else {
+                        unreachable!("matched as a python task above");
+                    };
+                    let (outcome, detail) = match fetch_pickles(objects.as_deref(), &spec).await {
+                        Ok((mut files, _held)) => {
+                            retry_policy(&mut files, retry_on, no_retry_on);
+                            pool.run(&context, function, args, *map, files, timeout)
+                                .await
+                        }
+                        Err(error) => (Err(error), None),
+                    };
+                    report(outcome, detail);
+                });
+                Work {
+                    abort: Some(work.abort_handle()),
+                    stopper,
+                }
             }
         };
         Started::Running(abort)
     }
 
     /// An attempt ended as it started, `started` then: counted, and its end.
-    fn ended(&self, started: Instant, end: StatusUpdate) -> Started<Option<AbortHandle>> {
+    fn ended(&self, started: Instant, end: StatusUpdate) -> Started<Work> {
         self.metrics.ran(started.elapsed());
         Started::Ended(end)
     }

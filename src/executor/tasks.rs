@@ -23,6 +23,49 @@ pub struct TaskContext {
     /// The addresses of the custom resources the driver gave this attempt (Spark's
     /// `TaskContext.resources()`); empty unless its job asked for some.
     pub resources: crate::resources::Addresses,
+    /// Turns when the attempt is asked to stop (a `KillTask`, a timeout of the driver's, or
+    /// its executor leaving): a handler that runs long should check it and return early. The
+    /// attempt's cores stay busy until the handler returns, whatever it does with it.
+    pub stop: StopToken,
+}
+
+/// Whether an attempt was asked to stop. Cheap to clone; the token of work that cannot be
+/// stopped (one made by `default()`) never turns.
+#[derive(Debug, Clone, Default)]
+pub struct StopToken(Option<tokio::sync::watch::Receiver<bool>>);
+
+impl StopToken {
+    /// A token and what turns it.
+    pub(crate) fn pair() -> (Stopper, StopToken) {
+        let (sender, receiver) = tokio::sync::watch::channel(false);
+        (Stopper(sender), StopToken(Some(receiver)))
+    }
+
+    /// Whether the attempt was asked to stop.
+    pub fn is_stopped(&self) -> bool {
+        self.0.as_ref().is_some_and(|stop| *stop.borrow())
+    }
+
+    /// Returns once the attempt is asked to stop; never, for work that cannot be.
+    pub async fn stopped(&self) {
+        let Some(mut stop) = self.0.clone() else {
+            return std::future::pending().await;
+        };
+        // An error: the stopper is gone with the attempt's slot, and nothing will ask.
+        if stop.wait_for(|stopped| *stopped).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// What asks an attempt to stop: kept with the attempt by its executor.
+#[derive(Debug)]
+pub(crate) struct Stopper(tokio::sync::watch::Sender<bool>);
+
+impl Stopper {
+    pub fn stop(&self) {
+        self.0.send_replace(true);
+    }
 }
 
 /// A handler's outcome: a JSON result, or an error message (the attempt FAILED).

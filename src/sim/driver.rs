@@ -409,6 +409,12 @@ impl World {
             // And one in four waits before each retry, through failovers: the waits replay.
             let retry_backoff =
                 (origin % 4 == 2).then(|| crate::protocol::RetryBackoff::starting_at(50));
+            // And one in four stops an attempt that runs four times the longest a task runs
+            // (only a stuck one does): the timers run through failovers too.
+            let timeouts = crate::protocol::JobTimeouts {
+                attempt_timeout_ms: (origin % 4 == 0).then_some(4 * self.config.task_ms),
+                ..Default::default()
+            };
             let job = SubmitJob {
                 pool: None,
                 priority: 0,
@@ -424,7 +430,7 @@ impl World {
                 placement: Default::default(),
                 after,
                 after_any,
-                timeouts: Default::default(),
+                timeouts,
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             match (known.get(&name), reply) {
