@@ -20,7 +20,7 @@ mod status_updates;
 pub use batch::{fit, Batch};
 pub use event::{Event, ExclusionScope, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
 pub use journal::{JournalRecord, JournaledTask};
-pub use policy::{JobTimeouts, RetryBackoff};
+pub use policy::{JobTimeouts, RetryBackoff, WaitReason};
 pub use status_updates::StatusBatch;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
@@ -773,10 +773,13 @@ pub struct JobSummary {
     pub submitted_at_ms: u64,
     pub ended_at_ms: Option<u64>,
     pub reason: Option<String>,
-    /// Why tasks of this running job wait although it has tasks to run (no executor has the
-    /// resources it asks for, or the start gate holds offers); none if nothing holds it back.
+    /// Why tasks of this job wait, in words: the text of `waits`, joined by `; `; none if
+    /// nothing holds it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// Why tasks of this job wait, and until when, each reason apart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<WaitReason>,
     /// The job's placement as submitted, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<crate::placement::Placement>,

@@ -1909,6 +1909,7 @@ fn running_summary() -> JobSummary {
         waiting: None,
         placement: None,
         waits_for: Vec::new(),
+        waits: Vec::new(),
     }
 }
 
@@ -1948,6 +1949,7 @@ fn api_reply_jobs() {
         waiting: None,
         placement: None,
         waits_for: Vec::new(),
+        waits: Vec::new(),
     };
     golden(
         &ApiReply::Jobs {
@@ -3780,5 +3782,52 @@ fn task_spec_python_with_a_retry_policy() {
             "retry_on": ["ConnectionError", "mylib.Throttled"],
             "no_retry_on": ["ValueError"]
         }),
+    );
+}
+
+#[test]
+fn wait_reasons() {
+    use ember::protocol::WaitReason;
+    let reasons = vec![
+        WaitReason::After { jobs: vec![12] },
+        WaitReason::StartGate {
+            registered: 1,
+            required: 4,
+        },
+        WaitReason::NoFit {
+            message: "no executor has 8 cores; largest: 4".into(),
+        },
+        WaitReason::RetryBackoff {
+            tasks: 3,
+            until_ms: 1_700_000_000_000,
+        },
+        WaitReason::QueueTimeout {
+            tasks: 5,
+            until_ms: 1_700_000_030_000,
+        },
+    ];
+    // As a job summary's `waits` carries them, and reads them back.
+    let wire = json!([
+        {"kind": "after", "jobs": [12]},
+        {"kind": "start_gate", "registered": 1, "required": 4},
+        {"kind": "no_fit", "message": "no executor has 8 cores; largest: 4"},
+        {"kind": "retry_backoff", "tasks": 3, "until_ms": 1700000000000u64},
+        {"kind": "queue_timeout", "tasks": 5, "until_ms": 1700000030000u64}
+    ]);
+    assert_eq!(serde_json::to_value(&reasons).unwrap(), wire);
+    let read: Vec<WaitReason> = serde_json::from_value(wire).unwrap();
+    assert_eq!(read, reasons);
+    let text: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        text,
+        [
+            "runs after job 12, which has not ended",
+            "offers wait on the start gate: 1 executor registered of the 4 required (or until \
+             --max-registered-wait passes)",
+            "no executor has 8 cores; largest: 4",
+            "3 tasks wait out a retry backoff, the next until 2023-11-14T22:13:20Z",
+            "5 tasks wait for a free core; the job fails at 2023-11-14T22:13:50Z if the first \
+             has not started (queue timeout)",
+        ]
     );
 }

@@ -344,6 +344,7 @@ mod tests {
             waiting: None,
             placement: None,
             waits_for: Vec::new(),
+            waits: Vec::new(),
         }
     }
 

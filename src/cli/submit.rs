@@ -370,6 +370,7 @@ mod tests {
             waiting: None,
             placement: None,
             waits_for: Vec::new(),
+            waits: Vec::new(),
         }
     }
 

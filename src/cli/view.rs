@@ -267,6 +267,7 @@ mod tests {
             placement: None,
             speculative: None,
             waits_for: Vec::new(),
+            waits: Vec::new(),
         }
     }
 

@@ -90,3 +90,66 @@ impl JobTimeouts {
         *self == JobTimeouts::default()
     }
 }
+
+/// Why tasks of an open job wait, and until when: each reason a summary gives, in the order it
+/// gives them. Its text (`Display`) is what `ember jobs` and the web page show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WaitReason {
+    /// The job runs after jobs that have not ended (`WAITING`).
+    After { jobs: Vec<crate::ids::JobId> },
+    /// Offers wait for the start gate: `registered` executors of the `required`.
+    StartGate { registered: u64, required: u64 },
+    /// No executor may run the job's tasks as it stands (cores, resources, constraints,
+    /// exclusion after failures): why, in words.
+    NoFit { message: String },
+    /// `tasks` tasks wait out their retry backoff, the next until `until_ms`.
+    RetryBackoff { tasks: u32, until_ms: u64 },
+    /// `tasks` tasks wait for free cores, and the job fails at `until_ms` if the one that has
+    /// waited longest has not started by then (its queue timeout).
+    QueueTimeout { tasks: u32, until_ms: u64 },
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let time = crate::text::format_time;
+        match self {
+            WaitReason::After { jobs } => {
+                let (plural, verb) = if jobs.len() == 1 {
+                    ("", "has")
+                } else {
+                    ("s", "have")
+                };
+                let jobs: Vec<String> = jobs.iter().map(|id| id.to_string()).collect();
+                write!(
+                    f,
+                    "runs after job{plural} {}, which {verb} not ended",
+                    jobs.join(", ")
+                )
+            }
+            WaitReason::StartGate {
+                registered,
+                required,
+            } => write!(
+                f,
+                "offers wait on the start gate: {} of the {required} required (or until \
+                 --max-registered-wait passes)",
+                crate::text::count(*registered, "executor registered", "executors registered"),
+            ),
+            WaitReason::NoFit { message } => f.write_str(message),
+            WaitReason::RetryBackoff { tasks, until_ms } => write!(
+                f,
+                "{} out a retry backoff, the next until {}",
+                crate::text::count(*tasks, "task waits", "tasks wait"),
+                time(*until_ms)
+            ),
+            WaitReason::QueueTimeout { tasks, until_ms } => write!(
+                f,
+                "{} for a free core; the job fails at {} if the first has not started \
+                 (queue timeout)",
+                crate::text::count(*tasks, "task waits", "tasks wait"),
+                time(*until_ms)
+            ),
+        }
+    }
+}

@@ -321,6 +321,7 @@ impl Job {
             placement: self.submitted_placement(),
             speculative: self.speculation.as_ref().map(|s| s.counts()),
             waits_for: Vec::new(),
+            waits: Vec::new(),
         }
     }
 

@@ -7,7 +7,7 @@
 
 use super::{Core, Job};
 use crate::ids::TaskId;
-use crate::protocol::{JobSummary, ResourceCount};
+use crate::protocol::{JobSummary, ResourceCount, WaitReason};
 use crate::resources::{Addresses, Request};
 use std::collections::{BTreeMap, HashMap};
 
@@ -145,20 +145,23 @@ impl ExecutorResources {
 }
 
 impl Core {
-    /// `job`'s summary, with why its tasks wait if something holds them back.
+    /// `job`'s summary, with why its tasks wait and until when, if they do.
     pub(super) fn job_summary(&self, job: &Job) -> JobSummary {
         let mut summary = job.summary();
-        summary.waiting = self.waiting_reason(job);
+        let mut waits = Vec::new();
         if job.state == crate::protocol::JobState::Waiting {
             summary.waits_for = self.waits_for(job.id);
-            let jobs: Vec<String> = summary.waits_for.iter().map(|id| id.to_string()).collect();
-            summary.waiting = Some(format!(
-                "runs after job{} {}, which {} not ended",
-                if jobs.len() == 1 { "" } else { "s" },
-                jobs.join(", "),
-                if jobs.len() == 1 { "has" } else { "have" }
-            ));
+            waits.push(WaitReason::After {
+                jobs: summary.waits_for.clone(),
+            });
         }
+        waits.extend(self.waiting_reason(job));
+        waits.extend(Self::timed_waits(job));
+        if !waits.is_empty() {
+            let text: Vec<String> = waits.iter().map(ToString::to_string).collect();
+            summary.waiting = Some(text.join("; "));
+        }
+        summary.waits = waits;
         summary
     }
 
@@ -166,22 +169,22 @@ impl Core {
     /// gate, every live executor is excluded from the job after failures, or no registered
     /// executor has as many cores, or as much of a resource, as each task asks for. None if
     /// nothing holds it back (or the job does not run).
-    pub(super) fn waiting_reason(&self, job: &Job) -> Option<String> {
+    pub(super) fn waiting_reason(&self, job: &Job) -> Option<WaitReason> {
         if !job.is_active() || !job.tasks.has_waiting() {
             return None;
         }
         if let Some(gate) = self.gate.as_ref().filter(|g| g.opened_at_ms.is_none()) {
-            return Some(format!(
-                "offers wait on the start gate: {} of the {} required (or until \
-                 --max-registered-wait passes)",
-                crate::text::count(
-                    self.executors.len() as u64,
-                    "executor registered",
-                    "executors registered"
-                ),
-                gate.min_registered,
-            ));
+            return Some(WaitReason::StartGate {
+                registered: self.executors.len() as u64,
+                required: gate.min_registered,
+            });
         }
+        self.fit_refusal(job)
+            .map(|message| WaitReason::NoFit { message })
+    }
+
+    /// Why no executor may run the tasks of `job`, which has some waiting, if none may.
+    fn fit_refusal(&self, job: &Job) -> Option<String> {
         if self.every_live_executor_excludes(job) {
             let meeting = super::exclusion::meeting_constraints(job);
             return Some(format!(

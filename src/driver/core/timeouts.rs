@@ -11,7 +11,7 @@ use super::jobs::{Job, TaskStatus, NO_DURATION};
 use super::tasks::Pick;
 use super::Core;
 use crate::ids::JobId;
-use crate::protocol::{JobState, JobTimeouts, TaskSpec};
+use crate::protocol::{JobState, JobTimeouts, TaskSpec, WaitReason};
 
 /// The longest timeout a job may set: thirty days.
 pub const MAX_TIMEOUT_MS: u64 = 30 * 24 * 3600 * 1000;
@@ -273,6 +273,36 @@ impl Core {
         let reason = format!("attempt {attempt} timed out after {}", written(limit));
         self.send_kill(executor, task_id, attempt, reason);
         true
+    }
+
+    /// The waits of `job`'s tasks that end at a known time: retries resting until their
+    /// backoff is over, and, with a queue timeout, tasks waiting for cores until it fails
+    /// the job.
+    pub(super) fn timed_waits(job: &Job) -> impl Iterator<Item = WaitReason> {
+        let active = job.is_active();
+        let resting = job.tasks.resting();
+        let backoff = job
+            .tasks
+            .resting_until()
+            .map(|(_, until_ms)| until_ms)
+            .min()
+            .filter(|_| active)
+            .map(|until_ms| WaitReason::RetryBackoff {
+                tasks: resting,
+                until_ms,
+            });
+        let queue = job
+            .timeouts
+            .queue_timeout_ms
+            .filter(|_| active)
+            .and_then(|limit| {
+                let (_, since) = job.longest_waiting()?;
+                Some(WaitReason::QueueTimeout {
+                    tasks: job.tasks.waiting(),
+                    until_ms: since.saturating_add(limit),
+                })
+            });
+        backoff.into_iter().chain(queue)
     }
 
     /// The failure an attempt stopped for its timeout ends with.

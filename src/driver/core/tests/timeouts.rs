@@ -279,3 +279,66 @@ fn a_failure_said_final_does_not_run_again_whatever_attempts_are_left() {
     assert_eq!(summary(&mut core, job_id).state, JobState::Failed);
     check_invariants(&core);
 }
+
+#[test]
+fn a_summary_says_why_tasks_wait_and_until_when() {
+    use crate::protocol::WaitReason;
+    let mut core = new_core(0);
+    add(&mut core, "a", 1, 0);
+    let (blocker, _) = start(&mut core, job(1, 1, 1), 0);
+    let retried = SubmitJob {
+        retry_backoff: Some(crate::protocol::RetryBackoff {
+            jitter: 0.0,
+            ..crate::protocol::RetryBackoff::starting_at(1000)
+        }),
+        ..timed(2, 3, queue_timeout(5000))
+    };
+    let (job_id, _) = start(&mut core, retried, 100);
+    let after = SubmitJob {
+        after: vec![job_id],
+        ..job(1, 1, 1)
+    };
+    let (waiting, _) = start(&mut core, after, 100);
+
+    // Both tasks wait for the busy core, the first since 100.
+    let summary = summary(&mut core, job_id);
+    assert_eq!(
+        summary.waits,
+        [WaitReason::QueueTimeout {
+            tasks: 2,
+            until_ms: 5100
+        }]
+    );
+    assert_eq!(
+        summary.waiting.as_deref(),
+        Some(
+            "2 tasks wait for a free core; the job fails at 1970-01-01T00:00:05Z if the first \
+             has not started (queue timeout)"
+        )
+    );
+    let summary = super::summary(&mut core, waiting);
+    assert_eq!(summary.waits, [WaitReason::After { jobs: vec![job_id] }]);
+    assert_eq!(
+        summary.waiting.as_deref(),
+        Some("runs after job 2, which has not ended")
+    );
+
+    // The core frees: one task runs and fails at 1500, and rests until 2500; the other
+    // takes the core.
+    report(&mut core, "a", vec![finished(1, 0)], 500);
+    report(&mut core, "a", vec![failed(2, 0, "boom")], 1500);
+    let summary = super::summary(&mut core, job_id);
+    assert_eq!(
+        summary.waits,
+        [WaitReason::RetryBackoff {
+            tasks: 1,
+            until_ms: 2500
+        }]
+    );
+    assert_eq!(
+        summary.waiting.as_deref(),
+        Some("1 task waits out a retry backoff, the next until 1970-01-01T00:00:02Z")
+    );
+    // A job that runs with nothing holding it back says nothing.
+    assert_eq!(super::summary(&mut core, blocker).waits, []);
+}
