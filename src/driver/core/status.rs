@@ -272,12 +272,13 @@ impl Core {
         let mut error = self.clipped_error(update);
         let job = self.jobs.get_mut(&job_id).expect("located above");
         let speculative = job.speculation.is_some();
+        let timed = job.timeouts.attempt_timeout_ms.is_some();
         if speculative {
             if let Some(ended) = self.first_attempt_ended(job_id, index, from, update, now) {
                 return ended;
             }
         }
-        if self.jobs[&job_id].timeouts.attempt_timeout_ms.is_some() {
+        if timed {
             self.clear_attempt_timer(job_id, index, update.attempt);
         }
         let job = self.jobs.get_mut(&job_id).expect("located above");
