@@ -6,7 +6,7 @@ mod common;
 
 use common::{eventually, sleepers, within, TestCluster};
 use ember::executor::Handlers;
-use ember::protocol::{decode, Event, JobState, JobTimeouts, SubmitJob};
+use ember::protocol::{decode, Event, JobState, JobTimeouts, SubmitJob, WaitReason};
 use futures::StreamExt;
 use std::time::Duration;
 
@@ -77,6 +77,33 @@ async fn a_job_on_a_cluster_with_no_free_core_fails_with_the_queue_timeout_reaso
     );
     // The other job runs on.
     assert_eq!(api.job(busy).await.unwrap().state, JobState::Running);
+
+    // A job that waits with a longer timeout says why, and until when.
+    let patient = SubmitJob {
+        timeouts: JobTimeouts {
+            queue_timeout_ms: Some(600_000),
+            ..Default::default()
+        },
+        ..sleepers(2, 10)
+    };
+    let patient = api.submit(patient).await.unwrap();
+    let summary = api.job(patient).await.unwrap();
+    match summary.waits.as_slice() {
+        [WaitReason::QueueTimeout { tasks: 2, until_ms }] => {
+            assert!(
+                (summary.submitted_at_ms + 600_000..=summary.submitted_at_ms + 601_000)
+                    .contains(until_ms),
+                "{summary:?}"
+            );
+        }
+        other => panic!("waits {other:?}"),
+    }
+    let waiting = summary.waiting.unwrap_or_default();
+    assert!(
+        waiting.starts_with("2 tasks wait for a free core; the job fails at "),
+        "{waiting}"
+    );
+    api.kill(patient).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
