@@ -16,6 +16,11 @@ then that many bytes of JSON.
 A request whose function cannot be unpickled because a module it needs is not importable here
 answers {"error": ..., "type": "ModuleNotFoundError", "unimportable": <module name>}.
 
+A request may name `retry_on` and `no_retry_on` (exception class names): an exception they say
+is final answers with "no_retry": true, and the error says why. SIGINT while a call runs (the
+executor stopping it) raises KeyboardInterrupt in the call, which answers as a failure; the
+worker then takes the next request.
+
 Objects: a request may carry `function_path` or `args_path` instead of `function` or `args`
 (a file holding the raw pickle, fetched from the cluster's object store by the executor), and
 `objects`, {<reference>: <file>}: the values the pickles refer to by persistent id
