@@ -200,12 +200,8 @@ impl Core {
         record.duration_ms = super::jobs::NO_DURATION;
         record.timed_out = false;
         job.running += 1;
-        if job.timeouts.attempt_timeout_ms.is_some() {
-            let job = &self.jobs[&job_id];
-            let timer = (job.attempt_timeout_of(index), job.id);
-            if let (Some(limit), job_id) = timer {
-                self.start_attempt_timer(job_id, index, attempt, now.saturating_add(limit));
-            }
+        if let Some(limit) = job.attempt_timeout_of(index) {
+            self.start_attempt_timer(job_id, index, attempt, now.saturating_add(limit));
         }
         attempt
     }

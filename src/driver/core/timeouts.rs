@@ -16,6 +16,11 @@ use crate::protocol::{JobState, JobTimeouts, TaskSpec, WaitReason};
 /// The longest timeout a job may set: thirty days.
 pub const MAX_TIMEOUT_MS: u64 = 30 * 24 * 3600 * 1000;
 
+/// How often the kill of an attempt past its timeout is sent again while the attempt has not
+/// ended: longer than an executor's grace for stopping work (5 s), so a kill that arrived is
+/// not repeated while it takes effect.
+pub const KILL_RESEND_MS: u64 = 10_000;
+
 /// What a due timer checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Timer {
@@ -131,7 +136,7 @@ impl Core {
                 Timer::Deadline(job_id) => self.deadline_passed(job_id, now),
                 Timer::Queue(job_id) => self.check_queue(job_id, now),
                 Timer::Attempt(job_id, index, attempt) => {
-                    self.attempt_timed_out(job_id, index, attempt)
+                    self.attempt_timed_out(job_id, index, attempt, now)
                 }
             };
         }
@@ -185,10 +190,16 @@ impl Core {
         let Some(job) = self.jobs.get(&job_id) else {
             return;
         };
-        if let Some(limit) = job.attempt_timeout_of(index) {
+        let Some(limit) = job.attempt_timeout_of(index) else {
+            return;
+        };
+        let timer = Timer::Attempt(job_id, index, attempt);
+        if job.tasks[index].timed_out {
+            // Its kill is being sent again, at a time of its own: rare enough to look for.
+            self.timers.retain(|(_, t)| *t != timer);
+        } else {
             let due = job.tasks[index].started_ms.saturating_add(limit);
-            self.timers
-                .remove(&(due, Timer::Attempt(job_id, index, attempt)));
+            self.timers.remove(&(due, timer));
         }
     }
 
@@ -255,7 +266,10 @@ impl Core {
 
     /// Stops attempt `attempt` of task `index` if it still runs: its end, when the executor
     /// reports it, is a failure that says it timed out.
-    fn attempt_timed_out(&mut self, job_id: JobId, index: u32, attempt: u32) -> bool {
+    ///
+    /// A `KillTask` may be lost on the way: until the attempt's end comes, the kill is sent
+    /// again every [`KILL_RESEND_MS`] (a repeat changes nothing on an executor that has it).
+    fn attempt_timed_out(&mut self, job_id: JobId, index: u32, attempt: u32, now: u64) -> bool {
         let Some(job) = self.jobs.get_mut(&job_id).filter(|job| job.is_active()) else {
             return false;
         };
@@ -266,13 +280,15 @@ impl Core {
         let Some(executor) = record.executor.clone().filter(|_| current) else {
             return false;
         };
-        if record.timed_out || record.kill_requested {
+        if record.kill_requested {
             return false;
         }
-        record.timed_out = true;
+        let first = !std::mem::replace(&mut record.timed_out, true);
         let reason = format!("attempt {attempt} timed out after {}", written(limit));
         self.send_kill(executor, task_id, attempt, reason);
-        true
+        let again = now.saturating_add(KILL_RESEND_MS);
+        self.start_attempt_timer(job_id, index, attempt, again);
+        first
     }
 
     /// The waits of `job`'s tasks that end at a known time: retries resting until their

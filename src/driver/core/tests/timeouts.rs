@@ -342,3 +342,34 @@ fn a_summary_says_why_tasks_wait_and_until_when() {
     // A job that runs with nothing holding it back says nothing.
     assert_eq!(super::summary(&mut core, blocker).waits, []);
 }
+
+#[test]
+fn the_kill_of_an_attempt_past_its_timeout_is_sent_again_until_the_attempt_ends() {
+    let mut core = new_core(0);
+    add(&mut core, "a", 1, 0);
+    start(&mut core, timed(1, 2, attempt_timeout(3000)), 0);
+    core.on_timers(3000);
+    let reason = "attempt 0 timed out after 3s".to_string();
+    assert_eq!(
+        kill_tasks(&core.take_effects()),
+        [("a".into(), 1, 0, reason.clone())]
+    );
+    // That KillTask was lost: nothing comes back, and the kill goes again.
+    let again = 3000 + crate::driver::core::timeouts::KILL_RESEND_MS;
+    assert_eq!(core.next_due_ms(), Some(again));
+    core.on_timers(again - 1);
+    assert_eq!(kill_tasks(&core.take_effects()), []);
+    core.on_timers(again);
+    assert_eq!(
+        kill_tasks(&core.take_effects()),
+        [("a".into(), 1, 0, reason)]
+    );
+    // Once the attempt has ended, nothing more is sent for it (its retry, attempt 1, is
+    // timed on its own).
+    let effects = report(&mut core, "a", vec![killed(1, 0)], again + 100);
+    assert_eq!(the_task_end(&effects).1, TaskState::Failed);
+    core.on_timers(again + crate::driver::core::timeouts::KILL_RESEND_MS);
+    let kills = kill_tasks(&core.take_effects());
+    assert!(kills.iter().all(|(.., attempt, _)| *attempt == 1), "{kills:?}");
+    check_invariants(&core);
+}
