@@ -370,6 +370,9 @@ fn the_kill_of_an_attempt_past_its_timeout_is_sent_again_until_the_attempt_ends(
     assert_eq!(the_task_end(&effects).1, TaskState::Failed);
     core.on_timers(again + crate::driver::core::timeouts::KILL_RESEND_MS);
     let kills = kill_tasks(&core.take_effects());
-    assert!(kills.iter().all(|(.., attempt, _)| *attempt == 1), "{kills:?}");
+    assert!(
+        kills.iter().all(|(.., attempt, _)| *attempt == 1),
+        "{kills:?}"
+    );
     check_invariants(&core);
 }
