@@ -155,6 +155,7 @@ mod tests {
             after: Vec::new(),
             after_any: Vec::new(),
             timeouts: Default::default(),
+            concurrency_key: None,
         };
         let summary = tokio::time::timeout(Duration::from_secs(30), api.run_job(job, |_| {}))
             .await

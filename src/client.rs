@@ -305,6 +305,32 @@ impl EmberClient {
         }
     }
 
+    /// Sets the limits of concurrency key `key` ([`ApiRequest::SetKeyLimits`]; neither limit
+    /// clears them) and returns the key as it stands.
+    pub async fn set_key_limits(
+        &self,
+        key: &str,
+        limits: crate::protocol::KeyLimits,
+    ) -> Result<crate::protocol::KeySummary, ClientError> {
+        let request = ApiRequest::SetKeyLimits {
+            key: key.to_string(),
+            limits,
+        };
+        match self.call(&request).await? {
+            ApiReply::Keys { mut keys } if keys.len() == 1 => Ok(keys.remove(0)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Every concurrency key with limits or with an open job that names it
+    /// ([`ApiRequest::ListKeys`]).
+    pub async fn keys(&self) -> Result<Vec<crate::protocol::KeySummary>, ClientError> {
+        match self.call(&ApiRequest::ListKeys).await? {
+            ApiReply::Keys { keys } => Ok(keys),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Releases executor `executor_id` if it is idle ([`ApiRequest::ReleaseExecutor`]): an
     /// error says it runs tasks, or is not registered.
     pub async fn release_executor(&self, executor_id: ExecutorId) -> Result<(), ClientError> {

@@ -20,7 +20,10 @@ mod status_updates;
 pub use batch::{fit, Batch};
 pub use event::{Event, ExclusionScope, ExecutorInfo, ExecutorTasks, TaskEnded, TaskStarted};
 pub use journal::{JournalRecord, JournaledTask};
-pub use policy::{JobTimeouts, RetryBackoff, WaitReason};
+pub use policy::{
+    JobTimeouts, KeyLimits, Rate, RetryBackoff, WaitReason, MAX_KEY_LEN, MAX_KEY_LIMIT,
+    MAX_RATE_WINDOW_MS,
+};
 pub use status_updates::StatusBatch;
 
 use crate::ids::{ExecutorId, InstanceId, JobId, TaskId};
@@ -351,6 +354,11 @@ pub struct SubmitJob {
     /// How long a task may wait to start, an attempt run, and the job last; none by default.
     #[serde(flatten)]
     pub timeouts: JobTimeouts,
+    /// The concurrency key the job's tasks count under (1 to 64 letters, digits, `_`, `-` or
+    /// `.`): the running attempts of all jobs that name a key stay within the limits set for
+    /// it (`SetKeyLimits`); a key with none runs unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
     /// A key the client picks (1 to 64 letters, digits, `_`, `-` or `.`) that makes the
     /// submission safe to send again: a second `SubmitJob` with the same key, while the job it
     /// made is kept, is answered with that job's id and submits nothing. `EmberClient` sets
@@ -492,6 +500,30 @@ pub enum ApiRequest {
     DeleteObject {
         object: crate::objects::ObjectRef,
     },
+    /// Sets the limits of concurrency key `key`, journaled; neither limit given clears them
+    /// (the key runs unlimited). Answered with the key as `ListKeys` shows it.
+    SetKeyLimits {
+        key: String,
+        #[serde(flatten)]
+        limits: KeyLimits,
+    },
+    /// Every concurrency key with limits or with an open job that names it.
+    ListKeys,
+}
+
+/// A concurrency key as `ListKeys` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySummary {
+    pub key: String,
+    #[serde(flatten)]
+    pub limits: KeyLimits,
+    /// Attempts of its jobs running now.
+    pub running: u32,
+    /// Open jobs that name it.
+    pub jobs: u32,
+    /// Tasks of its jobs started in the rate's current window, if it has a rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_in_window: Option<u32>,
 }
 
 /// The most objects one `ObjectUses` may ask about.
@@ -591,6 +623,10 @@ pub enum ApiReply {
     /// The answer to `ObjectUses`, one entry per object asked about, in its order.
     ObjectUses {
         uses: Vec<ObjectUse>,
+    },
+    /// The answer to `ListKeys`, in key order, and to `SetKeyLimits` (the key set).
+    Keys {
+        keys: Vec<KeySummary>,
     },
     /// The answer to `DeleteObject`: whether the store held it.
     ObjectDeleted {
@@ -795,6 +831,12 @@ pub struct JobSummary {
     /// For a `WAITING` job, the jobs it still waits for (of its `after` and `after_any`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waits_for: Vec<JobId>,
+    /// The concurrency key the job names, if it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// The limits of its key now (`{}`: none, the key runs unlimited); absent without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_limits: Option<KeyLimits>,
 }
 
 /// One pool of FAIR scheduling: its settings, and what its jobs run now.

@@ -48,6 +48,7 @@ fn work_job(tasks: u32) -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 
@@ -591,6 +592,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     };
     let job = within(LIMIT, api.run_job(echo.clone(), |_| {}))
         .await

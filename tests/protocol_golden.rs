@@ -1230,6 +1230,7 @@ fn full_job() -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 
@@ -1266,6 +1267,7 @@ fn default_job() -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 
@@ -1910,6 +1912,8 @@ fn running_summary() -> JobSummary {
         placement: None,
         waits_for: Vec::new(),
         waits: Vec::new(),
+        concurrency_key: None,
+        key_limits: None,
     }
 }
 
@@ -1950,6 +1954,8 @@ fn api_reply_jobs() {
         placement: None,
         waits_for: Vec::new(),
         waits: Vec::new(),
+        concurrency_key: None,
+        key_limits: None,
     };
     golden(
         &ApiReply::Jobs {
@@ -2848,6 +2854,7 @@ fn journal_records() {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     };
     golden(
         &JournalRecord::JobSubmitted {
@@ -3805,6 +3812,19 @@ fn wait_reasons() {
             tasks: 5,
             until_ms: 1_700_000_030_000,
         },
+        WaitReason::KeyConcurrency {
+            key: "api".into(),
+            running: 4,
+            max_concurrent: 4,
+        },
+        WaitReason::KeyRate {
+            key: "api".into(),
+            rate: ember::protocol::Rate {
+                count: 10,
+                per_ms: 1000,
+            },
+            until_ms: 1_700_000_000_500,
+        },
     ];
     // As a job summary's `waits` carries them, and reads them back.
     let wire = json!([
@@ -3812,7 +3832,10 @@ fn wait_reasons() {
         {"kind": "start_gate", "registered": 1, "required": 4},
         {"kind": "no_fit", "message": "no executor has 8 cores; largest: 4"},
         {"kind": "retry_backoff", "tasks": 3, "until_ms": 1700000000000u64},
-        {"kind": "queue_timeout", "tasks": 5, "until_ms": 1700000030000u64}
+        {"kind": "queue_timeout", "tasks": 5, "until_ms": 1700000030000u64},
+        {"kind": "key_concurrency", "key": "api", "running": 4, "max_concurrent": 4},
+        {"kind": "key_rate", "key": "api", "rate": {"count": 10, "per_ms": 1000},
+         "until_ms": 1700000000500u64}
     ]);
     assert_eq!(serde_json::to_value(&reasons).unwrap(), wire);
     let read: Vec<WaitReason> = serde_json::from_value(wire).unwrap();
@@ -3828,6 +3851,89 @@ fn wait_reasons() {
             "3 tasks wait out a retry backoff, the next until 2023-11-14T22:13:20Z",
             "5 tasks wait for a free core; the job fails at 2023-11-14T22:13:50Z if the first \
              has not started (queue timeout)",
+            "concurrency key api runs 4 of its 4 at once",
+            "concurrency key api is at its rate of 10/s; the next task may start at \
+             2023-11-14T22:13:20Z",
         ]
+    );
+}
+
+#[test]
+fn concurrency_keys() {
+    use ember::protocol::{KeyLimits, KeySummary, Rate};
+    let limits = KeyLimits {
+        max_concurrent: Some(4),
+        rate: Some(Rate {
+            count: 10,
+            per_ms: 1000,
+        }),
+    };
+    golden(
+        &SubmitJob {
+            concurrency_key: Some("api".into()),
+            ..default_job()
+        },
+        json!({
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "concurrency_key": "api"
+        }),
+    );
+    golden(
+        &ApiRequest::SetKeyLimits {
+            key: "api".into(),
+            limits,
+        },
+        json!({"type": "SetKeyLimits", "key": "api", "max_concurrent": 4,
+               "rate": {"count": 10, "per_ms": 1000}}),
+    );
+    // Neither limit: the key's limits are cleared.
+    golden(
+        &ApiRequest::SetKeyLimits {
+            key: "api".into(),
+            limits: KeyLimits::default(),
+        },
+        json!({"type": "SetKeyLimits", "key": "api"}),
+    );
+    golden(&ApiRequest::ListKeys, json!({"type": "ListKeys"}));
+    golden(
+        &ApiReply::Keys {
+            keys: vec![
+                KeySummary {
+                    key: "api".into(),
+                    limits,
+                    running: 4,
+                    jobs: 2,
+                    started_in_window: Some(7),
+                },
+                KeySummary {
+                    key: "free".into(),
+                    limits: KeyLimits::default(),
+                    running: 1,
+                    jobs: 1,
+                    started_in_window: None,
+                },
+            ],
+        },
+        json!({"type": "Keys", "keys": [
+            {"key": "api", "max_concurrent": 4, "rate": {"count": 10, "per_ms": 1000},
+             "running": 4, "jobs": 2, "started_in_window": 7},
+            {"key": "free", "running": 1, "jobs": 1}
+        ]}),
+    );
+    golden(
+        &JournalRecord::KeyLimitsSet {
+            key: "api".into(),
+            limits: KeyLimits {
+                max_concurrent: Some(4),
+                rate: None,
+            },
+            time_ms: 1_700_000_000_000,
+        },
+        json!({"type": "KeyLimitsSet", "key": "api", "max_concurrent": 4,
+               "time_ms": 1700000000000u64}),
     );
 }

@@ -91,6 +91,7 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 

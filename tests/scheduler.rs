@@ -29,6 +29,7 @@ fn commands(scripts: &[&str]) -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 

@@ -36,6 +36,7 @@ fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 
@@ -218,6 +219,7 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     };
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.unwrap();

@@ -37,6 +37,7 @@ fn job(speculation: Option<Speculation>) -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 

@@ -664,6 +664,7 @@ fn job_submitted() {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     };
     let full = SubmitJob {
         name: "nightly".into(),
@@ -697,6 +698,7 @@ fn job_submitted() {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     };
     let record = |job: &SubmitJob, term| JournalRecord::JobSubmitted {
         job_id: 7,

@@ -389,6 +389,7 @@ fn noops(tasks: u32) -> crate::protocol::SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 

@@ -68,6 +68,7 @@ fn printers(tasks: u32) -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::creds::{creds, CredsArgs};
 use super::events::{events, EventsArgs};
+use super::limits::{limits, LimitsArgs};
 use super::objects::{objects, put, ObjectsCommand, PutArgs};
 use super::results::{results, ResultsArgs};
 use super::sim::{sim, SimArgs};
@@ -73,6 +74,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Concurrency keys: list them with their limits and what runs under each, or set or
+    /// clear one's limits. A job names its key with `ember submit --concurrency-key`.
+    Limits(LimitsArgs),
     /// Kill a running job: its waiting tasks are dropped and running ones killed. With
     /// --task, kill one task only: it ends KILLED and is not run again (the job ends once its
     /// other tasks have, KILLED), or with --retry its running attempt is stopped and it runs
@@ -184,6 +188,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<bool> {
         Command::Jobs { json } => show_jobs(&client, json).await?,
         Command::Results(args) => results(&client, &args).await?,
         Command::Pools { json } => show_pools(&client, json).await?,
+        Command::Limits(args) => limits(&client, &args).await?,
         Command::Status(args) => {
             status(&client, &cli.nats.cluster, &args, shutdown_signal()).await?
         }

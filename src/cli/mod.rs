@@ -9,6 +9,7 @@ pub mod driver;
 pub mod durations;
 pub mod events;
 pub mod executor;
+pub mod limits;
 pub mod objects;
 pub mod results;
 pub mod sim;

@@ -345,6 +345,8 @@ mod tests {
             placement: None,
             waits_for: Vec::new(),
             waits: Vec::new(),
+            concurrency_key: None,
+            key_limits: None,
         }
     }
 

@@ -32,6 +32,11 @@ pub struct SubmitArgs {
     pub backoff: super::backoff::BackoffArgs,
     #[command(flatten)]
     pub timeouts: super::timeouts::TimeoutArgs,
+    /// Count this job's running tasks under a concurrency key (1 to 64 letters, digits, '_',
+    /// '-' or '.'): the tasks of all jobs that name it stay within the limits `ember limits
+    /// set KEY` gives it (a key with none runs unlimited).
+    #[arg(long, value_name = "KEY", value_parser = parse_concurrency_key)]
+    pub concurrency_key: Option<String>,
     /// Cores each task takes.
     #[arg(long, default_value_t = 1)]
     pub cpus_per_task: u32,
@@ -203,8 +208,15 @@ impl SubmitArgs {
             },
             after: self.after.clone(),
             after_any: self.after_any.clone(),
+            concurrency_key: self.concurrency_key.clone(),
         })
     }
+}
+
+/// `--concurrency-key`: a key as the driver takes it.
+fn parse_concurrency_key(text: &str) -> Result<String, String> {
+    crate::text::validate_key("concurrency key", text, crate::protocol::MAX_KEY_LEN)?;
+    Ok(text.to_string())
 }
 
 /// An --input flag: NAME=PATH or NAME=REF, NAME a path inside the task's directory.
@@ -371,6 +383,8 @@ mod tests {
             placement: None,
             waits_for: Vec::new(),
             waits: Vec::new(),
+            concurrency_key: None,
+            key_limits: None,
         }
     }
 

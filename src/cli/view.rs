@@ -133,7 +133,27 @@ pub async fn show_jobs(client: &EmberClient, json: bool) -> anyhow::Result<()> {
     for line in jobs.iter().filter_map(speculative_line) {
         println!("{line}");
     }
+    for line in jobs.iter().filter_map(key_line) {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// `job 7 concurrency key api: 4 at once, 10/s`, or that it has none, for an open job that
+/// names a key.
+fn key_line(job: &crate::protocol::JobSummary) -> Option<String> {
+    let key = job
+        .concurrency_key
+        .as_deref()
+        .filter(|_| !job.state.is_ended())?;
+    let limits = job.key_limits.unwrap_or_default();
+    Some(match limits.is_none() {
+        true => format!(
+            "job {} concurrency key {key}: no limits set, it runs unlimited",
+            job.job_id
+        ),
+        false => format!("job {} concurrency key {key}: {limits}", job.job_id),
+    })
 }
 
 /// `job 7 speculative copies: 2 launched, 1 finished first`, for a job with speculation on.
@@ -268,6 +288,8 @@ mod tests {
             speculative: None,
             waits_for: Vec::new(),
             waits: Vec::new(),
+            concurrency_key: None,
+            key_limits: None,
         }
     }
 

@@ -236,7 +236,9 @@ impl Shell {
             Ask::Api(_) => Answer::Reply(ApiReply::Error {
                 message: "the web page only reads".into(),
             }),
-            Ask::RecentJobs { before, limit } => Answer::Reply(core.recent_jobs(before, limit)),
+            Ask::RecentJobs { before, limit } => {
+                Answer::Reply(core.recent_jobs(before, limit, now_ms))
+            }
         };
         let reply = match reply {
             Answer::Reply(reply) => reply,

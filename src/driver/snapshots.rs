@@ -229,6 +229,7 @@ mod tests {
                 after: Vec::new(),
                 after_any: Vec::new(),
                 timeouts: Default::default(),
+                concurrency_key: None,
             }),
             term: None,
             tenant: None,

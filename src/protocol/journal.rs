@@ -67,6 +67,13 @@ pub enum JournalRecord {
         failures: u32,
         until_ms: u64,
     },
+    /// The limits of concurrency key `key` were set (neither limit: cleared).
+    KeyLimitsSet {
+        key: String,
+        #[serde(flatten)]
+        limits: super::KeyLimits,
+        time_ms: u64,
+    },
     /// A finished job's results were dropped, to keep all results under the driver's cap.
     ResultsDropped { job_id: JobId },
     /// A driver took the lead of the cluster's drivers, with this epoch (the lease's

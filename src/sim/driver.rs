@@ -431,6 +431,7 @@ impl World {
                 after,
                 after_any,
                 timeouts,
+                concurrency_key: None,
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             match (known.get(&name), reply) {

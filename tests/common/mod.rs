@@ -397,6 +397,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 
@@ -421,6 +422,7 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 

@@ -87,7 +87,7 @@ impl Core {
             for index in taken {
                 let held = attempts[&index];
                 let new_attempt = self.start_attempt(job_id, index, executor, now);
-                self.hand_out(job_id, index, new_attempt, executor);
+                self.hand_out(job_id, index, new_attempt, executor, now);
                 started.push(TaskStarted {
                     task_id: held.task_id,
                     index,

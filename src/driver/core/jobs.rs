@@ -72,6 +72,8 @@ pub struct Job {
     pub retry_backoff: Option<crate::protocol::RetryBackoff>,
     /// How long a task may wait to start, an attempt run, and the job last.
     pub timeouts: crate::protocol::JobTimeouts,
+    /// The concurrency key its attempts count under, if it names one.
+    pub concurrency_key: Option<String>,
     /// When its tasks could first run: when it started, or when this driver took it over.
     pub queued_at_ms: u64,
     /// The key its client gave to make the submission safe to send again.
@@ -139,6 +141,7 @@ impl Job {
                 .map(|config| Box::new(super::speculation::Speculation::new(config))),
             retry_backoff: submit.retry_backoff,
             timeouts: submit.timeouts,
+            concurrency_key: submit.concurrency_key,
             queued_at_ms: now,
             submission_id: submit.submission_id,
             term: None,
@@ -235,6 +238,7 @@ impl Job {
             after: self.after.clone(),
             after_any: self.after_any.clone(),
             timeouts: self.timeouts,
+            concurrency_key: self.concurrency_key.clone(),
         }
     }
 
@@ -322,6 +326,8 @@ impl Job {
             speculative: self.speculation.as_ref().map(|s| s.counts()),
             waits_for: Vec::new(),
             waits: Vec::new(),
+            concurrency_key: self.concurrency_key.clone(),
+            key_limits: None,
         }
     }
 
@@ -699,6 +705,9 @@ pub(super) fn validate_job(
         super::speculation::validate(speculation)?;
     }
     super::timeouts::validate(&submit.timeouts)?;
+    if let Some(key) = &submit.concurrency_key {
+        super::keys::validate_key(key)?;
+    }
     if let Some(backoff) = &submit.retry_backoff {
         super::backoff::validate(backoff)?;
     }

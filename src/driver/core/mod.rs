@@ -12,6 +12,7 @@ mod dependencies;
 mod exclusion;
 mod gate;
 mod jobs;
+mod keys;
 mod liveness;
 mod objects;
 mod offers;
@@ -45,6 +46,7 @@ pub use exclusion::{
 };
 pub use gate::{StartGate, DEFAULT_MAX_REGISTERED_WAIT};
 pub use jobs::{Job, Pin};
+pub use keys::MAX_LIMITED_KEYS;
 pub use liveness::Liveness;
 pub use placement::JobPlacement;
 pub use pools::{PoolConfig, Scheduling, SchedulingMode, DEFAULT_POOL};
@@ -156,6 +158,8 @@ pub struct Core {
     retry_waits: BTreeSet<(u64, JobId, u32)>,
     /// Timeouts and deadlines, by when each is due (see [`timeouts`]).
     timers: BTreeSet<(u64, timeouts::Timer)>,
+    /// Concurrency keys with limits or with attempts running.
+    keys: keys::Keys,
     /// The pools FAIR scheduling orders jobs by; none under FIFO.
     pools: Option<Box<pools::Pools>>,
     /// First task id of each job, to find a task's job by range.
@@ -217,6 +221,7 @@ impl Core {
             queue: VecDeque::new(),
             retry_waits: BTreeSet::new(),
             timers: BTreeSet::new(),
+            keys: keys::Keys::default(),
             pools: None,
             first_tasks: BTreeMap::new(),
             submissions: HashMap::new(),
@@ -306,11 +311,11 @@ impl Core {
                 offset,
                 limit,
                 from_job,
-            } => self.jobs_page(from_job, offset, limit, None),
+            } => self.jobs_page(from_job, offset, limit, None, now),
             ApiRequest::ListPools => self.pools_reply(),
             ApiRequest::GetJob { job_id } => match self.jobs.get(&job_id) {
                 Some(job) => ApiReply::Job {
-                    job: self.job_summary(job),
+                    job: self.job_summary(job, now),
                 },
                 None => self.no_such_job(job_id),
             },
@@ -330,6 +335,8 @@ impl Core {
             ApiRequest::ReleaseExecutor { executor_id } => self.on_release_executor(executor_id),
             ApiRequest::ObjectUses { objects } => self.object_uses_of(&objects),
             ApiRequest::DeleteObject { object } => self.refuse_delete(&object),
+            ApiRequest::SetKeyLimits { key, limits } => self.on_set_key_limits(key, limits, now),
+            ApiRequest::ListKeys => self.keys_reply(now),
         }
     }
 

@@ -70,6 +70,7 @@ impl Core {
                 term: self.config.term,
             });
         }
+        self.arm_key_window(now);
     }
 
     /// Takes the launches queued for `executor` out of the effects, to go in the answer to its
@@ -153,6 +154,12 @@ impl Core {
                     return None;
                 }
             }
+            // And one for the jobs that name no concurrency key.
+            if let Some(key) = &job.concurrency_key {
+                if !self.keys.admits(key, now) {
+                    return None;
+                }
+            }
             let pick = job.tasks.find_waiting(AVOID_LOOKAHEAD, |index, record| {
                 !self.excluded(*id, Some(index), executor)
                     && (!last_failed_on(record, executor)
@@ -171,7 +178,7 @@ impl Core {
             placement.launched(executor, now);
         }
         let attempt = self.start_attempt(job_id, index, executor, now);
-        self.hand_out(job_id, index, attempt, executor)
+        self.hand_out(job_id, index, attempt, executor, now)
     }
 
     /// Records the start of task `index`'s next attempt on `executor`, taken out of the
@@ -215,6 +222,7 @@ impl Core {
         index: u32,
         attempt: u32,
         executor: &ExecutorId,
+        now: u64,
     ) -> Option<TaskDescription> {
         let job = self.jobs.get(&job_id)?;
         let cpus = job.cpus_per_task;
@@ -223,6 +231,9 @@ impl Core {
         let data = self.executors.get_mut(executor)?;
         data.free_cores -= cpus;
         data.running.insert(task_id, attempt);
+        if let Some(key) = &job.concurrency_key {
+            self.keys.started(key, now);
+        }
         if let Some(pools) = self.pools.as_deref_mut() {
             pools.started(job_id, cpus);
         }

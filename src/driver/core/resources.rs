@@ -146,8 +146,11 @@ impl ExecutorResources {
 
 impl Core {
     /// `job`'s summary, with why its tasks wait and until when, if they do.
-    pub(super) fn job_summary(&self, job: &Job) -> JobSummary {
+    pub(super) fn job_summary(&self, job: &Job, now: u64) -> JobSummary {
         let mut summary = job.summary();
+        if let Some(key) = &job.concurrency_key {
+            summary.key_limits = Some(self.keys.limits(key));
+        }
         let mut waits = Vec::new();
         if job.state == crate::protocol::JobState::Waiting {
             summary.waits_for = self.waits_for(job.id);
@@ -156,6 +159,7 @@ impl Core {
             });
         }
         waits.extend(self.waiting_reason(job));
+        waits.extend(self.key_wait(job, now));
         waits.extend(Self::timed_waits(job));
         if !waits.is_empty() {
             let text: Vec<String> = waits.iter().map(ToString::to_string).collect();

@@ -117,6 +117,10 @@ impl Core {
                 failures,
                 until_ms,
             } => self.replay_retry_wait(job_id, index, failures, until_ms),
+            JournalRecord::KeyLimitsSet { key, limits, .. } => {
+                self.replay_key_limits(&key, limits);
+                Ok(())
+            }
             // Who led changes nothing in the jobs.
             JournalRecord::Leader { .. } => Ok(()),
             JournalRecord::JobEnded {
@@ -366,6 +370,7 @@ impl Core {
                 JournalRecord::TaskKilledByRequest { .. }
                 | JournalRecord::TaskRetryWaits { .. }
                 | JournalRecord::ResultsDropped { .. }
+                | JournalRecord::KeyLimitsSet { .. }
                 | JournalRecord::Leader { .. }
                 | JournalRecord::SnapshotPart { .. } => {}
             }

@@ -383,10 +383,11 @@ impl Core {
         offset: u32,
         limit: Option<u32>,
         tenant: Option<&str>,
+        now: u64,
     ) -> ApiReply {
         let listed = self.listed_jobs(from_job, tenant).skip(offset as usize);
         let (jobs, next) = super::page(
-            listed.map(|job| self.job_summary(job)),
+            listed.map(|job| self.job_summary(job, now)),
             offset,
             limit,
             self.config.max_reply_bytes,
@@ -402,13 +403,13 @@ impl Core {
     /// The newest `limit` jobs before job `before` (0: the newest of all), newest first, as
     /// `Jobs` whose `next_job` is the `before` of the page after it, if there are older jobs:
     /// what a page that shows the latest jobs first asks for.
-    pub fn recent_jobs(&self, before: JobId, limit: u32) -> ApiReply {
+    pub fn recent_jobs(&self, before: JobId, limit: u32, now: u64) -> ApiReply {
         let end = if before == 0 { JobId::MAX } else { before };
         let listed = self
             .jobs
             .range(..end)
             .rev()
-            .map(|(_, job)| self.job_summary(job));
+            .map(|(_, job)| self.job_summary(job, now));
         let (jobs, next) = super::page(listed, 0, Some(limit.max(1)), self.config.max_reply_bytes);
         ApiReply::Jobs {
             next_offset: None,

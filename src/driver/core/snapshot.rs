@@ -53,6 +53,13 @@ impl Core {
     /// The records of [`Core::snapshot`], handed to `emit` one at a time, so a caller that
     /// encodes them as they come never holds them all.
     pub fn snapshot_each(&self, mut emit: impl FnMut(JournalRecord)) -> SnapshotIds {
+        for (key, limits) in self.keys.limited() {
+            emit(JournalRecord::KeyLimitsSet {
+                key: key.to_string(),
+                limits,
+                time_ms: 0,
+            });
+        }
         for job in self.jobs.values() {
             if self.forgetting.contains(&job.id) {
                 continue;
@@ -201,6 +208,7 @@ impl Core {
         self.held = restored.held;
         self.retry_waits = restored.retry_waits;
         self.timers = restored.timers;
+        self.keys = restored.keys;
         self.result_bytes = restored.result_bytes;
         self.next_job = restored.next_job.max(ids.next_job);
         self.next_task = restored.next_task.max(ids.next_task);

@@ -164,7 +164,7 @@ impl Core {
             let (slow, threshold_ms) = self.slow_tasks(job_id, now);
             let mut started: Vec<ExecutorTasks<TaskStarted>> = Vec::new();
             for task in slow {
-                let Some(executor) = self.copy_target(job_id, task.index) else {
+                let Some(executor) = self.copy_target(job_id, task.index, now) else {
                     continue;
                 };
                 let Some(description) = self.launch_copy(job_id, task.index, &executor, now) else {
@@ -265,9 +265,15 @@ impl Core {
     }
 
     /// An executor other than the one task `index` runs on, with the cores and resources a
-    /// copy needs free and not excluded from it: the one with the most free cores.
-    fn copy_target(&self, job_id: JobId, index: u32) -> Option<ExecutorId> {
+    /// copy needs free and not excluded from it: the one with the most free cores. None while
+    /// the job's concurrency key may start nothing more.
+    fn copy_target(&self, job_id: JobId, index: u32, now: u64) -> Option<ExecutorId> {
         let job = self.jobs.get(&job_id)?;
+        if let Some(key) = &job.concurrency_key {
+            if !self.keys.admits(key, now) {
+                return None;
+            }
+        }
         let first = job.tasks[index].executor.as_ref()?;
         self.executors
             .iter()
@@ -308,7 +314,7 @@ impl Core {
         spec.copied.insert(index, attempt);
         spec.launched += 1;
         job.past_attempts.insert((index, attempt), executor.clone());
-        self.hand_out(job_id, index, attempt, executor)
+        self.hand_out(job_id, index, attempt, executor, now)
     }
 
     /// The end of an attempt that is not the one task `index`'s record holds: the copy that

@@ -289,6 +289,9 @@ impl Core {
         if let Some(pools) = self.pools.as_deref_mut() {
             pools.ended(job_id, job.cpus_per_task);
         }
+        if let Some(key) = &job.concurrency_key {
+            self.keys.ended(key);
+        }
         job.running -= 1;
         let active = job.is_active();
         let record = &mut job.tasks[index];
@@ -452,6 +455,13 @@ impl Core {
         }
         if let Some(pools) = self.pools.as_deref_mut() {
             pools.ended(job_id, cpus);
+        }
+        if let Some(key) = self
+            .jobs
+            .get(&job_id)
+            .and_then(|j| j.concurrency_key.as_ref())
+        {
+            self.keys.ended(key);
         }
     }
 }

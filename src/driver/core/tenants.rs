@@ -43,7 +43,7 @@ impl Core {
                 offset,
                 limit,
                 from_job,
-            } => Answer::Reply(self.jobs_page(from_job, offset, limit, Some(tenant))),
+            } => Answer::Reply(self.jobs_page(from_job, offset, limit, Some(tenant), now)),
             request @ (ApiRequest::GetJob { job_id }
             | ApiRequest::GetResults { job_id, .. }
             | ApiRequest::KillJob { job_id }

@@ -30,6 +30,8 @@ pub(super) enum Timer {
     Queue(JobId),
     /// Whether attempt `.2` of task `.1` still runs, past the job's attempt timeout.
     Attempt(JobId, u32, u32),
+    /// A concurrency key's rate window opens: an offer round.
+    KeyWindow,
 }
 
 /// Checks a submission's timeouts: each from 1 ms to thirty days.
@@ -138,6 +140,7 @@ impl Core {
                 Timer::Attempt(job_id, index, attempt) => {
                     self.attempt_timed_out(job_id, index, attempt, now)
                 }
+                Timer::KeyWindow => true,
             };
         }
         acted

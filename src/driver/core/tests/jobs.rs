@@ -441,13 +441,13 @@ fn recent_jobs_come_newest_first_a_page_at_a_time() {
         submit(&mut core, job(1, 1, 4), 1);
     }
     core.take_effects();
-    let page = |core: &mut Core, before: JobId| match unchanged(core, |c| c.recent_jobs(before, 2))
-    {
-        ApiReply::Jobs { jobs, next_job, .. } => {
-            (jobs.iter().map(|j| j.job_id).collect::<Vec<_>>(), next_job)
-        }
-        other => panic!("not a page of jobs: {other:?}"),
-    };
+    let page =
+        |core: &mut Core, before: JobId| match unchanged(core, |c| c.recent_jobs(before, 2, 0)) {
+            ApiReply::Jobs { jobs, next_job, .. } => {
+                (jobs.iter().map(|j| j.job_id).collect::<Vec<_>>(), next_job)
+            }
+            other => panic!("not a page of jobs: {other:?}"),
+        };
     assert_eq!(page(&mut core, 0), (vec![5, 4], Some(4)));
     assert_eq!(page(&mut core, 4), (vec![3, 2], Some(2)));
     assert_eq!(page(&mut core, 2), (vec![1], None));

@@ -10,6 +10,7 @@ mod dependencies;
 mod exclusion;
 mod gate;
 mod jobs;
+mod keys;
 mod kills;
 mod offers;
 mod placement;
@@ -144,6 +145,7 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
         after: Vec::new(),
         after_any: Vec::new(),
         timeouts: Default::default(),
+        concurrency_key: None,
     }
 }
 
@@ -612,6 +614,7 @@ fn check_invariants(core: &Core) {
         "the queue is not in priority, then submission order: {queue:?}"
     );
     core.check_pools();
+    check_keys(core);
     let keyed = core.jobs.values().filter(|job| job.submission_id.is_some());
     assert_eq!(keyed.count(), core.submissions.len(), "submission ids");
     for (&job_id, job) in &core.jobs {
@@ -683,6 +686,30 @@ fn check_invariants(core: &Core) {
                 "job {job_id} ended with waiting tasks"
             );
             assert!(!queue.contains(&job_id), "job {job_id} ended but is queued");
+        }
+    }
+}
+
+/// Each concurrency key counts the attempts of its jobs that run on registered executors,
+/// speculative copies among them, and no more than its `max_concurrent` of them.
+fn check_keys(core: &Core) {
+    let mut running: BTreeMap<&str, u32> = BTreeMap::new();
+    for data in core.executors.values() {
+        for task_id in data.running.keys() {
+            let (job_id, _) = core
+                .locate(*task_id)
+                .expect("a running attempt's job is kept");
+            if let Some(key) = &core.jobs[&job_id].concurrency_key {
+                *running.entry(key).or_default() += 1;
+            }
+        }
+    }
+    let counted = core.keys.running_counts();
+    let counts: BTreeMap<&str, u32> = counted.iter().map(|(k, (n, _))| (*k, *n)).collect();
+    assert_eq!(counts, running, "what the keys count as running");
+    for (key, (n, max)) in counted {
+        if let Some(max) = max {
+            assert!(n <= max, "key {key} runs {n}, past its {max}");
         }
     }
 }

@@ -91,6 +91,11 @@ impl Sim {
         // Priorities and pools from the other draws: some high, some low, in two declared
         // pools, an undeclared one and the default.
         submission.priority = (tasks % 3) as i32 - 1;
+        submission.concurrency_key = match (tasks + cpus) % 4 {
+            0 => Some("k1".into()),
+            1 => Some("k2".into()),
+            _ => None,
+        };
         submission.pool = match (tasks + max_failures) % 4 {
             0 => None,
             n => Some(["p0", "p1", "adhoc"][n as usize - 1].into()),

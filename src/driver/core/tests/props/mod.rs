@@ -147,6 +147,18 @@ impl Sim {
     fn retaining(jobs: usize) -> Self {
         let mut core = journaled_core(3);
         core.config.retention.jobs = jobs;
+        // Some jobs name `k1`, which runs two at once at most, or `k2`, which has no limits.
+        let limits = crate::protocol::KeyLimits {
+            max_concurrent: Some(2),
+            rate: None,
+        };
+        let request = ApiRequest::SetKeyLimits {
+            key: "k1".into(),
+            limits,
+        };
+        assert!(matches!(core.api(request, 0), ApiReply::Keys { .. }));
+        let mut journal = Vec::new();
+        take_journal(&mut core, &mut journal);
         Self {
             core,
             now: 1_000,
@@ -154,7 +166,7 @@ impl Sim {
             gpus: BTreeMap::new(),
             accepted: Vec::new(),
             log: Vec::new(),
-            journal: Vec::new(),
+            journal,
             snapshots: Vec::new(),
         }
     }
