@@ -339,6 +339,38 @@ class Client:
                 return jobs
             from_job = following
 
+    # --- concurrency keys ---------------------------------------------------------------------
+
+    async def set_limits(self, key, *, max_concurrent=None, rate=None):
+        """Sets the limits of concurrency key `key`, which the driver journals: at most
+        `max_concurrent` of the running tasks of all jobs that name the key at once, and at
+        most `rate` starts, written `"10/s"`, `"600/min"`, `"3/500ms"` or as `(count,
+        seconds)`. A limit not given is lifted. Returns the key as `limits()` shows it."""
+        if max_concurrent is None and rate is None:
+            raise ValueError(
+                "give max_concurrent, rate or both (clear_limits lifts a key's limits)"
+            )
+        return await self._set_limits(key, max_concurrent, rate)
+
+    async def clear_limits(self, key):
+        """Lifts every limit of concurrency key `key`: its jobs run unlimited."""
+        return await self._set_limits(key, None, None)
+
+    async def _set_limits(self, key, max_concurrent, rate):
+        request = {"type": "SetKeyLimits", "key": key}
+        if max_concurrent is not None:
+            request["max_concurrent"] = max_concurrent
+        if rate is not None:
+            request["rate"] = _rate(rate)
+        answer = await self._expect(request, "Keys")
+        return answer["keys"][0]
+
+    async def limits(self):
+        """Every concurrency key with limits or with an open job that names it: dicts of
+        `key`, `max_concurrent` and `rate` (when set), `running`, `jobs` and, under a rate,
+        `started_in_window`."""
+        return (await self._expect({"type": "ListKeys"}, "Keys"))["keys"]
+
     async def job(self, job_id):
         """A handle on job `job_id` (of any kind: its results come back as JSON)."""
         await self._expect({"type": "GetJob", "job_id": job_id}, "Job")
@@ -362,6 +394,7 @@ class Client:
         queue_timeout=None,
         attempt_timeout=None,
         deadline=None,
+        concurrency_key=None,
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
         repeated `repeat` times, and returns its `Job`. `resources` asks for custom resources
@@ -381,6 +414,9 @@ class Client:
         `max_failures`; a task's own `timeout` takes its place); `deadline` fails the job if it
         has not ended that long after its submission, stopping its running tasks.
 
+        `concurrency_key` counts the job's running tasks under a key: the tasks of all jobs
+        that name it stay within the limits `set_limits` gives it (none set: unlimited).
+
         The submission carries `submission_id` (a new one unless given), so it is safe to send
         again: while the driver answers `Unavailable`, or no driver answers after one did, it is
         sent again for up to 30 s, and a driver that took it already answers with its job."""
@@ -399,6 +435,7 @@ class Client:
             queue_timeout=queue_timeout,
             attempt_timeout=attempt_timeout,
             deadline=deadline,
+            concurrency_key=concurrency_key,
         )
         answer = await self._through_failover(lambda: self._expect(request, "JobAccepted"))
         return Job(self, answer["job_id"])
@@ -495,13 +532,14 @@ class Client:
     async def submit_with(
         self, fn, args=(), kwargs=None, *, timeout=None, name=None, max_failures=1,
         resources=None, retry_backoff=None, retry_on=(), no_retry_on=(), queue_timeout=None,
-        deadline=None,
+        deadline=None, concurrency_key=None,
     ):
         """`submit` with options: `timeout` (seconds, or a timedelta) stops the call's worker
         when it runs longer; `max_failures` is how many attempts it gets; `resources` what
         custom resources the call holds (`{"gpu": 1}`: it reads the address in
         `os.environ["EMBER_RESOURCE_GPU"]`); `retry_backoff` how a failed attempt waits
-        before the next, and `queue_timeout` and `deadline` as in `submit_job`.
+        before the next, and `queue_timeout`, `deadline` and `concurrency_key` as in
+        `submit_job`.
 
         `retry_on` and `no_retry_on` are exception classes (or their names, `"ValueError"`,
         `"mymodule.MyError"`): a call that raises one `no_retry_on` names, or, when
@@ -524,6 +562,7 @@ class Client:
             retry_backoff=retry_backoff,
             queue_timeout=queue_timeout,
             deadline=deadline,
+            concurrency_key=concurrency_key,
             python="call",
         )
         return TaskFuture(job)
@@ -531,13 +570,13 @@ class Client:
     async def map(
         self, fn, iterable, *, chunksize=None, timeout=None, name=None, max_failures=1,
         resources=None, retry_backoff=None, retry_on=(), no_retry_on=(), queue_timeout=None,
-        deadline=None,
+        deadline=None, concurrency_key=None,
     ):
         """Runs `fn` on each item of `iterable` as one job, `chunksize` items per task (by
         default about four tasks per core of the cluster); returns its `Job`, whose
         `results()` are the values in the order of the items. `timeout` bounds each task;
-        `resources`, `retry_on`, `no_retry_on`, `queue_timeout` and `deadline` are as in
-        `submit_with`.
+        `resources`, `retry_on`, `no_retry_on`, `queue_timeout`, `deadline` and
+        `concurrency_key` are as in `submit_with`.
 
         A task's items travel inline in the request, or in the object store when their pickle
         is over 64 KiB, or, when inline they would make the request pass the server's
@@ -563,7 +602,7 @@ class Client:
             return Job(self, None, python="map")
         job = {"name": name or _name_of(fn), "max_failures": max_failures, "resources": resources,
                "retry_backoff": retry_backoff, "queue_timeout": queue_timeout,
-               "deadline": deadline}
+               "deadline": deadline, "concurrency_key": concurrency_key}
         tasks = _objects.MapTasks(
             self._objects(), base, function, pickled[0], self._task_room(**job)
         )
@@ -761,6 +800,7 @@ def _job_request(
     queue_timeout=None,
     attempt_timeout=None,
     deadline=None,
+    concurrency_key=None,
 ):
     """A SubmitJob request (docs/protocol.md)."""
     request = {
@@ -784,10 +824,41 @@ def _job_request(
     for key, value in timeouts:
         if value is not None:
             request[key] = _timeout_ms(value)
+    if concurrency_key is not None:
+        request["concurrency_key"] = concurrency_key
     for key, jobs in (("after", after), ("after_any", after_any)):
         if jobs:
             request[key] = [_job_id(job) for job in jobs]
     return request
+
+
+_RATE_UNITS = {"ms": 1, "s": 1000, "sec": 1000, "second": 1000, "m": 60_000, "min": 60_000,
+               "minute": 60_000, "h": 3_600_000, "hour": 3_600_000, "d": 86_400_000,
+               "day": 86_400_000}
+
+
+def _rate(rate):
+    """A key's rate on the wire, `{"count": N, "per_ms": MS}`, from `"10/s"`, `"3/500ms"`
+    or `(count, seconds)` (seconds may be a timedelta). The driver checks the bounds."""
+    if isinstance(rate, str):
+        count, slash, per = rate.partition("/")
+        per = per.strip()
+        number = per.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = per[len(number):]
+        try:
+            if not slash or unit not in _RATE_UNITS:
+                raise ValueError
+            per_ms = round(float(number or 1) * _RATE_UNITS[unit])
+            return {"count": int(count), "per_ms": per_ms}
+        except ValueError:
+            raise ValueError(
+                f"{rate!r} is not a rate: write e.g. '10/s', '600/min' or '3/500ms'"
+            ) from None
+    try:
+        count, period = rate
+    except (TypeError, ValueError):
+        raise TypeError(f"a rate is 'COUNT/PERIOD' or (count, seconds); got {rate!r}") from None
+    return {"count": int(count), "per_ms": _timeout_ms(period)}
 
 
 def _exception_names(classes, what):

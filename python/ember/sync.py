@@ -247,6 +247,18 @@ class SyncClient:
     def jobs(self) -> list[dict]:
         return self._run(self.client.jobs())
 
+    def set_limits(self, key: str, **limits: Any) -> dict:
+        """See `Client.set_limits`."""
+        return self._run(self.client.set_limits(key, **limits))
+
+    def clear_limits(self, key: str) -> dict:
+        """See `Client.clear_limits`."""
+        return self._run(self.client.clear_limits(key))
+
+    def limits(self) -> list[dict]:
+        """See `Client.limits`."""
+        return self._run(self.client.limits())
+
     def executors(self) -> dict:
         return self._run(self.client.executors())
 

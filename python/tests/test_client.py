@@ -188,6 +188,40 @@ def test_a_job_past_its_deadline_fails(client):
     assert summary["reason"].startswith("the job passed its deadline (500ms")
 
 
+def timed_sleep(seconds):
+    start = time.time()
+    time.sleep(seconds)
+    return (start, time.time())
+
+
+def test_a_concurrency_key_limits_the_tasks_of_every_job_that_names_it(client):
+    key = f"py-api-{os.getpid()}"
+    shown = client.set_limits(key, max_concurrent=1, rate="100/s")
+    assert shown["max_concurrent"] == 1
+    assert shown["rate"] == {"count": 100, "per_ms": 1000}
+    # Two jobs of two tasks on four cores: one task at a time, all jobs together.
+    jobs = [
+        client.map(timed_sleep, [0.3, 0.3], chunksize=1, concurrency_key=key) for _ in range(2)
+    ]
+    assert jobs[1].summary()["concurrency_key"] == key
+    spans = sorted(span for job in jobs for span in job.results())
+    assert len(spans) == 4
+    for before, after in zip(spans, spans[1:]):
+        assert after[0] >= before[1], f"two tasks of key {key} ran at once: {spans}"
+    assert any(k["key"] == key for k in client.limits())
+    cleared = client.clear_limits(key)
+    assert "max_concurrent" not in cleared and "rate" not in cleared
+    assert all(k["key"] != key for k in client.limits())
+    with pytest.raises(ValueError, match="not a rate"):
+        client.set_limits(key, rate="ten/s")
+    with pytest.raises(ValueError, match="give max_concurrent, rate or both"):
+        client.set_limits(key)
+    with pytest.raises(ember.DriverError, match="max_concurrent must be between 1"):
+        client.set_limits(key, max_concurrent=0)
+    assert ember.client._rate("3/500ms") == {"count": 3, "per_ms": 500}
+    assert ember.client._rate((5, 60)) == {"count": 5, "per_ms": 60_000}
+
+
 def test_kill_a_job(client):
     job = client.map(time.sleep, [60] * 4, chunksize=1)
     time.sleep(0.5)
