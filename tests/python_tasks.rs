@@ -149,6 +149,7 @@ fn workers(n: u32) -> Option<PythonConfig> {
     Some(PythonConfig {
         interpreter: "python3".into(),
         workers: n,
+        ..PythonConfig::default()
     })
 }
 
@@ -410,6 +411,7 @@ async fn no_python_refuses_python_tasks_and_a_missing_interpreter_is_named() {
     let missing = Some(PythonConfig {
         interpreter: "/nonexistent/python3".into(),
         workers: 1,
+        ..PythonConfig::default()
     });
     let setup = cluster("py-missing", 1, missing).await;
     let api = &setup.api;

@@ -101,9 +101,21 @@ pub struct ExecutorArgs {
     #[arg(long, env = "EMBER_PYTHON_WORKERS",
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CORES)))]
     pub python_workers: Option<u32>,
+    /// Retire a Python worker after it has answered N calls: it ends once it has answered, and
+    /// a new one starts for the next task, so memory a library leaks or holds on to goes with
+    /// it (Celery's max_tasks_per_child) [default: no limit].
+    #[arg(long, env = "EMBER_PYTHON_MAX_TASKS", value_name = "N", value_parser = parse_max_tasks)]
+    pub python_max_tasks: Option<u32>,
+    /// The most memory a Python worker may have resident (its own VmRSS), as 512MiB or 2GiB (at
+    /// least 32MiB). A worker past it after a call is retired (the call's result stands); one
+    /// that passes it during a call is killed with what it started, and the task fails saying
+    /// so, to be retried as any failure is (Celery's max_memory_per_child) [default: no limit].
+    #[arg(long, env = "EMBER_PYTHON_MAX_RSS", value_name = "SIZE", value_parser = parse_max_rss)]
+    pub python_max_rss: Option<u64>,
     /// Refuse python tasks: each fails with a message that says so. Unpickling runs code, so a
     /// cluster whose clients must not run arbitrary Python on it sets this.
-    #[arg(long, env = "EMBER_NO_PYTHON", conflicts_with_all = ["python_workers"])]
+    #[arg(long, env = "EMBER_NO_PYTHON",
+          conflicts_with_all = ["python_workers", "python_max_tasks", "python_max_rss"])]
     pub no_python: bool,
     /// The executor's own directory: its cache of the cluster's objects (objects/) and the
     /// directories of commands with inputs or outputs (tasks/), each made when first needed
@@ -187,6 +199,8 @@ impl ExecutorArgs {
             python: (!self.no_python).then(|| PythonConfig {
                 interpreter: self.python.clone().unwrap_or_else(default_interpreter),
                 workers: self.python_workers.unwrap_or(0),
+                max_tasks: self.python_max_tasks,
+                max_rss: self.python_max_rss,
             }),
             object_cache_bytes: self.object_cache_bytes,
             data_dir: match &self.data_dir {
@@ -232,6 +246,37 @@ fn parse_interpreter(s: &str) -> Result<String, String> {
         return Err("name an interpreter, such as python3".into());
     }
     Ok(s.to_string())
+}
+
+/// `--python-max-tasks`: a count of calls, at least 1.
+fn parse_max_tasks(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(0) => Err(
+            "a worker must answer at least 1 call before it is retired; leave the \
+                      flag out for no limit"
+                .into(),
+        ),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a count of calls (write e.g. 100)")),
+    }
+}
+
+/// The smallest `--python-max-rss`: a worker that has just started (an interpreter with
+/// cloudpickle) is some 15 to 20 MiB, so a limit below this would retire every worker after
+/// every call; most often it is a size missing its unit (`512` for `512MiB`).
+const MIN_PYTHON_MAX_RSS: u64 = 32 << 20;
+
+/// `--python-max-rss`: a size, at least [`MIN_PYTHON_MAX_RSS`].
+fn parse_max_rss(s: &str) -> Result<u64, String> {
+    let bytes = super::parse_bytes(s)?;
+    if bytes < MIN_PYTHON_MAX_RSS {
+        let min = super::show_bytes(MIN_PYTHON_MAX_RSS);
+        return Err(format!(
+            "{s:?} is less than a python worker needs to start; give at least {min} (a size \
+             with no unit is in bytes)"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// Where others reach an executor that does not say: this machine's hostname, port 0.
@@ -305,5 +350,32 @@ mod tests {
             2
         );
         assert_eq!(refused(&["--cluster=a b"]).exit_code(), 1);
+    }
+
+    #[test]
+    fn python_worker_limits_are_read_and_bad_ones_refused_saying_why() {
+        let config = parse(&["--python-max-tasks=2", "--python-max-rss=512MiB"])
+            .config()
+            .unwrap();
+        let python = config.python.unwrap();
+        assert_eq!(
+            (python.max_tasks, python.max_rss),
+            (Some(2), Some(512 << 20))
+        );
+        let python = parse(&[]).config().unwrap().python.unwrap();
+        assert_eq!((python.max_tasks, python.max_rss), (None, None));
+        for (flag, needle) in [
+            ("--python-max-tasks=0", "must answer at least 1 call"),
+            ("--python-max-tasks=-1", "is not a count of calls"),
+            ("--python-max-rss=512", "give at least 32MiB"),
+            ("--python-max-rss=0", "is zero"),
+            ("--python-max-rss=1TiB", "unknown unit"),
+        ] {
+            let error = crate::cli::without_env(ExecutorArgs::command())
+                .try_get_matches_from(["ember-executor", flag])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(needle), "{flag}: {error}");
+        }
     }
 }

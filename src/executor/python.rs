@@ -1,29 +1,29 @@
 //! Python tasks: a pool of warm Python worker processes, as PySpark's daemon keeps. Each worker
-//! runs `python_worker.py` (embedded here) and takes one task at a time over its pipes: the
-//! pickled function and arguments in, the pickled result or the exception and its traceback
-//! out. A worker outlives its task, so a map's thousands of calls pay for one interpreter
-//! start per worker, not per call.
+//! runs `python_worker.py` ([`super::python_worker`] starts it and speaks its frames) and takes
+//! one task at a time over its pipes: the pickled function and arguments in, the pickled result
+//! or the exception and its traceback out. A worker outlives its task, so a map's thousands of
+//! calls pay for one interpreter start per worker, not per call.
 //!
 //! Workers start on the first python task and are kept, at most one per slot of the pool. A
 //! worker that dies, hangs past the task's timeout, breaks the framing or whose task is killed
 //! is stopped (SIGTERM to its process group, so what it started ends too, and SIGKILL
-//! [`KILL_GRACE`](super::command::KILL_GRACE) later to what is left, as for commands) and fails
-//! only that task; the next task starts a new one in its place.
+//! [`KILL_GRACE`] later to what is left, as for commands) and fails only that task; the next
+//! task starts a new one in its place. As Celery's `max_tasks_per_child` and
+//! `max_memory_per_child`, a worker that has answered `max_tasks` calls, or has grown past
+//! `max_rss`, is retired after its answer; one that grows past `max_rss` during a call is
+//! killed with the call. A worker the kernel's out-of-memory killer killed is named as such.
 
-use super::command::{Group, KILL_GRACE};
+use super::command::KILL_GRACE;
+use super::memory::{show_size, MemoryCgroup};
+use super::python_worker::{how_it_ended, Broke, Worker};
 use super::tasks::{TaskContext, TaskResult};
-use nix::sys::signal::Signal;
-use nix::unistd::Pid;
 use serde_json::{json, Value};
-use std::process::Stdio;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::Semaphore;
-
-/// The worker's program, run as `<interpreter> -c <script>`.
-const WORKER_SCRIPT: &str = include_str!("python_worker.py");
+use tracing::debug;
 
 /// The interpreter a worker runs unless `--python` names another and none is beside the
 /// executor ([`default_interpreter`]).
@@ -44,15 +44,6 @@ pub fn default_interpreter() -> String {
     }
 }
 
-/// How long a new worker has to import what it needs and say it is ready.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The largest answer a worker may send: the driver's default limit on one task's result.
-pub const MAX_ANSWER_BYTES: usize = 256 << 20;
-
-/// How long a worker that broke off is waited for, to say how it ended, before it is killed.
-const EXIT_WAIT: Duration = Duration::from_millis(500);
-
 /// How an executor runs python tasks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PythonConfig {
@@ -60,6 +51,12 @@ pub struct PythonConfig {
     pub interpreter: String,
     /// The most workers at once; 0 for one per core.
     pub workers: u32,
+    /// The calls a worker answers before it is retired (`--python-max-tasks`); `None` for no
+    /// limit.
+    pub max_tasks: Option<u32>,
+    /// The resident set in bytes past which a worker is retired after its call, or killed
+    /// during one (`--python-max-rss`); `None` for no limit.
+    pub max_rss: Option<u64>,
 }
 
 impl Default for PythonConfig {
@@ -67,6 +64,8 @@ impl Default for PythonConfig {
         Self {
             interpreter: DEFAULT_INTERPRETER.into(),
             workers: 0,
+            max_tasks: None,
+            max_rss: None,
         }
     }
 }
@@ -74,6 +73,10 @@ impl Default for PythonConfig {
 /// The warm workers of one executor.
 pub(crate) struct PythonPool {
     interpreter: String,
+    max_tasks: Option<u32>,
+    max_rss: Option<u64>,
+    /// The executor's memory cgroup, whose out-of-memory kills tell a worker the kernel killed.
+    cgroup: Option<MemoryCgroup>,
     /// Workers between tasks.
     idle: Mutex<Vec<Worker>>,
     /// One permit per worker that may run at once.
@@ -89,6 +92,9 @@ impl PythonPool {
         };
         Self {
             interpreter: config.interpreter.clone(),
+            max_tasks: config.max_tasks,
+            max_rss: config.max_rss,
+            cgroup: MemoryCgroup::of_self(),
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(workers.max(1) as usize),
         }
@@ -140,27 +146,13 @@ impl PythonPool {
                 Err(e) => return (Err(e), None),
             },
         };
-        let mut request = json!({
-            "function": function,
-            "args": args,
-            "map": map,
-            "job_id": context.job_id,
-            "task_id": context.task_id,
-            "index": context.index,
-            "attempt": context.attempt,
-            "term": context.term,
-            // Set in the worker's environment for this call only, as a command task gets them.
-            "resources": context.resources,
-        });
-        // The files of what the task names in the object store, if it names any.
-        if let (Value::Object(request), Value::Object(files)) = (&mut request, files) {
-            request.extend(files);
-        }
+        let oom_kills = self.cgroup.as_ref().and_then(MemoryCgroup::oom_kills);
+        let request = request(context, function, args, map, files);
         let answered = match worker.send(&request).await {
-            Err(e) => Err(e),
+            Err(e) => Err(Broke::Off(e)),
             Ok(()) => {
                 let answer = tokio::select! {
-                    answer = worker.read() => Some(answer),
+                    answer = worker.answer(self.max_rss) => Some(answer),
                     () = context.stop.stopped() => None,
                 };
                 match answer {
@@ -171,24 +163,84 @@ impl PythonPool {
         };
         match answered {
             Ok(answer) => {
-                self.keep(worker);
+                self.done_with(worker);
                 outcome(answer)
             }
-            Err(e) => {
-                let ended = worker.end().await;
-                (
-                    Err(format!(
-                        "the python worker running the task {e}{ended}; a new worker takes \
-                         its place"
-                    )),
-                    None,
+            Err(broke) => (Err(self.give_up(worker, broke, oom_kills).await), None),
+        }
+    }
+
+    /// Ends a worker whose call got no answer, and says why for the task's error.
+    /// `oom_kills` is the cgroup's count of out-of-memory kills when the call began.
+    async fn give_up(&self, mut worker: Worker, broke: Broke, oom_kills: Option<u64>) -> String {
+        let replaced = "a new worker takes its place";
+        match broke {
+            Broke::TooLarge(rss) => {
+                worker.kill_now().await;
+                let max = show_size(self.max_rss.unwrap_or_default());
+                format!(
+                    "its python worker used {}, more than the executor's --python-max-rss of \
+                     {max}, and was killed; {replaced}",
+                    show_size(rss)
                 )
+            }
+            Broke::Off(e) => {
+                let ended = worker.end().await;
+                match ended.filter(|status| self.oom_killed(*status, oom_kills)) {
+                    Some(_) => format!("{}; {replaced}", self.oom_reason(worker.last_rss)),
+                    None => format!(
+                        "the python worker running the task {e}{}; {replaced}",
+                        how_it_ended(ended)
+                    ),
+                }
             }
         }
     }
 
-    /// Puts a worker that answered back among the idle ones.
-    fn keep(&self, worker: Worker) {
+    /// Whether a worker that ended with `status` was killed by the out-of-memory killer: by
+    /// SIGKILL, with the cgroup's count of such kills up since the call began (from
+    /// `before`).
+    fn oom_killed(&self, status: ExitStatus, before: Option<u64>) -> bool {
+        let now = self.cgroup.as_ref().and_then(MemoryCgroup::oom_kills);
+        status.signal() == Some(nix::libc::SIGKILL)
+            && matches!((before, now), (Some(before), Some(now)) if now > before)
+    }
+
+    /// What the task's error says of a worker the out-of-memory killer killed.
+    fn oom_reason(&self, last_rss: Option<u64>) -> String {
+        let had = match last_rss {
+            Some(rss) => format!("it had {} resident at the last look", show_size(rss)),
+            None => "its resident set had not been looked at yet".into(),
+        };
+        let limit = match self.cgroup.as_ref().and_then(MemoryCgroup::limit) {
+            Some(limit) => format!("the executor's cgroup limit is {}", show_size(limit)),
+            None => "the executor's cgroup has no limit of its own".into(),
+        };
+        format!(
+            "its python worker was killed by the kernel's out-of-memory killer ({had}; {limit})"
+        )
+    }
+
+    /// Puts a worker that answered back among the idle ones, or retires it when it has
+    /// answered its `max_tasks` calls or grown past `max_rss`.
+    fn done_with(&self, mut worker: Worker) {
+        worker.calls += 1;
+        let used_up = self.max_tasks.is_some_and(|max| worker.calls >= max);
+        let too_large = match self.max_rss {
+            Some(max) => worker.look_at_rss().is_some_and(|rss| rss > max),
+            None => false,
+        };
+        if used_up || too_large {
+            debug!(
+                calls = worker.calls,
+                rss = worker.last_rss,
+                used_up,
+                too_large,
+                "python worker retired"
+            );
+            worker.retire();
+            return;
+        }
         self.idle
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -199,12 +251,10 @@ impl PythonPool {
     /// (SIGINT to the worker), and if it has not answered within [`KILL_GRACE`] the worker and
     /// all it started are killed (a new one takes its place). Returns once the call is over.
     async fn interrupt(&self, mut worker: Worker) -> (TaskResult, Option<Value>) {
-        if let Some(pid) = worker.child.id() {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGINT);
-        }
+        worker.interrupt();
         match tokio::time::timeout(KILL_GRACE, worker.read()).await {
             Ok(Ok(answer)) => {
-                self.keep(worker);
+                self.done_with(worker);
                 (Err("stopped by request: interrupted".into()), Some(answer))
             }
             _ => {
@@ -222,12 +272,33 @@ impl PythonPool {
     fn take_idle(&self) -> Option<Worker> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(mut worker) = idle.pop() {
-            if matches!(worker.child.try_wait(), Ok(None)) {
+            if worker.is_alive() {
                 return Some(worker);
             }
         }
         None
     }
+}
+
+/// The request of one call: the pickles, what the task sees of itself, and the files of what
+/// it names in the object store, if it names any.
+fn request(context: &TaskContext, function: &str, args: &str, map: bool, files: Value) -> Value {
+    let mut request = json!({
+        "function": function,
+        "args": args,
+        "map": map,
+        "job_id": context.job_id,
+        "task_id": context.task_id,
+        "index": context.index,
+        "attempt": context.attempt,
+        "term": context.term,
+        // Set in the worker's environment for this call only, as a command task gets them.
+        "resources": context.resources,
+    });
+    if let (Value::Object(request), Value::Object(files)) = (&mut request, files) {
+        request.extend(files);
+    }
+    request
 }
 
 /// What a worker's answer makes of the task: `{"pickle": <b64>}` for a result, or the error
@@ -247,128 +318,4 @@ fn outcome(answer: Value) -> (TaskResult, Option<Value>) {
         _ => error.to_string(),
     };
     (Err(message), Some(answer))
-}
-
-/// One worker process, the leader of a process group of its own.
-struct Worker {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    group: Option<Group>,
-}
-
-impl Worker {
-    /// Starts a worker and waits for its first frame, which says it is ready.
-    async fn start(interpreter: &str) -> Result<Worker, String> {
-        let mut command = tokio::process::Command::new(interpreter);
-        command
-            .arg("-c")
-            .arg(WORKER_SCRIPT)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .process_group(0)
-            // Its group is stopped with a grace period when the worker is dropped; killing the
-            // leader at once would cut the grace short.
-            .kill_on_drop(false);
-        let mut child = command
-            .spawn()
-            .map_err(|e| format!("could not start the python interpreter {interpreter:?}: {e}"))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err("the python worker's pipes were not set up".into());
-        };
-        let group = child.id().map(|pid| Group(Pid::from_raw(pid as i32)));
-        let mut worker = Worker {
-            child,
-            stdin,
-            stdout: BufReader::new(stdout),
-            group,
-        };
-        let why = match tokio::time::timeout(START_TIMEOUT, worker.read()).await {
-            Ok(Ok(ready)) if ready.get("ready").is_some() => return Ok(worker),
-            Ok(Ok(other)) => format!("began with {other} instead of saying it was ready"),
-            Ok(Err(e)) => e,
-            Err(_) => format!("was not ready within {START_TIMEOUT:?}"),
-        };
-        let ended = worker.end().await;
-        Err(format!(
-            "the python worker ({interpreter}) {why}{ended}; its standard error is in the \
-             executor's"
-        ))
-    }
-
-    /// Sends one request; its answer is the next frame [`Worker::read`] reads.
-    async fn send(&mut self, request: &Value) -> Result<(), String> {
-        let body = serde_json::to_vec(request).map_err(|e| format!("could not be sent it: {e}"))?;
-        let length = u32::try_from(body.len())
-            .map_err(|_| format!("could not be sent a request of {} bytes", body.len()))?;
-        let mut frame = Vec::with_capacity(4 + body.len());
-        frame.extend_from_slice(&length.to_be_bytes());
-        frame.extend_from_slice(&body);
-        let sent = async {
-            self.stdin.write_all(&frame).await?;
-            self.stdin.flush().await
-        };
-        sent.await
-            .map_err(|e| format!("could not be sent the task ({e})"))
-    }
-
-    /// Reads one frame: 4 bytes of big-endian length, then that much JSON.
-    async fn read(&mut self) -> Result<Value, String> {
-        let mut head = [0u8; 4];
-        self.stdout
-            .read_exact(&mut head)
-            .await
-            .map_err(|_| "exited".to_string())?;
-        let length = u32::from_be_bytes(head) as usize;
-        if length > MAX_ANSWER_BYTES {
-            return Err(format!(
-                "answered with {length} bytes, more than the limit of {MAX_ANSWER_BYTES}"
-            ));
-        }
-        let mut body = vec![0u8; length];
-        self.stdout
-            .read_exact(&mut body)
-            .await
-            .map_err(|_| "exited in the middle of its answer".to_string())?;
-        serde_json::from_slice(&body).map_err(|e| format!("answered with bad JSON ({e})"))
-    }
-
-    /// Stops the worker (its whole group), and says how it ended if it had: " (exit status
-    /// ...)" or "".
-    async fn end(&mut self) -> String {
-        let ended = match tokio::time::timeout(EXIT_WAIT, self.child.wait()).await {
-            Ok(Ok(status)) => format!(" ({status})"),
-            _ => String::new(),
-        };
-        self.kill();
-        ended
-    }
-
-    /// SIGKILL to the worker's whole group at once (its grace is over), and a bounded wait for
-    /// the worker's exit.
-    async fn kill_now(&mut self) {
-        match &self.group {
-            Some(group) => drop(group.signal(Signal::SIGKILL)),
-            None => drop(self.child.start_kill()),
-        }
-        let _ = tokio::time::timeout(EXIT_WAIT, self.child.wait()).await;
-    }
-
-    /// SIGTERM to the worker's group, and SIGKILL to what is left of it after the grace
-    /// period; the worker alone at once if it has no group.
-    fn kill(&mut self) {
-        match self.group.take() {
-            Some(group) => drop(group),
-            None => drop(self.child.start_kill()),
-        }
-    }
-}
-
-impl Drop for Worker {
-    /// A worker dropped in the middle of a task (the task was killed or timed out, or its
-    /// executor stops) ends with everything it started.
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
