@@ -30,6 +30,9 @@ use crate::protocol::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+/// The concurrency key some of the workload's jobs name.
+const SIM_KEY: &str = "sim";
+
 const TICK_MS: u64 = crate::DEFAULT_REVIVE_INTERVAL.as_millis() as u64;
 
 /// One driver process.
@@ -385,6 +388,26 @@ impl World {
             ApiReply::Jobs { jobs, .. } => jobs.into_iter().map(|j| (j.name, j.job_id)).collect(),
             _ => BTreeMap::new(),
         };
+        // One job in four counts under a concurrency key of a quarter of the cores at once, set
+        // (journaled) by the first leader and kept by the next ones: the limits hold through
+        // failovers, and no key's count of what runs may leak, or its jobs would never end.
+        let limited = match leader.core.api(ApiRequest::ListKeys, now) {
+            ApiReply::Keys { keys } => keys.iter().any(|k| k.key == SIM_KEY),
+            _ => false,
+        };
+        if !limited {
+            let limits = crate::protocol::KeyLimits {
+                max_concurrent: Some((self.config.executors * self.config.cores / 4).max(2)),
+                rate: None,
+            };
+            let request = ApiRequest::SetKeyLimits {
+                key: SIM_KEY.into(),
+                limits,
+            };
+            if let ApiReply::Error { message } = leader.core.api(request, now) {
+                return Err(format!("the sim's key limits were refused: {message}"));
+            }
+        }
         let mut accepted = Vec::new();
         // The ids this leader knows the workload's jobs by, for the jobs that run after them.
         let mut ids: BTreeMap<usize, JobId> = known
@@ -431,7 +454,7 @@ impl World {
                 after,
                 after_any,
                 timeouts,
-                concurrency_key: None,
+                concurrency_key: (origin % 4 == 1).then(|| SIM_KEY.to_string()),
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             match (known.get(&name), reply) {
