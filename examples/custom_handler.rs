@@ -156,6 +156,7 @@ mod tests {
             after_any: Vec::new(),
             timeouts: Default::default(),
             concurrency_key: None,
+            gang: false,
         };
         let summary = tokio::time::timeout(Duration::from_secs(30), api.run_job(job, |_| {}))
             .await

@@ -359,6 +359,10 @@ pub struct SubmitJob {
     /// it (`SetKeyLimits`); a key with none runs unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// A gang (Spark's barrier mode): all the job's tasks start together or not at all, and
+    /// run again together when one fails.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub gang: bool,
     /// A key the client picks (1 to 64 letters, digits, `_`, `-` or `.`) that makes the
     /// submission safe to send again: a second `SubmitJob` with the same key, while the job it
     /// made is kept, is answered with that job's id and submits nothing. `EmberClient` sets

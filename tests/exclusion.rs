@@ -49,6 +49,7 @@ fn work_job(tasks: u32) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

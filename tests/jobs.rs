@@ -43,6 +43,7 @@ fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 
@@ -593,6 +594,7 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     };
     let job = within(LIMIT, api.run_job(echo.clone(), |_| {}))
         .await

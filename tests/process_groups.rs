@@ -48,6 +48,7 @@ fn sleepers(pid_file: &Path, timeout_ms: Option<u64>) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

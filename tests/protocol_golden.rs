@@ -1231,6 +1231,7 @@ fn full_job() -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 
@@ -1268,6 +1269,7 @@ fn default_job() -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 
@@ -2855,6 +2857,7 @@ fn journal_records() {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     };
     golden(
         &JournalRecord::JobSubmitted {
@@ -3825,6 +3828,12 @@ fn wait_reasons() {
             },
             until_ms: 1_700_000_000_500,
         },
+        WaitReason::GangNeeds {
+            tasks: 8,
+            cores: 16,
+            free: 9,
+        },
+        WaitReason::GangStopping { running: 3 },
     ];
     // As a job summary's `waits` carries them, and reads them back.
     let wire = json!([
@@ -3835,7 +3844,9 @@ fn wait_reasons() {
         {"kind": "queue_timeout", "tasks": 5, "until_ms": 1700000030000u64},
         {"kind": "key_concurrency", "key": "api", "running": 4, "max_concurrent": 4},
         {"kind": "key_rate", "key": "api", "rate": {"count": 10, "per_ms": 1000},
-         "until_ms": 1700000000500u64}
+         "until_ms": 1700000000500u64},
+        {"kind": "gang_needs", "tasks": 8, "cores": 16, "free": 9},
+        {"kind": "gang_stopping", "running": 3}
     ]);
     assert_eq!(serde_json::to_value(&reasons).unwrap(), wire);
     let read: Vec<WaitReason> = serde_json::from_value(wire).unwrap();
@@ -3854,6 +3865,8 @@ fn wait_reasons() {
             "concurrency key api runs 4 of its 4 at once",
             "concurrency key api is at its rate of 10/s; the next task may start at \
              2023-11-14T22:13:20Z",
+            "the gang of 8 tasks needs 16 cores at once, and 9 are free to it",
+            "the gang waits for 3 attempts to stop, to start again together",
         ]
     );
 }
@@ -3899,6 +3912,20 @@ fn concurrency_keys() {
         json!({"type": "SetKeyLimits", "key": "api"}),
     );
     golden(&ApiRequest::ListKeys, json!({"type": "ListKeys"}));
+    golden(
+        &SubmitJob {
+            gang: true,
+            ..default_job()
+        },
+        json!({
+            "name": "",
+            "tasks": [{"kind": "handler", "name": "noop", "arg": null}],
+            "repeat": 1,
+            "max_failures": 4,
+            "cpus_per_task": 1,
+            "gang": true
+        }),
+    );
     golden(
         &ApiReply::Keys {
             keys: vec![

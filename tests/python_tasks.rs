@@ -92,6 +92,7 @@ fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

@@ -30,6 +30,7 @@ fn commands(scripts: &[&str]) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

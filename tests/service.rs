@@ -37,6 +37,7 @@ fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 
@@ -220,6 +221,7 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     };
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.unwrap();

@@ -38,6 +38,7 @@ fn job(speculation: Option<Speculation>) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

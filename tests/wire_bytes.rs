@@ -665,6 +665,7 @@ fn job_submitted() {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     };
     let full = SubmitJob {
         name: "nightly".into(),
@@ -699,6 +700,7 @@ fn job_submitted() {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     };
     let record = |job: &SubmitJob, term| JournalRecord::JobSubmitted {
         job_id: 7,

@@ -395,6 +395,7 @@ class Client:
         attempt_timeout=None,
         deadline=None,
         concurrency_key=None,
+        gang=False,
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
         repeated `repeat` times, and returns its `Job`. `resources` asks for custom resources
@@ -416,6 +417,8 @@ class Client:
 
         `concurrency_key` counts the job's running tasks under a key: the tasks of all jobs
         that name it stay within the limits `set_limits` gives it (none set: unlimited).
+        `gang=True` starts all the job's tasks together or not at all, and runs them again
+        together when one fails (docs/protocol.md, Gangs).
 
         The submission carries `submission_id` (a new one unless given), so it is safe to send
         again: while the driver answers `Unavailable`, or no driver answers after one did, it is
@@ -436,6 +439,7 @@ class Client:
             attempt_timeout=attempt_timeout,
             deadline=deadline,
             concurrency_key=concurrency_key,
+            gang=gang,
         )
         answer = await self._through_failover(lambda: self._expect(request, "JobAccepted"))
         return Job(self, answer["job_id"])
@@ -801,6 +805,7 @@ def _job_request(
     attempt_timeout=None,
     deadline=None,
     concurrency_key=None,
+    gang=False,
 ):
     """A SubmitJob request (docs/protocol.md)."""
     request = {
@@ -826,6 +831,8 @@ def _job_request(
             request[key] = _timeout_ms(value)
     if concurrency_key is not None:
         request["concurrency_key"] = concurrency_key
+    if gang:
+        request["gang"] = True
     for key, jobs in (("after", after), ("after_any", after_any)):
         if jobs:
             request[key] = [_job_id(job) for job in jobs]

@@ -222,6 +222,13 @@ def test_a_concurrency_key_limits_the_tasks_of_every_job_that_names_it(client):
     assert ember.client._rate((5, 60)) == {"count": 5, "per_ms": 60_000}
 
 
+def test_a_gang_runs_whole_and_one_too_large_is_refused(client):
+    job = client.submit_job([ember.handler_task("sleep", {"ms": 50})], repeat=3, gang=True)
+    assert job.wait(timeout=30)["state"] == "SUCCEEDED"
+    with pytest.raises(ember.DriverError, match="needs them all at once"):
+        client.submit_job([ember.handler_task("noop")], repeat=100, gang=True)
+
+
 def test_kill_a_job(client):
     job = client.map(time.sleep, [60] * 4, chunksize=1)
     time.sleep(0.5)

@@ -390,6 +390,7 @@ fn noops(tasks: u32) -> crate::protocol::SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

@@ -69,6 +69,7 @@ fn printers(tasks: u32) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

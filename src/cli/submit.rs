@@ -37,6 +37,12 @@ pub struct SubmitArgs {
     /// set KEY` gives it (a key with none runs unlimited).
     #[arg(long, value_name = "KEY", value_parser = parse_concurrency_key)]
     pub concurrency_key: Option<String>,
+    /// Start all the job's tasks together or not at all (Spark's barrier mode), for tasks
+    /// that talk to each other: the cores that free up are held for the gang until it fits,
+    /// and when one task fails or is lost the others stop and all run again together. A gang
+    /// the registered executors could never hold at once is refused.
+    #[arg(long, conflicts_with = "speculation")]
+    pub gang: bool,
     /// Cores each task takes.
     #[arg(long, default_value_t = 1)]
     pub cpus_per_task: u32,
@@ -209,6 +215,7 @@ impl SubmitArgs {
             after: self.after.clone(),
             after_any: self.after_any.clone(),
             concurrency_key: self.concurrency_key.clone(),
+            gang: self.gang,
         })
     }
 }

@@ -230,6 +230,7 @@ mod tests {
                 after_any: Vec::new(),
                 timeouts: Default::default(),
                 concurrency_key: None,
+                gang: false,
             }),
             term: None,
             tenant: None,

@@ -245,6 +245,11 @@ pub enum WaitReason {
         rate: Rate,
         until_ms: u64,
     },
+    /// A gang's `tasks` need `cores` at once, and `free` of the cores that could take them
+    /// are free.
+    GangNeeds { tasks: u32, cores: u32, free: u32 },
+    /// A gang waits for `running` attempts of it to stop before it starts again together.
+    GangStopping { running: u32 },
 }
 
 impl std::fmt::Display for WaitReason {
@@ -303,6 +308,16 @@ impl std::fmt::Display for WaitReason {
                 f,
                 "concurrency key {key} is at its rate of {rate}; the next task may start at {}",
                 time(*until_ms)
+            ),
+            WaitReason::GangNeeds { tasks, cores, free } => write!(
+                f,
+                "the gang of {} needs {cores} cores at once, and {free} are free to it",
+                crate::text::count(*tasks, "task", "tasks")
+            ),
+            WaitReason::GangStopping { running } => write!(
+                f,
+                "the gang waits for {} to stop, to start again together",
+                crate::text::count(*running, "attempt", "attempts")
             ),
         }
     }

@@ -455,6 +455,7 @@ impl World {
                 after_any,
                 timeouts,
                 concurrency_key: (origin % 4 == 1).then(|| SIM_KEY.to_string()),
+                gang: false,
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             match (known.get(&name), reply) {

@@ -398,6 +398,7 @@ pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 
@@ -423,6 +424,7 @@ pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

@@ -74,6 +74,10 @@ pub struct Job {
     pub timeouts: crate::protocol::JobTimeouts,
     /// The concurrency key its attempts count under, if it names one.
     pub concurrency_key: Option<String>,
+    /// Whether its tasks start together or not at all (see `gang`).
+    pub gang: bool,
+    /// Whether its running attempts were told to stop, for the gang to start again together.
+    pub gang_stopping: bool,
     /// When its tasks could first run: when it started, or when this driver took it over.
     pub queued_at_ms: u64,
     /// The key its client gave to make the submission safe to send again.
@@ -142,6 +146,8 @@ impl Job {
             retry_backoff: submit.retry_backoff,
             timeouts: submit.timeouts,
             concurrency_key: submit.concurrency_key,
+            gang: submit.gang,
+            gang_stopping: false,
             queued_at_ms: now,
             submission_id: submit.submission_id,
             term: None,
@@ -239,6 +245,7 @@ impl Job {
             after_any: self.after_any.clone(),
             timeouts: self.timeouts,
             concurrency_key: self.concurrency_key.clone(),
+            gang: self.gang,
         }
     }
 
@@ -391,6 +398,9 @@ impl Core {
             return ApiReply::Error { message };
         }
         if let Some(message) = self.after_refusal(&submit) {
+            return ApiReply::Error { message };
+        }
+        if let Some(message) = self.gang_refusal(&submit) {
             return ApiReply::Error { message };
         }
         if let Some(&id) = submit
@@ -708,6 +718,7 @@ pub(super) fn validate_job(
     if let Some(key) = &submit.concurrency_key {
         super::keys::validate_key(key)?;
     }
+    super::gang::validate(submit)?;
     if let Some(backoff) = &submit.retry_backoff {
         super::backoff::validate(backoff)?;
     }

@@ -90,6 +90,21 @@ impl Keys {
             .map_or(true, |state| state.refusal(key, now).is_none())
     }
 
+    /// How many more attempts under `key` may start at `now` (`u32::MAX`: no limit).
+    pub(super) fn room(&self, key: &str, now: u64) -> u32 {
+        let Some(state) = self.keys.get(key) else {
+            return u32::MAX;
+        };
+        let by_count = state
+            .limits
+            .max_concurrent
+            .map_or(u32::MAX, |max| max.saturating_sub(state.running));
+        let by_rate = state.limits.rate.map_or(u32::MAX, |rate| {
+            rate.count.saturating_sub(state.started_in_window(now))
+        });
+        by_count.min(by_rate)
+    }
+
     /// Why tasks under `key` wait at `now`, if its limits hold them.
     pub(super) fn refusal(&self, key: &str, now: u64) -> Option<WaitReason> {
         self.keys.get(key)?.refusal(key, now)

@@ -10,6 +10,7 @@ mod allocation;
 mod backoff;
 mod dependencies;
 mod exclusion;
+mod gang;
 mod gate;
 mod jobs;
 mod keys;
@@ -160,6 +161,9 @@ pub struct Core {
     timers: BTreeSet<(u64, timeouts::Timer)>,
     /// Concurrency keys with limits or with attempts running.
     keys: keys::Keys,
+    /// Gangs an attempt of which will run again: their other attempts are stopped at the next
+    /// offer round, when the status batch that ended it is in.
+    gangs_to_stop: Vec<JobId>,
     /// The pools FAIR scheduling orders jobs by; none under FIFO.
     pools: Option<Box<pools::Pools>>,
     /// First task id of each job, to find a task's job by range.
@@ -222,6 +226,7 @@ impl Core {
             retry_waits: BTreeSet::new(),
             timers: BTreeSet::new(),
             keys: keys::Keys::default(),
+            gangs_to_stop: Vec::new(),
             pools: None,
             first_tasks: BTreeMap::new(),
             submissions: HashMap::new(),

@@ -8,6 +8,14 @@ use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{Event, ExecutorMessage, ExecutorTasks, TaskDescription, TaskStarted};
 use std::collections::BTreeMap;
 
+/// What one deal of a free core to an executor found.
+enum Deal {
+    /// A task, launched.
+    Task(TaskDescription),
+    /// A gang first in line for the executor: it starts whole, or holds the jobs behind it.
+    Gang(JobId),
+}
+
 /// How far past the head of a job's queue the scheduler looks for a task that did not last fail
 /// on the executor being offered.
 const AVOID_LOOKAHEAD: usize = 8;
@@ -15,6 +23,11 @@ const AVOID_LOOKAHEAD: usize = 8;
 impl Core {
     /// Offers free cores to waiting tasks: of every executor, or only of `only`.
     pub(super) fn make_offers(&mut self, only: Option<&ExecutorId>, now: u64) {
+        if !self.gangs_to_stop.is_empty() {
+            for job_id in std::mem::take(&mut self.gangs_to_stop) {
+                self.stop_gang(job_id);
+            }
+        }
         if self.gate.is_some() && !self.gate_open(now) {
             return;
         }
@@ -46,13 +59,45 @@ impl Core {
         // Those that may still take a task. `launch_one` passes over a job that runs dry; it
         // leaves the queue once the round is dealt.
         let mut open: Vec<usize> = (0..offers.len()).collect();
+        // Gangs started whole this round, wherever their tasks went, and gangs that did not
+        // fit: an executor that reaches one of those takes nothing more this round.
+        let mut gangs: Vec<(ExecutorId, TaskDescription)> = Vec::new();
+        let mut held: Vec<JobId> = Vec::new();
+        // Gangs the executors could not hold even idle: passed over, holding nothing back.
+        let mut passed: Vec<JobId> = Vec::new();
         while !open.is_empty() {
             open.retain(|&i| {
                 let (executor, dealt) = &mut offers[i];
-                self.launch_one(executor, now)
-                    .map(|description| dealt.push(description))
-                    .is_some()
+                match self.launch_one(executor, &passed, now) {
+                    Some(Deal::Task(description)) => {
+                        dealt.push(description);
+                        true
+                    }
+                    Some(Deal::Gang(job_id)) if !held.contains(&job_id) => {
+                        match self.launch_gang(job_id, now) {
+                            Some(started) => {
+                                gangs.extend(started);
+                                true
+                            }
+                            None if self.gang_could_fit(job_id) => {
+                                held.push(job_id);
+                                false
+                            }
+                            None => {
+                                passed.push(job_id);
+                                true
+                            }
+                        }
+                    }
+                    Some(Deal::Gang(_)) | None => false,
+                }
             });
+        }
+        for (executor, description) in gangs {
+            match offers.iter_mut().find(|(id, _)| *id == executor) {
+                Some((_, dealt)) => dealt.push(description),
+                None => offers.push((executor, vec![description])),
+            }
         }
         offers.retain(|(_, dealt)| !dealt.is_empty());
         let started = started_by_job(&offers);
@@ -132,7 +177,8 @@ impl Core {
 
     /// Launches one waiting task on `executor` if one fits: of the first job that has one, in
     /// the order `--scheduling` gives the jobs.
-    fn launch_one(&mut self, executor: &ExecutorId, now: u64) -> Option<TaskDescription> {
+    /// A gang first in that order is handed back to be started whole instead.
+    fn launch_one(&mut self, executor: &ExecutorId, passed: &[JobId], now: u64) -> Option<Deal> {
         let data = self.executors.get(executor)?;
         let free = data.free_cores;
         if free == 0 {
@@ -141,6 +187,10 @@ impl Core {
         }
         let fits = |id: &JobId| {
             let job = self.jobs.get(id)?;
+            // A gang is started whole by the caller, or holds back the jobs behind it.
+            if job.gang {
+                return (job.tasks.has_waiting() && !passed.contains(id)).then_some(Err(*id));
+            }
             if job.cpus_per_task > free || self.excluded(*id, None, executor) {
                 return None;
             }
@@ -165,13 +215,17 @@ impl Core {
                     && (!last_failed_on(record, executor)
                         || !self.another_can_take(executor, *id, index, job))
             })?;
-            Some((*id, pick))
+            Some(Ok((*id, pick)))
         };
         // FIFO: the queue's order; FAIR: the pools'.
-        let (job_id, position) = match self.pools.as_deref() {
+        let found = match self.pools.as_deref() {
             None => self.queue.iter().find_map(fits),
             Some(pools) => pools.order().find_map(fits),
         }?;
+        let (job_id, position) = match found {
+            Ok(task) => task,
+            Err(gang) => return Some(Deal::Gang(gang)),
+        };
         let job = self.jobs.get_mut(&job_id)?;
         let index = job.tasks.take(position)?;
         if let Some(placement) = &mut job.placement {
@@ -179,6 +233,7 @@ impl Core {
         }
         let attempt = self.start_attempt(job_id, index, executor, now);
         self.hand_out(job_id, index, attempt, executor, now)
+            .map(Deal::Task)
     }
 
     /// Records the start of task `index`'s next attempt on `executor`, taken out of the

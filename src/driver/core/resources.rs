@@ -57,6 +57,11 @@ impl ExecutorResources {
         })
     }
 
+    /// How many addresses of `name` are free here.
+    pub fn free(&self, name: &str) -> u32 {
+        self.kind(name).map_or(0, |k| k.free.len() as u32)
+    }
+
     /// How many addresses of `name` this executor has in all.
     pub fn total(&self, name: &str) -> u32 {
         self.kind(name).map_or(0, |k| k.addresses.len() as u32)
@@ -160,6 +165,7 @@ impl Core {
         }
         waits.extend(self.waiting_reason(job));
         waits.extend(self.key_wait(job, now));
+        waits.extend(self.gang_wait(job, now));
         waits.extend(Self::timed_waits(job));
         if !waits.is_empty() {
             let text: Vec<String> = waits.iter().map(ToString::to_string).collect();

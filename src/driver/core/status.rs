@@ -372,6 +372,11 @@ impl Core {
             self.keep_result_object(job_id, index, object);
         }
         let job = self.jobs.get_mut(&job_id).expect("located above");
+        // A gang whose attempt will run again starts again whole: its others stop, once the
+        // rest of the batch is in (an attempt it ends is not told to stop).
+        if job.gang && active && job.tasks[index].status == TaskStatus::Pending {
+            self.gangs_to_stop.push(job_id);
+        }
         if active && job.tasks.has_waiting() && !self.queue.contains(&job_id) {
             // Keep the queue in its order: a retry does not jump ahead of older jobs.
             self.enqueue(job_id);

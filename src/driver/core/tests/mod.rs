@@ -8,6 +8,7 @@ mod allocation;
 mod backoff;
 mod dependencies;
 mod exclusion;
+mod gang;
 mod gate;
 mod jobs;
 mod keys;
@@ -146,6 +147,7 @@ fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
         after_any: Vec::new(),
         timeouts: Default::default(),
         concurrency_key: None,
+        gang: false,
     }
 }
 

@@ -100,6 +100,18 @@ impl Sim {
             0 => None,
             n => Some(["p0", "p1", "adhoc"][n as usize - 1].into()),
         };
+        // Some are gangs (with no GPUs or constraints), refused when the executors registered
+        // could not hold them.
+        submission.gang = (tasks + max_failures) % 5 == 0
+            && gpus == 0
+            && submission.placement.constraints.is_empty();
+        if let Some(refusal) = self.core.gang_refusal(&submission) {
+            let request = ApiRequest::SubmitJob(submission);
+            let now = self.now;
+            let reply = self.unchanged(|core| core.api(request, now));
+            assert_eq!(reply, ApiReply::Error { message: refusal });
+            return;
+        }
         let job_id = submit(&mut self.core, submission, self.now);
         let effects = self.effects();
         assert_eq!(

@@ -83,11 +83,25 @@ impl Sim {
                 if !running_attempts(&self.core).is_empty() {
                     continue;
                 }
+                // A gang waits while the executors together cannot hold its waiting tasks.
+                let gangs_held = self
+                    .core
+                    .jobs
+                    .values()
+                    .filter(|j| j.is_active() && j.gang)
+                    .all(|j| {
+                        let slots: u32 = self
+                            .executors
+                            .iter()
+                            .map(|(_, cores)| cores / j.cpus_per_task)
+                            .sum();
+                        slots < j.tasks.waiting()
+                    });
                 let waiting: Vec<(JobId, u32, u32, bool)> = self
                     .core
                     .jobs
                     .values()
-                    .filter(|j| j.is_active())
+                    .filter(|j| j.is_active() && !j.gang)
                     .map(|j| {
                         (
                             j.id,
@@ -99,9 +113,14 @@ impl Sim {
                         )
                     })
                     .collect();
-                if waiting.is_empty() {
+                let gangs_wait = self.core.jobs.values().any(|j| j.is_active() && j.gang);
+                if waiting.is_empty() && !gangs_wait {
                     return;
                 }
+                assert!(
+                    gangs_held,
+                    "a gang waits though the executors could hold it"
+                );
                 // `on_r0`: the job runs only on rack r0.
                 let fits = |cpus: u32, gpus: u32, on_r0: bool| {
                     self.executors.iter().enumerate().any(|(i, (name, cores))| {
@@ -117,13 +136,16 @@ impl Sim {
                     "jobs (id, cpus, gpus per task, on r0) {waiting:?} wait though an executor \
                      that has them is free"
                 );
-                for (job_id, ..) in waiting.iter().filter(|_| !self.executors.is_empty()) {
+                for (job_id, ..) in waiting
+                    .iter()
+                    .filter(|_| !self.executors.is_empty() && !gangs_wait)
+                {
                     let why = self.core.waiting_reason(&self.core.jobs[job_id]);
                     assert!(why.is_some(), "job {job_id} waits and does not say why");
                 }
                 assert!(
                     !extra,
-                    "jobs {waiting:?} wait though a large executor is free"
+                    "jobs {waiting:?} (or a gang) wait though a large executor is free"
                 );
                 extra = true;
                 self.register_with("drain".into(), 64, 2);
