@@ -95,6 +95,19 @@ impl Core {
         })
     }
 
+    /// The executors that may run tasks of gang `job`: live, not decommissioning, not excluded
+    /// from it, meeting its constraints.
+    fn gang_executors<'a>(
+        &'a self,
+        job: &'a super::Job,
+    ) -> impl Iterator<Item = (&'a ExecutorId, &'a super::ExecutorData)> + 'a {
+        self.executors.iter().filter(move |(id, data)| {
+            !data.decommissioning
+                && !self.excluded(job.id, None, id)
+                && job.placement.as_ref().map_or(true, |p| p.admits(id))
+        })
+    }
+
     /// Whether the executors registered now could hold the waiting tasks of gang `job_id` at
     /// once were they idle: only such a gang holds back the jobs behind it.
     pub(super) fn gang_could_fit(&self, job_id: JobId) -> bool {
@@ -102,13 +115,7 @@ impl Core {
             return false;
         };
         let capacity: u64 = self
-            .executors
-            .iter()
-            .filter(|(id, data)| {
-                !data.decommissioning
-                    && !self.excluded(job_id, None, id)
-                    && job.placement.as_ref().map_or(true, |p| p.admits(id))
-            })
+            .gang_executors(job)
             .map(|(_, data)| {
                 let total = |name: &str| data.resources.total(name);
                 u64::from(slots(
@@ -136,13 +143,7 @@ impl Core {
             }
         }
         let mut room: Vec<(u32, &ExecutorId)> = self
-            .executors
-            .iter()
-            .filter(|(id, data)| {
-                !data.decommissioning
-                    && !self.excluded(job_id, None, id)
-                    && job.placement.as_ref().map_or(true, |p| p.admits(id))
-            })
+            .gang_executors(job)
             .map(|(id, data)| {
                 let free = |name: &str| data.resources.free(name);
                 (
