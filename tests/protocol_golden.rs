@@ -1563,6 +1563,7 @@ fn api_reply_executors() {
                 resources: Default::default(),
                 exclusions: Vec::new(),
                 objects: counts(),
+                abandoned: Vec::new(),
             }],
             total_cores: 8,
             registered_executors: 1,
@@ -1857,6 +1858,7 @@ fn executor_summary_with_exclusions() {
                 },
             ],
             objects: Default::default(),
+            abandoned: Vec::new(),
         },
         json!({
             "executor_id": "exec-1",
@@ -3280,6 +3282,7 @@ fn executor_summary_with_resources() {
         .into(),
         exclusions: Vec::new(),
         objects: Default::default(),
+        abandoned: Vec::new(),
     };
     golden(
         &summary,

@@ -91,15 +91,25 @@ impl Core {
                 running,
                 objects,
                 connection,
+                abandoned,
                 ..
             } => {
                 if let Err(message) = ConnectionId::check(&connection) {
                     return HeartbeatReply::Error { message };
                 }
+                let mut had_abandoned = false;
                 if let Some(data) = self.executors.get_mut(&executor_id) {
                     data.objects = objects;
                     if connection.is_some() {
                         data.connection = connection;
+                    }
+                    had_abandoned = !data.abandoned.is_empty();
+                }
+                // With nothing abandoned, now or before, this is all it costs.
+                if !abandoned.is_empty() || had_abandoned {
+                    let heard = self.abandoned_heard(&executor_id, &abandoned, &running, now);
+                    if let Err(message) = heard {
+                        return HeartbeatReply::Error { message };
                     }
                 }
                 self.reconcile(&executor_id, &running, now)
