@@ -387,6 +387,23 @@ fn heartbeats() {
         },
         r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[],"objects":{"fetches":1,"fetched_bytes":1048576,"cache_hits":7,"cache_misses":1,"puts":0,"put_bytes":0}}"#,
     );
+    // Abandoned handlers, only when there are some: the list after everything else.
+    pin(
+        &HeartbeatRequest::Heartbeat {
+            executor_id: exec("exec-1"),
+            instance_id: instance(),
+            running: Vec::new(),
+            driver_instance: None,
+            objects: Default::default(),
+            connection: None,
+            abandoned: vec![AbandonedAttempt {
+                task_id: 17,
+                attempt: 0,
+                cpus: 2,
+            }],
+        },
+        r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[],"abandoned":[{"task_id":17,"attempt":0,"cpus":2}]}"#,
+    );
     pin(
         &HeartbeatRequest::DecommissionExecutor {
             executor_id: exec("exec-1"),

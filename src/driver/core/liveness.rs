@@ -143,9 +143,18 @@ impl Core {
         let reported: HashSet<(TaskId, u32), crate::FixedHasher> =
             reported.iter().map(|r| (r.task_id, r.attempt)).collect();
         let assigned: Vec<(TaskId, u32)> = data.running.iter().map(|(t, a)| (*t, *a)).collect();
+        // An attempt abandoned there runs no more, but its end is on the way (`abandoned.rs`).
+        let abandoned: Vec<(TaskId, u32)> = data
+            .abandoned
+            .iter()
+            .filter(|x| !x.counted)
+            .map(|x| (x.task_id, x.attempt))
+            .collect();
+        let is_abandoned = |key: &&(TaskId, u32)| abandoned.contains(key);
         let missing: Vec<(TaskId, u32)> = assigned
             .iter()
             .filter(|key| !reported.contains(key))
+            .filter(|key| abandoned.is_empty() || !is_abandoned(key))
             .filter(|(task_id, attempt)| {
                 self.started_before(
                     *task_id,

@@ -171,3 +171,15 @@ fn hostile_lists_are_refused_or_clipped() {
     report(&mut core, "a", vec![killed(1, 0)], 8);
     assert_eq!((free(&core, "a"), shown(&core, "a")[0].cpus), (0, 2));
 }
+
+#[test]
+fn an_attempt_listed_as_abandoned_is_not_lost_though_no_longer_listed_running() {
+    let mut core = new_core(0);
+    add(&mut core, "a", 1, 1);
+    start(&mut core, job(1, 1, 4), 2);
+    // Long past the grace a launch has to show up in a heartbeat.
+    let (_, effects) = beat(&mut core, "a", vec![], vec![abandoned(1, 0, 1)], 60_000);
+    assert!(task_ends(&effects).is_empty(), "{effects:?}");
+    let effects = report(&mut core, "a", vec![killed(1, 0)], 60_001);
+    assert_eq!(task_ends(&effects)[0].state, TaskState::Killed);
+}
