@@ -740,6 +740,10 @@ pub struct ExecutorSummary {
     /// What it has done with the cluster's objects, as its last heartbeat said.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub objects: ObjectCounts,
+    /// Handlers it gave up on that still hold cores (not counted in `free_cores`); absent
+    /// when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub abandoned: Vec<AbandonedStatus>,
 }
 
 /// What an executor has done with the cluster's objects since it started: counted by the
@@ -1031,6 +1035,12 @@ pub enum HeartbeatRequest {
         /// The NATS connection it speaks through now, if it knows it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         connection: Option<ConnectionId>,
+        /// Attempts it has given up on whose work still holds cores: a handler that did not
+        /// return within the grace of being asked to stop. Their ends went as KILLED, but the
+        /// driver may not offer these cores until a heartbeat no longer lists them. Absent
+        /// when none; at most [`MAX_ABANDONED`].
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        abandoned: Vec<AbandonedAttempt>,
     },
     /// The executor is draining: it takes no new tasks (Spark's `DecommissionExecutor`).
     DecommissionExecutor {
@@ -1042,6 +1052,29 @@ pub enum HeartbeatRequest {
         executor_id: ExecutorId,
         instance_id: InstanceId,
     },
+}
+
+/// The most abandoned attempts one heartbeat may list: each holds at least a core, so no
+/// executor has more than [`MAX_CORES`].
+pub const MAX_ABANDONED: usize = MAX_CORES as usize;
+
+/// An attempt whose end an executor has reported (KILLED) while its work still runs and holds
+/// `cpus` cores: a handler that ignored its stop token past the grace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbandonedAttempt {
+    pub task_id: TaskId,
+    pub attempt: u32,
+    pub cpus: u32,
+}
+
+/// An abandoned attempt as `ListExecutors` shows it: what it holds, and since when the driver
+/// has known it abandoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbandonedStatus {
+    pub task_id: TaskId,
+    pub attempt: u32,
+    pub cpus: u32,
+    pub since_ms: u64,
 }
 
 /// One attempt an executor holds. `(task_id, attempt, term)` names one run and no other: the

@@ -1565,6 +1565,7 @@ fn api_reply_executors() {
                 resources: Default::default(),
                 exclusions: Vec::new(),
                 objects: counts(),
+                abandoned: Vec::new(),
             }],
             total_cores: 8,
             registered_executors: 1,
@@ -1829,6 +1830,80 @@ fn event_executor_excluded_and_unexcluded() {
 }
 
 #[test]
+fn executor_summary_with_abandoned_handlers() {
+    golden(
+        &ExecutorSummary {
+            executor_id: exec("exec-1"),
+            host: "worker-3".into(),
+            host_port: "worker-3:7078".into(),
+            free_cores: 0,
+            total_cores: 1,
+            log_urls: BTreeMap::new(),
+            attributes: BTreeMap::new(),
+            registered_at_ms: 1_700_000_000_000,
+            last_seen_ms: 1_700_000_002_000,
+            resources: Default::default(),
+            exclusions: Vec::new(),
+            objects: Default::default(),
+            abandoned: vec![AbandonedStatus {
+                task_id: 17,
+                attempt: 0,
+                cpus: 1,
+                since_ms: 1_700_000_001_000,
+            }],
+        },
+        json!({
+            "executor_id": "exec-1",
+            "host": "worker-3",
+            "host_port": "worker-3:7078",
+            "free_cores": 0,
+            "total_cores": 1,
+            "log_urls": {},
+            "attributes": {},
+            "registered_at_ms": 1_700_000_000_000u64,
+            "last_seen_ms": 1_700_000_002_000u64,
+            "abandoned": [{"task_id": 17, "attempt": 0, "cpus": 1, "since_ms": 1_700_000_001_000u64}]
+        }),
+    );
+}
+
+#[test]
+fn a_heartbeat_lists_abandoned_handlers_and_an_older_one_decodes_without() {
+    let beat = |abandoned| HeartbeatRequest::Heartbeat {
+        executor_id: exec("exec-1"),
+        instance_id: InstanceId::from_u128(1),
+        running: Vec::new(),
+        driver_instance: None,
+        objects: Default::default(),
+        connection: None,
+        abandoned,
+    };
+    golden(
+        &beat(vec![AbandonedAttempt {
+            task_id: 17,
+            attempt: 0,
+            cpus: 1,
+        }]),
+        json!({
+            "type": "Heartbeat",
+            "executor_id": "exec-1",
+            "instance_id": "00000000-0000-0000-0000-000000000001",
+            "running": [],
+            "abandoned": [{"task_id": 17, "attempt": 0, "cpus": 1}]
+        }),
+    );
+    golden(
+        &beat(Vec::new()),
+        json!({
+            "type": "Heartbeat",
+            "executor_id": "exec-1",
+            "instance_id": "00000000-0000-0000-0000-000000000001",
+            "running": []
+        }),
+    );
+}
+
+#[test]
 fn executor_summary_with_exclusions() {
     golden(
         &ExecutorSummary {
@@ -1859,6 +1934,7 @@ fn executor_summary_with_exclusions() {
                 },
             ],
             objects: Default::default(),
+            abandoned: Vec::new(),
         },
         json!({
             "executor_id": "exec-1",
@@ -3283,6 +3359,7 @@ fn executor_summary_with_resources() {
         .into(),
         exclusions: Vec::new(),
         objects: Default::default(),
+        abandoned: Vec::new(),
     };
     golden(
         &summary,

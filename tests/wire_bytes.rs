@@ -352,6 +352,7 @@ fn heartbeats() {
                 server_id: "NSERVER".into(),
                 client_id: 12,
             }),
+            abandoned: Vec::new(),
         },
         r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[{"task_id":42,"attempt":0},{"task_id":43,"attempt":2,"term":5}],"driver_instance":"0a1b2c3d-4e5f-4a6b-8c7d-8e9fa0b1c2d3","connection":{"server_id":"NSERVER","client_id":12}}"#,
     );
@@ -363,6 +364,7 @@ fn heartbeats() {
             driver_instance: None,
             objects: Default::default(),
             connection: None,
+            abandoned: Vec::new(),
         },
         r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[]}"#,
     );
@@ -381,8 +383,26 @@ fn heartbeats() {
                 put_bytes: 0,
             },
             connection: None,
+            abandoned: Vec::new(),
         },
         r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[],"objects":{"fetches":1,"fetched_bytes":1048576,"cache_hits":7,"cache_misses":1,"puts":0,"put_bytes":0}}"#,
+    );
+    // Abandoned handlers, only when there are some: the list after everything else.
+    pin(
+        &HeartbeatRequest::Heartbeat {
+            executor_id: exec("exec-1"),
+            instance_id: instance(),
+            running: Vec::new(),
+            driver_instance: None,
+            objects: Default::default(),
+            connection: None,
+            abandoned: vec![AbandonedAttempt {
+                task_id: 17,
+                attempt: 0,
+                cpus: 2,
+            }],
+        },
+        r#"{"type":"Heartbeat","executor_id":"exec-1","instance_id":"6f1c2a3b-4d5e-4f60-8a7b-9c0d1e2f3a4b","running":[],"abandoned":[{"task_id":17,"attempt":0,"cpus":2}]}"#,
     );
     pin(
         &HeartbeatRequest::DecommissionExecutor {

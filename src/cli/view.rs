@@ -19,6 +19,37 @@ pub async fn follow_events(
 }
 
 /// Prints the registry as a table with its totals, or as JSON.
+/// What an executor's abandoned handlers hold, in one line; none when it has none.
+pub fn abandoned_line(e: &crate::protocol::ExecutorSummary) -> Option<String> {
+    if e.abandoned.is_empty() {
+        return None;
+    }
+    let handlers = e.abandoned.len();
+    let cores: u64 = e.abandoned.iter().map(|a| u64::from(a.cpus)).sum();
+    let attempts: Vec<String> = e
+        .abandoned
+        .iter()
+        .map(|a| {
+            format!(
+                "task {} attempt {}, abandoned at {}",
+                a.task_id,
+                a.attempt,
+                format_time(a.since_ms)
+            )
+        })
+        .collect();
+    let (handler, holds) = match handlers {
+        1 => ("handler", "holds"),
+        _ => ("handlers", "hold"),
+    };
+    let core = if cores == 1 { "core" } else { "cores" };
+    Some(format!(
+        "executor {}: {handlers} abandoned {handler} {holds} {cores} {core} ({})",
+        e.executor_id,
+        attempts.join("; ")
+    ))
+}
+
 pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<()> {
     let snapshot = client.executors().await?;
     if json {
@@ -68,6 +99,9 @@ pub async fn show_executors(client: &EmberClient, json: bool) -> anyhow::Result<
                 format_time(x.until_ms),
                 x.reason
             );
+        }
+        if let Some(line) = abandoned_line(e) {
+            println!("{line}");
         }
     }
     println!(

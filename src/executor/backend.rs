@@ -429,6 +429,20 @@ impl Backend {
             .map_err(|silent| ExecutorError::DriverLost(Duration::from_millis(silent)))
     }
 
+    /// The machine's timers: hands back what still runs once the drain's time is up, and
+    /// abandons handlers that have not stopped within the grace, telling the driver at once.
+    fn timers_due(&mut self) -> Result<(), ExecutorError> {
+        let now = self.now();
+        if self.machine.hand_back_at().is_some_and(|at| at <= now) {
+            self.machine.hand_back();
+        }
+        if self.machine.abandon_overdue(now) {
+            // The driver hears now which cores stay busy; the KILLED ends wait for that.
+            self.beat()?;
+        }
+        Ok(())
+    }
+
     async fn serve(
         mut self,
         mut inbox: Inbox,
@@ -445,9 +459,15 @@ impl Backend {
         let status_timer = tokio::time::sleep_until(far);
         tokio::pin!(status_timer);
         loop {
-            let hand_back_at = self.machine.hand_back_at();
-            let hand_back_deadline =
-                hand_back_at.map_or(far, |ms| self.epoch + Duration::from_millis(ms));
+            // The machine's own timers, both idle on most executors: the drain's hand-back,
+            // and the handlers asked to stop that are due to be abandoned.
+            let (hand_back_at, abandon_at) =
+                (self.machine.hand_back_at(), self.machine.abandon_at());
+            let wake_at = match (hand_back_at, abandon_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let deadline = wake_at.map_or(far, |ms| self.epoch + Duration::from_millis(ms));
             if let Some(until) = self.status.as_ref().map(|batch| batch.until) {
                 if until != status_timer.deadline() {
                     status_timer.as_mut().reset(until);
@@ -490,9 +510,7 @@ impl Backend {
                     Some(message) => self.on_inbox(message),
                     None => return Err(ExecutorError::Connection("the inbox subscription closed".into())),
                 },
-                _ = tokio::time::sleep_until(hand_back_deadline), if hand_back_at.is_some() => {
-                    self.machine.hand_back();
-                }
+                _ = tokio::time::sleep_until(deadline), if wake_at.is_some() => self.timers_due()?,
                 _ = &mut status_timer, if self.status.is_some() => {
                     self.status_overdue();
                 }
@@ -624,7 +642,8 @@ impl Backend {
             }) => {
                 if self.machine.sent_by_my_driver(driver_instance) {
                     info!(task = task_id, attempt, %reason, "kill");
-                    self.machine.kill(task_id, attempt);
+                    let now = self.now();
+                    self.machine.kill(task_id, attempt, now);
                 } else {
                     warn!(
                         task = task_id,

@@ -8,6 +8,7 @@
 //! shell (`backend.rs`) and the simulator (`crate::sim`) both drive it, so the simulated
 //! executors follow the real executor's logic step for step.
 
+use super::abandoned::{abandoned_status, Abandoned};
 use super::launched::Launched;
 use super::status::{Settled, StatusQueue};
 use crate::ids::{ExecutorId, InstanceId, TaskId};
@@ -28,6 +29,13 @@ pub trait Cancel {
     /// Stops the work, or asks it to stop; whether it stopped already (its end will not
     /// come).
     fn cancel(&mut self) -> bool;
+
+    /// Whether the work, asked to stop, may go on regardless, with nothing to force it (a
+    /// blocking handler's thread): past the grace it is abandoned. Commands and python calls
+    /// are killed once the grace is over, so they end.
+    fn may_ignore_stop(&self) -> bool {
+        false
+    }
 }
 
 /// This executor's own number for one run of an attempt, never reused while it lives: an end
@@ -113,7 +121,10 @@ struct Slot<H> {
 pub struct Machine<H> {
     config: MachineConfig,
     running: HashMap<TaskId, Slot<H>, Fixed>,
+    /// The cores the running attempts and the abandoned handlers hold.
     busy: u32,
+    /// Handlers asked to stop that may not, and those given up on that still hold cores.
+    abandoned: Abandoned,
     /// The number the next run gets.
     next_run: Run,
     /// The attempts launched lately by this driver, oldest first: a launch of one of them
@@ -144,6 +155,7 @@ impl<H: Cancel> Machine<H> {
             config,
             running: HashMap::default(),
             busy: 0,
+            abandoned: Abandoned::default(),
             next_run: 0,
             launched: Launched::default(),
             requests: Default::default(),
@@ -198,7 +210,7 @@ impl<H: Cancel> Machine<H> {
             .map(|slot| (slot.attempt, slot.term, slot.run))
     }
 
-    /// How many cores the running attempts hold.
+    /// How many cores the running attempts and the abandoned handlers hold.
     pub fn busy_cores(&self) -> u32 {
         self.busy
     }
@@ -239,9 +251,9 @@ impl<H: Cancel> Machine<H> {
             }
         }
         for task_id in &given_up {
-            let mut slot = self.free(*task_id);
-            slot.work.cancel();
+            self.give_up(*task_id);
         }
+        self.abandoned.forget_ends();
         let unsent = self.statuses.adopt(renamed);
         Registered::NewDriver {
             adopted,
@@ -328,7 +340,7 @@ impl<H: Cancel> Machine<H> {
     /// holds now: an adopted run was renamed after it started.
     pub fn finish(&mut self, run: Run, mut end: StatusUpdate) {
         if !self.running.get(&end.task_id).is_some_and(|s| s.run == run) {
-            return;
+            return self.abandoned_returned(run);
         }
         let slot = self.free(end.task_id);
         end.attempt = slot.attempt;
@@ -339,14 +351,15 @@ impl<H: Cancel> Machine<H> {
         self.statuses.push(update);
     }
 
-    /// Kills an attempt. Work that can be aborted stops now and reports KILLED at once; work
-    /// that is asked to stop (a command, a python call) or cannot be (a blocking handler)
-    /// reports KILLED, and frees its cores, once it has ended.
-    pub fn kill(&mut self, task_id: TaskId, attempt: u32) {
+    /// Kills an attempt at `now`. Work that can be aborted stops now and reports KILLED at
+    /// once; work that is asked to stop (a command, a python call, a blocking handler)
+    /// reports KILLED, and frees its cores, once it has ended. A handler that has not returned
+    /// within the grace is abandoned ([`Machine::abandon_overdue`]).
+    pub fn kill(&mut self, task_id: TaskId, attempt: u32, now: u64) {
         let Some(slot) = self.running.get_mut(&task_id) else {
             return;
         };
-        if slot.attempt != attempt {
+        if slot.attempt != attempt || slot.killed {
             return;
         }
         match slot.work.cancel() {
@@ -354,8 +367,74 @@ impl<H: Cancel> Machine<H> {
                 self.free(task_id);
                 self.statuses.push(killed_status(task_id, attempt));
             }
-            false => slot.killed = true,
+            false => {
+                slot.killed = true;
+                if slot.work.may_ignore_stop() {
+                    self.abandoned.asked(task_id, slot.run, now);
+                }
+            }
         }
+    }
+
+    /// When a handler asked to stop is next due to be abandoned, if it has not returned.
+    pub fn abandon_at(&self) -> Option<u64> {
+        self.abandoned.due()
+    }
+
+    /// Abandons the handlers asked to stop by `now` less the grace that still run: they leave
+    /// their slots but keep their cores busy, and their KILLED ends go once a heartbeat that
+    /// lists them has been answered. Returns whether any was abandoned (a heartbeat should go
+    /// now, to tell the driver).
+    pub fn abandon_overdue(&mut self, now: u64) -> bool {
+        let mut any = false;
+        for (task_id, run) in self.abandoned.overdue(now) {
+            if !self.running.get(&task_id).is_some_and(|s| s.run == run) {
+                continue;
+            }
+            let slot = self.running.remove(&task_id).expect("checked above");
+            warn!(
+                task = task_id,
+                attempt = slot.attempt,
+                cpus = slot.cpus,
+                "a handler asked to stop has not returned: abandoned, its cores stay busy"
+            );
+            let end = abandoned_status(task_id, slot.attempt, slot.cpus);
+            self.abandoned
+                .add((task_id, slot.attempt, run), slot.cpus, Some(end));
+            any = true;
+        }
+        any
+    }
+
+    /// Run `run`, no longer in a slot, has returned: if it was abandoned, its cores are free,
+    /// and its end goes if the driver has not had it.
+    fn abandoned_returned(&mut self, run: Run) {
+        if self.abandoned.is_empty() {
+            return;
+        }
+        if let Some((cpus, end)) = self.abandoned.returned(run) {
+            info!(
+                run,
+                cpus, "an abandoned handler returned; its cores are free"
+            );
+            self.busy -= cpus;
+            if let Some(end) = end {
+                self.statuses.push(end);
+            }
+        }
+    }
+
+    /// Gives up the attempt in `task_id`'s slot: work that stops does, and a handler that may
+    /// not is abandoned at once, its cores busy until it returns (no end of it is owed).
+    fn give_up(&mut self, task_id: TaskId) -> u32 {
+        let mut slot = self.free(task_id);
+        slot.work.cancel();
+        if slot.work.may_ignore_stop() {
+            self.busy += slot.cpus;
+            self.abandoned
+                .add((task_id, slot.attempt, slot.run), slot.cpus, None);
+        }
+        slot.attempt
     }
 
     fn free(&mut self, task_id: TaskId) -> Slot<H> {
@@ -370,13 +449,10 @@ impl<H: Cancel> Machine<H> {
     /// Gives up every running attempt: cancellable work stops, other work runs on but its end
     /// is ignored. Returns the attempts given up.
     fn abandon_all(&mut self) -> Vec<(TaskId, u32)> {
-        self.busy = 0;
-        self.running
-            .drain()
-            .map(|(task_id, mut slot)| {
-                slot.work.cancel();
-                (task_id, slot.attempt)
-            })
+        let running: Vec<TaskId> = self.running.keys().copied().collect();
+        running
+            .into_iter()
+            .map(|task_id| (task_id, self.give_up(task_id)))
             .collect()
     }
 
@@ -412,6 +488,7 @@ impl<H: Cancel> Machine<H> {
                     objects,
                     // The backend names the connection it sends the heartbeat on.
                     connection: None,
+                    abandoned: self.abandoned.list(),
                 }));
         }
         Ok(())
@@ -448,7 +525,11 @@ impl<H: Cancel> Machine<H> {
                 self.last_answer = now;
                 if reregister {
                     info!("the driver does not know this executor; registering again");
-                    self.start_reregister();
+                    return self.start_reregister();
+                }
+                // It heard which handlers hold cores: their ends may go.
+                for end in self.abandoned.heard() {
+                    self.statuses.push(end);
                 }
             }
             Ok(HeartbeatReply::Error { message }) => warn!(%message, "heartbeat refused"),

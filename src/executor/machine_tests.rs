@@ -11,6 +11,10 @@ impl Cancel for Work {
     fn cancel(&mut self) -> bool {
         self.0
     }
+
+    fn may_ignore_stop(&self) -> bool {
+        !self.0
+    }
 }
 
 fn machine() -> Machine<Work> {
@@ -99,7 +103,7 @@ fn one_batch_in_flight_and_the_rest_waits_for_its_answer() {
 fn a_kill_of_work_that_cannot_stop_reports_killed_when_it_returns() {
     let mut m = machine();
     m.launch(&task(1), |_, _| Started::Running(Work(false)));
-    m.kill(1, 0);
+    m.kill(1, 0, 0);
     assert_eq!(m.running(), 1);
     m.finish(
         0,
@@ -114,6 +118,100 @@ fn a_kill_of_work_that_cannot_stop_reports_killed_when_it_returns() {
         states(&m),
         [(1, TaskState::Running), (1, TaskState::Killed)]
     );
+}
+
+/// The abandoned attempts the heartbeat in `requests` lists.
+fn abandoned_in(requests: &[Request]) -> Vec<crate::protocol::AbandonedAttempt> {
+    let beat = requests.iter().find_map(|r| match r {
+        Request::Heartbeat(HeartbeatRequest::Heartbeat { abandoned, .. }) => Some(abandoned),
+        _ => None,
+    });
+    beat.expect("a heartbeat").clone()
+}
+
+#[test]
+fn a_handler_that_ignores_its_stop_is_abandoned_and_its_core_stays_busy_until_it_returns() {
+    let mut m = machine();
+    m.launch(&task(1), |_, _| Started::Running(Work(false)));
+    m.poll(1);
+    requests(&mut m);
+    assert!(m.on_status(ack(), 2).is_empty());
+    m.kill(1, 0, 100);
+    assert_eq!(m.abandon_at(), Some(5_100), "the grace is 5 s");
+    assert!(!m.abandon_overdue(5_099));
+    assert!(m.abandon_overdue(5_100));
+    assert_eq!(m.abandon_at(), None);
+    assert_eq!((m.running(), m.busy_cores()), (0, 1), "its core stays busy");
+    // Its end waits until a heartbeat that lists it has been answered.
+    m.poll(5_100);
+    assert!(
+        requests(&mut m).is_empty(),
+        "no end before the driver hears"
+    );
+    m.beat(false, Default::default(), 5_100).unwrap();
+    let sent = requests(&mut m);
+    let listed = crate::protocol::AbandonedAttempt {
+        task_id: 1,
+        attempt: 0,
+        cpus: 1,
+    };
+    assert_eq!(abandoned_in(&sent), [listed]);
+    assert!(m.held().is_empty(), "no longer among the attempts it runs");
+    m.on_heartbeat(
+        Ok(HeartbeatReply::HeartbeatResponse { reregister: false }),
+        5_200,
+    );
+    m.poll(5_200);
+    assert_eq!(requests(&mut m), [Request::Status]);
+    let end: Vec<_> = m.statuses().sending().cloned().collect();
+    assert_eq!(end.len(), 1);
+    assert_eq!(end[0].state, TaskState::Killed);
+    let error = end[0].error.as_deref().unwrap_or_default();
+    assert!(error.contains("did not return within 5s"), "{error}");
+    assert!(
+        error.contains("its core stays busy until it returns"),
+        "{error}"
+    );
+    assert!(m.on_status(ack(), 5_300).is_empty());
+    // Still listed while it runs; its return frees the core and reports nothing more.
+    m.beat(false, Default::default(), 6_000).unwrap();
+    assert_eq!(abandoned_in(&requests(&mut m)), [listed]);
+    m.on_heartbeat(
+        Ok(HeartbeatReply::HeartbeatResponse { reregister: false }),
+        6_000,
+    );
+    m.finish(0, StatusUpdate::finished(1, 0));
+    assert_eq!(m.busy_cores(), 0);
+    m.poll(7_000);
+    m.beat(false, Default::default(), 7_000).unwrap();
+    let sent = requests(&mut m);
+    assert_eq!(sent.len(), 1, "a heartbeat and no status: {sent:?}");
+    assert!(abandoned_in(&sent).is_empty());
+}
+
+#[test]
+fn a_handler_that_returns_before_the_driver_heard_reports_its_end_then() {
+    let mut m = machine();
+    m.launch(&task(1), |_, _| Started::Running(Work(false)));
+    m.kill(1, 0, 0);
+    assert!(m.abandon_overdue(5_000));
+    m.finish(0, StatusUpdate::finished(1, 0));
+    assert_eq!(m.busy_cores(), 0);
+    m.poll(5_001);
+    assert_eq!(
+        states(&m),
+        [(1, TaskState::Running), (1, TaskState::Killed)]
+    );
+}
+
+#[test]
+fn a_handler_that_stops_within_the_grace_is_not_abandoned() {
+    let mut m = machine();
+    m.launch(&task(1), |_, _| Started::Running(Work(false)));
+    m.kill(1, 0, 0);
+    m.finish(0, StatusUpdate::finished(1, 0));
+    assert!(!m.abandon_overdue(5_000));
+    assert_eq!(m.busy_cores(), 0);
 }
 
 #[test]
@@ -194,7 +292,7 @@ fn a_repeated_launch_starts_no_second_run() {
     start(&mut m, &task(1));
     start(&mut m, &task(1));
     assert_eq!(m.running(), 1);
-    m.kill(1, 0);
+    m.kill(1, 0, 0);
     start(&mut m, &task(1));
     assert_eq!(
         m.running(),

@@ -2,6 +2,7 @@
 //! the driver (retrying while no driver answers), then runs what arrives in the inbox and reports
 //! each attempt's status in batches until it is told to stop.
 
+mod abandoned;
 mod backend;
 mod command;
 mod launched;

@@ -32,6 +32,12 @@ impl super::machine::Cancel for Work {
         }
         self.abort.take().map(|handle| handle.abort()).is_some()
     }
+
+    /// A blocking handler: asked to stop, with nothing to abort. Commands and python calls
+    /// have a task to abort too, and are killed once their grace is over.
+    fn may_ignore_stop(&self) -> bool {
+        self.stopper.is_some() && self.abort.is_none()
+    }
 }
 
 impl Work {

@@ -326,7 +326,7 @@ impl World {
             } => {
                 let machine = &mut self.procs[pid as usize].machine;
                 if machine.sent_by_my_driver(driver_instance) {
-                    machine.kill(task_id, attempt);
+                    machine.kill(task_id, attempt, now);
                 }
             }
             ExecutorMessage::StopExecutor { reason } => self.stop(pid, &reason, now),

@@ -91,15 +91,25 @@ impl Core {
                 running,
                 objects,
                 connection,
+                abandoned,
                 ..
             } => {
                 if let Err(message) = ConnectionId::check(&connection) {
                     return HeartbeatReply::Error { message };
                 }
+                let mut had_abandoned = false;
                 if let Some(data) = self.executors.get_mut(&executor_id) {
                     data.objects = objects;
                     if connection.is_some() {
                         data.connection = connection;
+                    }
+                    had_abandoned = !data.abandoned.is_empty();
+                }
+                // With nothing abandoned, now or before, this is all it costs.
+                if !abandoned.is_empty() || had_abandoned {
+                    let heard = self.abandoned_heard(&executor_id, &abandoned, &running, now);
+                    if let Err(message) = heard {
+                        return HeartbeatReply::Error { message };
                     }
                 }
                 self.reconcile(&executor_id, &running, now)
@@ -133,9 +143,18 @@ impl Core {
         let reported: HashSet<(TaskId, u32), crate::FixedHasher> =
             reported.iter().map(|r| (r.task_id, r.attempt)).collect();
         let assigned: Vec<(TaskId, u32)> = data.running.iter().map(|(t, a)| (*t, *a)).collect();
+        // An attempt abandoned there runs no more, but its end is on the way (`abandoned.rs`).
+        let abandoned: Vec<(TaskId, u32)> = data
+            .abandoned
+            .iter()
+            .filter(|x| !x.counted)
+            .map(|x| (x.task_id, x.attempt))
+            .collect();
+        let is_abandoned = |key: &&(TaskId, u32)| abandoned.contains(key);
         let missing: Vec<(TaskId, u32)> = assigned
             .iter()
             .filter(|key| !reported.contains(key))
+            .filter(|key| abandoned.is_empty() || !is_abandoned(key))
             .filter(|(task_id, attempt)| {
                 self.started_before(
                     *task_id,

@@ -5,6 +5,7 @@
 //! [`Core::take_effects`] and sends. Time comes in as `now` (milliseconds since the epoch), so
 //! tests and simulations drive it with any clock they like.
 
+mod abandoned;
 mod adoption;
 mod allocation;
 mod backoff;

@@ -36,13 +36,19 @@ pub struct ExecutorData {
     pub objects: crate::protocol::ObjectCounts,
     /// The NATS connection it last said it speaks through (see [`Core::connection_closed`]).
     pub connection: Option<crate::protocol::ConnectionId>,
+    /// Handlers it gave up on that still hold cores, as its heartbeats list them; the cores
+    /// of those `counted` are out of `free_cores` (`abandoned.rs`).
+    pub abandoned: Vec<super::abandoned::Abandoned>,
 }
 
 impl ExecutorData {
     /// Takes back what an ended attempt of `task_id` held: its `cpus` cores and, if its job
     /// asks for any (`resources`), its custom resources.
+    /// An attempt the executor has abandoned keeps its cores busy.
     pub fn attempt_ended(&mut self, task_id: TaskId, cpus: u32, resources: bool, now: u64) {
-        self.free_cores += cpus;
+        if self.abandoned.is_empty() || !self.abandoned_took(task_id, cpus) {
+            self.free_cores += cpus;
+        }
         self.running.remove(&task_id);
         if resources {
             self.resources.give_back(task_id);
@@ -103,6 +109,7 @@ impl Core {
                 adopted: Vec::new(),
                 objects: Default::default(),
                 connection: req.connection,
+                abandoned: Vec::new(),
             },
         );
         self.publish(Event::ExecutorAdded {
@@ -159,6 +166,7 @@ impl Core {
                     resources: e.resources.counts(),
                     exclusions: self.exclusions_of(id),
                     objects: e.objects,
+                    abandoned: Self::abandoned_of(e),
                 });
         let (executors, next) = super::page(summaries, offset, limit, self.config.max_reply_bytes);
         ExecutorsSnapshot {

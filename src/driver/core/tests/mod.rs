@@ -3,6 +3,7 @@
 //! invariants. This module holds what they share: builders of requests, senders that check the
 //! reply, readers of effects, and the invariant checks.
 
+mod abandoned;
 mod adoption;
 mod allocation;
 mod backoff;
@@ -864,10 +865,19 @@ fn check_executors(core: &Core) {
                 );
             }
         }
+        // Abandoned handlers hold cores too: their own once their attempts have ended, and
+        // their attempts' until then.
+        for a in &e.abandoned {
+            let running = e.running.get(&a.task_id) == Some(&a.attempt);
+            assert_eq!(a.counted, !running, "{id}: abandoned {a:?}");
+            if a.counted {
+                used += u64::from(a.cpus);
+            }
+        }
         assert_eq!(
             u64::from(e.free_cores) + used,
             u64::from(e.info.total_cores),
-            "executor {id}: free cores do not match the attempts it runs"
+            "executor {id}: free cores do not match the attempts it runs and the handlers it abandoned"
         );
     }
     assert_eq!(core.total_cores, total, "total_cores");

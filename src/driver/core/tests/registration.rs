@@ -28,6 +28,7 @@ fn a_connection_with_an_unusable_server_id_is_refused_and_changes_nothing() {
         driver_instance: Some(core_driver()),
         objects: Default::default(),
         connection: Some(long),
+        abandoned: Vec::new(),
     };
     let answer = unchanged(&mut core, |core| core.heartbeat("exec-1", beat, 30));
     assert!(matches!(answer, HeartbeatReply::Error { .. }), "{answer:?}");
@@ -87,6 +88,7 @@ fn a_new_executor_is_registered_and_announced() {
                 resources: Default::default(),
                 exclusions: Vec::new(),
                 objects: Default::default(),
+                abandoned: Vec::new(),
             }],
             total_cores: 4,
             registered_executors: 1,
@@ -406,6 +408,7 @@ fn a_heartbeat_from_an_executor_registered_with_another_driver_asks_it_to_regist
         driver_instance: driver.map(InstanceId::from_u128),
         objects: Default::default(),
         connection: None,
+        abandoned: Vec::new(),
     };
     let answer = |reregister| HeartbeatReply::HeartbeatResponse { reregister };
     let elsewhere = unchanged(&mut core, |core| {
@@ -448,6 +451,7 @@ fn heartbeats_carry_each_executors_object_counts_and_the_registry_sums_them() {
             put_bytes: puts * 10,
         },
         connection: None,
+        abandoned: Vec::new(),
     };
     core.heartbeat("a", beat("a", 2, 1), 20);
     core.heartbeat("b", beat("b", 1, 0), 20);

@@ -156,6 +156,7 @@ fn resources_come_back_however_the_attempt_ends() {
         driver_instance: Some(core.config.driver_instance),
         objects: Default::default(),
         connection: None,
+        abandoned: Vec::new(),
     };
     core.heartbeat("b", heartbeat, 8 + 60_000);
     let effects = core.take_effects();

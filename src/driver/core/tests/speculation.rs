@@ -354,6 +354,7 @@ fn a_heartbeat_soon_after_the_copy_does_not_lose_it() {
         driver_instance: Some(InstanceId::from_u128(DRIVER)),
         objects: Default::default(),
         connection: None,
+        abandoned: Vec::new(),
     };
     // Past the grace since the first attempt started, not since the copy did.
     core.heartbeat("a", request, 6100);
