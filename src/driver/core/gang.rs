@@ -82,15 +82,15 @@ impl Core {
                 ))
             })
             .sum();
+        let size = match submit.cpus_per_task {
+            1 => String::new(),
+            n => format!(" of {n} cores"),
+        };
         (capacity < tasks).then(|| {
             format!(
-                "a gang of {} needs them all at once, and the executors registered hold at \
-                 most {capacity} such tasks at once",
+                "a gang of {}{size} needs them all at once, and the executors registered hold \
+                 at most {capacity} such tasks at once",
                 crate::text::count(tasks, "task", "tasks")
-                    + &match submit.cpus_per_task {
-                        1 => String::new(),
-                        n => format!(" of {n} cores"),
-                    }
             )
         })
     }

@@ -12,7 +12,7 @@
 use super::timeouts::Timer;
 use super::Core;
 use crate::protocol::{ApiReply, JournalRecord, KeyLimits, KeySummary, WaitReason, MAX_KEY_LEN};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The most keys that may have limits at once: what one `SetKeyLimits` after another may make
 /// the driver hold is bounded.
@@ -231,14 +231,17 @@ impl Core {
 
     /// `ListKeys`: every key with limits or with an open job that names it, in key order.
     pub(super) fn keys_reply(&self, now: u64) -> ApiReply {
-        let mut named: BTreeMap<&str, ()> = self
+        let mut named: BTreeSet<&str> = self
             .jobs
             .values()
             .filter(|job| job.is_open())
-            .filter_map(|job| Some((job.concurrency_key.as_deref()?, ())))
+            .filter_map(|job| job.concurrency_key.as_deref())
             .collect();
-        named.extend(self.keys.keys.keys().map(|key| (key.as_str(), ())));
-        let keys = named.keys().map(|key| self.key_summary(key, now)).collect();
+        named.extend(self.keys.keys.keys().map(String::as_str));
+        let keys = named
+            .into_iter()
+            .map(|key| self.key_summary(key, now))
+            .collect();
         ApiReply::Keys { keys }
     }
 
