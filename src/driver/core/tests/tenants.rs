@@ -123,6 +123,15 @@ fn the_cluster_part_of_the_api_is_refused_to_tenants() {
         ApiRequest::ReleaseExecutor {
             executor_id: eid("e1"),
         },
+        // Concurrency keys are the cluster's: a tenant may not set their limits.
+        ApiRequest::SetKeyLimits {
+            key: "api".into(),
+            limits: crate::protocol::KeyLimits {
+                max_concurrent: Some(1),
+                rate: None,
+            },
+        },
+        ApiRequest::ListKeys,
     ] {
         let message = refusal(ask(&mut core, ACME, request));
         assert!(message.starts_with("a tenant may submit jobs"), "{message}");
