@@ -117,7 +117,13 @@ impl Keys {
 
     /// An attempt under `key` started at `now`.
     pub(super) fn started(&mut self, key: &str, now: u64) {
-        let state = self.keys.entry(key.to_string()).or_default();
+        // The name is copied only for a key not yet held, not on every launch.
+        if !self.keys.contains_key(key) {
+            self.keys.insert(key.to_string(), Key::default());
+        }
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
         state.running += 1;
         if let Some(rate) = state.limits.rate {
             while state
