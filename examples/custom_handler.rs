@@ -78,6 +78,7 @@ mod tests {
             attempt: 0,
             term: 0,
             resources: Default::default(),
+            gang: None,
             stop: Default::default(),
         }
     }

@@ -136,6 +136,22 @@ pub fn validate_host_port(host_port: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The host part of `host:port` (without brackets for IPv6).
+pub fn host_of(host_port: &str) -> &str {
+    let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+/// `host:port` of `host` (as [`host_of`] reads it) and `port`: an IPv6 host in brackets.
+pub fn join_host_port(host: &str, port: &str) -> String {
+    match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -940,6 +940,9 @@ pub struct TaskDescription {
     pub spec: std::sync::Arc<TaskSpec>,
     /// The addresses of the custom resources this attempt holds; empty for most tasks.
     pub resources: crate::resources::Addresses,
+    /// A gang task's peers: `host:port` of each task of its gang started with it, in task
+    /// order, its own among them (its port is its `gang_port` resource). Empty for other tasks.
+    pub gang_peers: Vec<String>,
 }
 
 /// What an executor sends on `<p>.driver.status.<id>`: every status it has pending. Written by

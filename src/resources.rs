@@ -28,6 +28,16 @@ pub fn env_name(name: &str) -> String {
 /// The environment variable of a command task that holds all its resources as JSON.
 pub const ENV_ALL: &str = "EMBER_TASK_RESOURCES";
 
+/// The resource whose addresses are the TCP ports an executor reserved for gang tasks
+/// (`--gang-ports`): each task of a gang job holds one. Executors register it; no job asks for
+/// it by name, and no `--resource` flag may name it.
+pub const GANG_PORT: &str = "gang_port";
+
+/// Why `GANG_PORT` may not be named where a user names resources.
+fn gang_port_reserved(whose: &str) -> String {
+    format!("resource {GANG_PORT} is reserved: {whose}")
+}
+
 /// A name is a lowercase letter, then lowercase letters, digits or `_`: it must make an
 /// environment variable name once upper-cased.
 pub fn validate_name(name: &str) -> Result<(), String> {
@@ -44,13 +54,15 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks what an executor registers: valid names, 1 to [`MAX_ADDRESSES`] distinct, non-empty
-/// addresses each.
+/// Checks what an executor registers: at most [`MAX_RESOURCES`] besides [`GANG_PORT`], valid
+/// names, 1 to [`MAX_ADDRESSES`] distinct, non-empty addresses each (port numbers for
+/// [`GANG_PORT`]).
 pub fn validate_addresses(resources: &Addresses) -> Result<(), String> {
-    if resources.len() > MAX_RESOURCES {
+    // Gang ports come besides the resources an executor is given.
+    let given = resources.keys().filter(|name| *name != GANG_PORT).count();
+    if given > MAX_RESOURCES {
         return Err(format!(
-            "{} resources registered; the limit is {MAX_RESOURCES}",
-            resources.len()
+            "{given} resources registered; the limit is {MAX_RESOURCES} (besides {GANG_PORT})"
         ));
     }
     for (name, addresses) in resources {
@@ -76,6 +88,11 @@ pub fn validate_addresses(resources: &Addresses) -> Result<(), String> {
             if !seen.insert(address) {
                 return Err(format!("resource {name} lists address {address:?} twice"));
             }
+            if name == GANG_PORT && !address.parse::<u16>().is_ok_and(|port| port > 0) {
+                return Err(format!(
+                    "resource {GANG_PORT} lists {address:?}, which is not a TCP port (1-65535)"
+                ));
+            }
         }
     }
     Ok(())
@@ -91,6 +108,11 @@ pub fn validate_request(request: &Request) -> Result<(), String> {
     }
     for (name, count) in request {
         validate_name(name)?;
+        if name == GANG_PORT {
+            return Err(gang_port_reserved(
+                "each task of a gang job (--gang) holds one of its executor's gang ports",
+            ));
+        }
         if *count == 0 || *count > MAX_ADDRESSES {
             return Err(format!(
                 "resource {name}: a task may ask for between 1 and {MAX_ADDRESSES}; got {count}"
@@ -104,6 +126,11 @@ pub fn validate_request(request: &Request) -> Result<(), String> {
 /// `--resource NAME=A,B,...` (those addresses; a single one as `NAME=A,`).
 pub fn parse_executor_flag(text: &str) -> Result<(String, Vec<String>), String> {
     let (name, value) = split_flag(text)?;
+    if name == GANG_PORT {
+        return Err(gang_port_reserved(
+            "an executor reserves its gang ports with --gang-ports",
+        ));
+    }
     let addresses: Vec<String> = if value.contains(',') {
         value
             .split(',')
@@ -189,6 +216,8 @@ mod tests {
             assert!(parse_executor_flag(bad).is_err(), "{bad} should be refused");
         }
         assert!(parse_executor_flag("gpu=4097").is_err());
+        let reserved = parse_executor_flag("gang_port=41000,").unwrap_err();
+        assert!(reserved.contains("--gang-ports"), "{reserved}");
     }
 
     #[test]
@@ -212,5 +241,19 @@ mod tests {
         let empty: Addresses = [("gpu".to_string(), Vec::new())].into();
         assert!(validate_addresses(&empty).is_err());
         assert_eq!(env_name("mem_gb"), "EMBER_RESOURCE_MEM_GB");
+        // Gang ports are registered by executors, as port numbers, and asked for by no job.
+        let ports = |list: &[&str]| -> Addresses {
+            [(
+                GANG_PORT.to_string(),
+                list.iter().map(|p| p.to_string()).collect(),
+            )]
+            .into()
+        };
+        assert!(validate_addresses(&ports(&["41000", "65535"])).is_ok());
+        for bad in ["0", "65536", "http", "-1"] {
+            assert!(validate_addresses(&ports(&[bad])).is_err(), "{bad}");
+        }
+        let asked = validate_request(&[(GANG_PORT.to_string(), 1)].into()).unwrap_err();
+        assert!(asked.contains("reserved"), "{asked}");
     }
 }

@@ -659,6 +659,7 @@ async fn an_executor_takes_only_the_answer_to_the_batch_in_flight() {
         cpus: 1,
         spec: std::sync::Arc::new(handler("noop", serde_json::Value::Null)),
         resources: Default::default(),
+        gang_peers: Vec::new(),
     };
     let answer = |launch: Vec<TaskDescription>| {
         encode(&StatusReply::StatusAck {

@@ -1149,6 +1149,7 @@ fn task_spec_python() {
             cpus: 1,
             spec: Arc::new(call.clone()),
             resources: Default::default(),
+            gang_peers: Vec::new(),
         }],
         driver_instance: None,
     };
@@ -2212,6 +2213,7 @@ fn executor_launch_tasks() {
                     outputs: Vec::new(),
                 }),
                 resources: Default::default(),
+                gang_peers: Vec::new(),
             },
         ],
         driver_instance: Some(driver_instance()),
@@ -2268,6 +2270,7 @@ fn launched(
         cpus: 1,
         spec: Arc::clone(spec),
         resources: Default::default(),
+        gang_peers: Vec::new(),
     }
 }
 
@@ -2449,6 +2452,7 @@ fn a_one_task_launch_is_its_spec_and_little_more() {
         cpus: u32::MAX,
         spec: Arc::clone(&spec),
         resources: Default::default(),
+        gang_peers: Vec::new(),
     };
     let spec_bytes = encode(&*spec).len();
     let launch = ExecutorMessage::LaunchTasks {

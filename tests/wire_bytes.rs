@@ -148,6 +148,7 @@ fn task(task_id: u64, job_id: u64, index: u32, spec: &Arc<TaskSpec>) -> TaskDesc
         cpus: 1,
         spec: Arc::clone(spec),
         resources: Default::default(),
+        gang_peers: Vec::new(),
     }
 }
 
@@ -232,6 +233,20 @@ fn launch_tasks() {
             driver_instance: None,
         },
         r#"{"type":"LaunchTasks","tasks":[]}"#,
+    );
+    // A gang's tasks: each holds its port, and knows its peers in task order (serde reads it).
+    let peers = vec!["a.local:41000".to_string(), "b.local:41007".to_string()];
+    let gang = |task_id, index: u32, port: &str| TaskDescription {
+        resources: [("gang_port".to_string(), vec![port.to_string()])].into(),
+        gang_peers: peers.clone(),
+        ..task(task_id, 10, index, &noop())
+    };
+    pin(
+        &ExecutorMessage::LaunchTasks {
+            tasks: vec![gang(70, 0, "41000"), gang(71, 1, "41007")],
+            driver_instance: None,
+        },
+        r#"{"type":"LaunchTasks","tasks":[{"job_id":10,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null},"resources":{"gang_port":["41000"]},"gang_peers":["a.local:41000","b.local:41007"],"tasks":[[70,0,0]]},{"job_id":10,"cpus":1,"spec":{"kind":"handler","name":"noop","arg":null},"resources":{"gang_port":["41007"]},"gang_peers":["a.local:41000","b.local:41007"],"tasks":[[71,1,0]]}]}"#,
     );
 }
 

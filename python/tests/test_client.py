@@ -229,6 +229,32 @@ def test_a_gang_runs_whole_and_one_too_large_is_refused(client):
         client.submit_job([ember.handler_task("noop")], repeat=100, gang=True)
 
 
+def _gang_seat():
+    import os
+
+    peers = os.environ["EMBER_GANG_PEERS"].split(",")
+    return int(os.environ["EMBER_GANG_RANK"]), int(os.environ["EMBER_GANG_PORT"]), peers
+
+
+def _gang_variables():
+    import os
+
+    return sorted(name for name in os.environ if name.startswith("EMBER_GANG_"))
+
+
+def test_a_gang_s_python_tasks_see_their_peers_and_ports_and_later_calls_do_not(client):
+    job = client.submit_job([ember.python_task(_gang_seat)], repeat=3, gang=True)
+    seats = job.results()
+    peers = seats[0][2]
+    assert len(peers) == 3 and len(set(peers)) == 3, peers
+    for index, (rank, port, seen) in enumerate(seats):
+        assert rank == index and seen == peers, seats
+        assert peers[index].endswith(f":{port}"), seats
+    # The variables are set for a gang's call only: the workers' next calls see none.
+    later = client.map(lambda _: _gang_variables(), range(8), chunksize=1).results()
+    assert later == [[]] * 8
+
+
 def test_kill_a_job(client):
     job = client.map(time.sleep, [60] * 4, chunksize=1)
     time.sleep(0.5)

@@ -143,6 +143,7 @@ fn launch(task_id: u64, index: u32) -> TaskDescription {
         cpus: 1,
         spec: Arc::new(noop()),
         resources: Default::default(),
+        gang_peers: Vec::new(),
     }
 }
 

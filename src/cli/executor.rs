@@ -59,6 +59,16 @@ pub struct ExecutorArgs {
     #[arg(long = "resource", value_name = "NAME=COUNT",
           value_parser = crate::resources::parse_executor_flag)]
     pub resources: Vec<(String, Vec<String>)>,
+    /// The TCP ports reserved for the tasks of gangs (jobs submitted with --gang): auto (one
+    /// for each core, chosen by the kernel among the free ones), none (this executor runs no
+    /// gang tasks), or a range FIRST-LAST (e.g. 41000-41063, for a firewall that opens those).
+    /// The executor holds each bound, so nothing else takes it, and lends one to each gang
+    /// task, which sees it in EMBER_GANG_PORT and its peers' host:port in EMBER_GANG_PEERS
+    /// (the host from --host-port).
+    #[arg(long, env = "EMBER_GANG_PORTS", value_name = "auto|none|FIRST-LAST",
+          default_value = "auto",
+          value_parser = crate::executor::GangPortsConfig::parse)]
+    pub gang_ports: crate::executor::GangPortsConfig,
     /// How long to keep trying to register while no driver answers.
     #[arg(long, env = "EMBER_REGISTER_TIMEOUT",
           default_value = show_duration(DEFAULT_REGISTER_TIMEOUT),
@@ -190,6 +200,7 @@ impl ExecutorArgs {
             log_urls: to_map(&self.log_urls),
             attributes,
             resources,
+            gang_ports: self.gang_ports,
             register_timeout: self.register_timeout,
             heartbeat_interval: self.heartbeat_interval,
             driver_timeout: self.driver_timeout,

@@ -3,6 +3,7 @@
 //! (`machine.rs`, which decides everything) asks for: at most one status batch and one heartbeat
 //! in flight, a registration again when the driver has forgotten it, the drain's notices.
 
+use super::gang_ports::GangPorts;
 use super::machine::{Backoff, Machine, MachineConfig, Registered, Registration, Request, Run};
 use super::python::{PythonConfig, PythonPool};
 use super::runner::Runner;
@@ -16,6 +17,7 @@ use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
     RegisterReply, RegisterRequest, RunningAttempt, StatusReply, StatusUpdate, TaskDescription,
 };
+use crate::resources::GANG_PORT;
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
 use async_nats::{Client, Message, Subject, Subscriber};
@@ -39,6 +41,8 @@ pub struct ExecutorConfig {
     pub attributes: BTreeMap<String, String>,
     /// Custom resources beside cores, each with its addresses (`--resource gpu=2`).
     pub resources: crate::resources::Addresses,
+    /// The ports it reserves for the tasks of gangs, registered as the resource `gang_port`.
+    pub gang_ports: super::GangPortsConfig,
     /// How long the first registration keeps trying while no driver answers.
     pub register_timeout: Duration,
     pub heartbeat_interval: Duration,
@@ -75,6 +79,7 @@ impl ExecutorConfig {
             log_urls: BTreeMap::new(),
             attributes: BTreeMap::new(),
             resources: BTreeMap::new(),
+            gang_ports: super::GangPortsConfig::Auto,
             register_timeout: crate::DEFAULT_REGISTER_TIMEOUT,
             heartbeat_interval: crate::DEFAULT_HEARTBEAT_INTERVAL,
             driver_timeout: crate::DEFAULT_EXECUTOR_TIMEOUT,
@@ -111,6 +116,8 @@ pub enum ExecutorError {
     },
     #[error("lost the NATS connection: {0}")]
     Connection(String),
+    #[error("{0}")]
+    GangPorts(String),
 }
 
 /// Registers and serves until `shutdown` completes (then drains and exits) or the driver stops
@@ -118,11 +125,17 @@ pub enum ExecutorError {
 /// [`Subjects::executor_reply_prefix`], or the driver will not answer.
 pub async fn run(
     client: Client,
-    config: ExecutorConfig,
+    mut config: ExecutorConfig,
     handlers: Handlers,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ExecutorError> {
     tokio::pin!(shutdown);
+    let gang_ports = GangPorts::reserve(config.gang_ports, config.cores, &config.host_port)
+        .map_err(ExecutorError::GangPorts)?;
+    let ports = gang_ports.addresses();
+    if !ports.is_empty() {
+        config.resources.insert(GANG_PORT.to_string(), ports);
+    }
     let instance = InstanceId::new_v4();
     let epochs = Arc::new(Newest::new(config.driver_timeout));
     let (inbox, answers, status_replies, driver) = tokio::select! {
@@ -139,6 +152,7 @@ pub async fn run(
         handlers,
         status_replies,
         epochs,
+        Arc::new(gang_ports),
     )
     .serve(inbox, answers, shutdown)
     .await
@@ -343,6 +357,8 @@ struct Backend {
 }
 
 impl Backend {
+    /// Everything the executor's loop holds, from what registering gathered.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         client: Client,
         config: ExecutorConfig,
@@ -351,6 +367,7 @@ impl Backend {
         handlers: Handlers,
         status_replies: String,
         epochs: Arc<Newest>,
+        gang_ports: Arc<GangPorts>,
     ) -> Self {
         let status_limit =
             client.server_info().max_payload.max(2 * PAYLOAD_HEADROOM) - PAYLOAD_HEADROOM;
@@ -372,6 +389,7 @@ impl Backend {
             config.metrics.clone(),
             python,
             Some(objects.clone()),
+            Some(gang_ports),
         );
         let (stored_as_objects, chunked) = tokio::sync::mpsc::unbounded_channel();
         let mut machine = Machine::new(

@@ -105,6 +105,9 @@ fn spawn(
     if let Some(cwd) = cwd {
         command.current_dir(cwd);
     }
+    if let Some(gang) = &context.gang {
+        command.envs(gang.env());
+    }
     if !context.resources.is_empty() {
         let all = serde_json::to_string(&context.resources).unwrap_or_default();
         command.env(crate::resources::ENV_ALL, all);

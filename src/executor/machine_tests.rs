@@ -52,6 +52,7 @@ fn task(task_id: TaskId) -> TaskDescription {
             arg: serde_json::Value::Null,
         }),
         resources: Default::default(),
+        gang_peers: Vec::new(),
     }
 }
 

@@ -5,6 +5,7 @@
 mod abandoned;
 mod backend;
 mod command;
+pub mod gang_ports;
 mod launched;
 pub mod machine;
 mod memory;
@@ -18,6 +19,7 @@ pub mod tasks;
 mod upstream;
 
 pub use backend::{default_data_dir, run, ExecutorConfig, ExecutorError};
+pub use gang_ports::{GangPortsConfig, GangSeat};
 pub use python::{default_interpreter, PythonConfig, DEFAULT_INTERPRETER};
 pub use status::encode_status_batch;
 pub use tasks::{Handlers, StopToken, TaskContext, TaskResult};

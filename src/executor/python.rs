@@ -295,6 +295,14 @@ fn request(context: &TaskContext, function: &str, args: &str, map: bool, files: 
         // Set in the worker's environment for this call only, as a command task gets them.
         "resources": context.resources,
     });
+    if let (Value::Object(request), Some(gang)) = (&mut request, &context.gang) {
+        let env: serde_json::Map<String, Value> = gang
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into()))
+            .collect();
+        request.insert("gang".into(), Value::Object(env));
+    }
     if let (Value::Object(request), Value::Object(files)) = (&mut request, files) {
         request.extend(files);
     }

@@ -7,9 +7,10 @@ then that many bytes of JSON.
 
 - The worker's first frame: {"ready": <pid>, "cloudpickle": <bool>}.
 - A request: {"function": <b64>, "args": <b64>, "map": <bool>, "job_id", "task_id", "index",
-  "attempt", "term", "resources"}. `function` is a pickled callable, `args` a pickled (args, kwargs)
-  pair, or with `map` a pickled list of items; `resources` the addresses of the custom resources
-  the attempt holds, by name ({"gpu": ["1"]}), set in the environment for the call only.
+  "attempt", "term", "resources", "gang"}. `function` is a pickled callable, `args` a pickled
+  (args, kwargs) pair, or with `map` a pickled list of items; `resources` the addresses of the
+  custom resources the attempt holds, by name ({"gpu": ["1"]}), and `gang` (a gang's task
+  only) its EMBER_GANG_ variables, set in the environment for the call only.
 - The answer: {"ok": <b64 pickled result>}, or {"error": <text>, "type": <name>,
   "traceback": <text>, "exception": <b64 pickled exception or null>}.
 
@@ -78,6 +79,8 @@ ENVIRONMENT = (
 # The variables of a task's custom resources, as a command task gets them.
 RESOURCES_ALL = "EMBER_TASK_RESOURCES"
 RESOURCE_PREFIX = "EMBER_RESOURCE_"
+# The variables of a gang's task (its peers, its port, its rank), set by the executor.
+GANG_PREFIX = "EMBER_GANG_"
 
 
 def take_pipes():
@@ -279,18 +282,23 @@ def unpickle(data, what):
         return None, answer
 
 
-def set_resources(resources):
+def set_resources(resources, gang=None):
     """Sets the variables a command task with `resources` sees: EMBER_TASK_RESOURCES (all of
-    them, as JSON) and EMBER_RESOURCE_<NAME> (one's addresses, comma-separated). Returns what
-    they held before, for `restore`: the next call may hold other resources, or none."""
+    them, as JSON) and EMBER_RESOURCE_<NAME> (one's addresses, comma-separated), and for a
+    gang's task the EMBER_GANG_ variables in `gang`. Returns what they held before, for
+    `restore`: the next call may hold other resources, or none."""
     values = {}
     if resources:
         values[RESOURCES_ALL] = json.dumps(resources, separators=(",", ":"))
         for name, addresses in resources.items():
             values[RESOURCE_PREFIX + str(name).upper()] = ",".join(map(str, addresses))
-    # Any other EMBER_RESOURCE_ variable (the executor's own, say) is hidden for the call,
-    # so that a task sees only the resources it holds.
-    names = set(values) | {n for n in os.environ if n.startswith(RESOURCE_PREFIX)}
+    for name, value in (gang or {}).items():
+        if str(name).startswith(GANG_PREFIX):
+            values[str(name)] = str(value)
+    # Any other EMBER_RESOURCE_ or EMBER_GANG_ variable (the executor's own, say) is hidden
+    # for the call, so that a task sees only what it holds.
+    prefixes = (RESOURCE_PREFIX, GANG_PREFIX)
+    names = set(values) | {n for n in os.environ if n.startswith(prefixes)}
     names.add(RESOURCES_ALL)
     saved = {name: os.environ.get(name) for name in names}
     for name in names:
@@ -327,7 +335,7 @@ def run(request):
         return answer
     for field, variable in ENVIRONMENT:
         os.environ[variable] = str(request.get(field, ""))
-    saved = set_resources(request.get("resources") or {})
+    saved = set_resources(request.get("resources") or {}, request.get("gang"))
     try:
         if request.get("map"):
             result = [function(item) for item in args]

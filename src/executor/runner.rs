@@ -1,6 +1,7 @@
 //! Task work: starts each launched attempt as its kind requires, and turns its outcome (a
 //! result or an error) into its terminal [`StatusUpdate`].
 
+use super::gang_ports::GangPorts;
 use super::machine::{Run, Started};
 use super::python::PythonPool;
 use super::staging::{fetch_pickles, run_staged, ObjectAccess};
@@ -74,6 +75,8 @@ pub(crate) struct Runner {
     python: Option<Arc<PythonPool>>,
     /// The object store and the executor's cache of it.
     objects: Option<Arc<ObjectAccess>>,
+    /// The ports reserved for gang tasks, lent to each while its work runs.
+    gang_ports: Option<Arc<GangPorts>>,
 }
 
 impl Done {
@@ -111,6 +114,7 @@ impl Runner {
         metrics: Arc<ExecutorMetrics>,
         python: Option<Arc<PythonPool>>,
         objects: Option<Arc<ObjectAccess>>,
+        gang_ports: Option<Arc<GangPorts>>,
     ) -> (Self, mpsc::UnboundedReceiver<Done>) {
         let (done, ends) = mpsc::unbounded_channel();
         let runner = Self {
@@ -120,6 +124,7 @@ impl Runner {
             metrics,
             python,
             objects,
+            gang_ports,
         };
         (runner, ends)
     }
@@ -134,6 +139,10 @@ impl Runner {
             attempt: task.attempt,
             term,
             resources: task.resources.clone(),
+            gang: match task.gang_peers.is_empty() {
+                true => None,
+                false => self.gang_ports.as_ref().and_then(|ports| ports.seat(task)),
+            },
             stop: Default::default(),
         };
         // Work that stops when asked and ends once it has gets a token of its own (below); a

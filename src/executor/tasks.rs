@@ -23,6 +23,10 @@ pub struct TaskContext {
     /// The addresses of the custom resources the driver gave this attempt (Spark's
     /// `TaskContext.resources()`); empty unless its job asked for some.
     pub resources: crate::resources::Addresses,
+    /// A gang task's place in its gang: its peers, its port and its rank; `None` for other
+    /// tasks. Its port is bound again by the executor once the last copy of the context is
+    /// dropped, so a handler that hands its context elsewhere keeps the port its own.
+    pub gang: Option<std::sync::Arc<super::GangSeat>>,
     /// Turns when the attempt is asked to stop (a `KillTask`, a timeout of the driver's, or
     /// its executor leaving): a handler that runs long should check it and return early. The
     /// attempt's cores stay busy until the handler returns, whatever it does with it.

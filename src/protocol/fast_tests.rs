@@ -24,6 +24,7 @@ fn task(task_id: u64, job_id: u64, spec: &Arc<TaskSpec>) -> TaskDescription {
         cpus: 2,
         spec: Arc::clone(spec),
         resources: Default::default(),
+        gang_peers: Vec::new(),
     }
 }
 

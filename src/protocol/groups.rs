@@ -2,8 +2,8 @@
 //! of consecutive tasks with the same job, cores and spec travels as one group that carries the
 //! spec once and each task as `[task_id, index, attempt]`. Its writer, its fast reader and
 //! serde's reader of it are here, the first two following one list of keys:
-//! `{"job_id":n,"cpus":n,"spec":{..},"resources":{..},"tasks":[[task_id,index,attempt],..]}`,
-//! `resources` only for a task that holds some.
+//! `{"job_id":n,"cpus":n,"spec":{..},"resources":{..},"gang_peers":[..],"tasks":[[task_id,index,attempt],..]}`,
+//! `resources` only for a task that holds some, `gang_peers` only for a gang's task.
 //!
 //! Written out in full, a no-op task cost about 110 bytes, most of them field names and a spec
 //! that every task of a job repeats, and escaping those field names led the driver's profile. In
@@ -25,6 +25,7 @@ const JOB_ID: &str = "job_id";
 const CPUS: &str = "cpus";
 const SPEC: &str = "spec";
 const RESOURCES: &str = "resources";
+const GANG_PEERS: &str = "gang_peers";
 const TASKS: &str = "tasks";
 
 /// A list of tasks to write as groups, in order, without copying a task or a spec.
@@ -43,6 +44,7 @@ fn same_group(a: &TaskDescription, b: &TaskDescription) -> bool {
         && a.cpus == b.cpus
         && (Arc::ptr_eq(&a.spec, &b.spec) || a.spec == b.spec)
         && a.resources == b.resources
+        && a.gang_peers == b.gang_peers
 }
 
 /// The runs of consecutive tasks that make one group each.
@@ -66,7 +68,9 @@ struct Group<'a> {
 impl Serialize for Group<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let resources = !self.head.resources.is_empty();
-        let mut group = serializer.serialize_struct("TaskGroup", 4 + usize::from(resources))?;
+        let peers = !self.head.gang_peers.is_empty();
+        let len = 4 + usize::from(resources) + usize::from(peers);
+        let mut group = serializer.serialize_struct("TaskGroup", len)?;
         group.serialize_field(JOB_ID, &self.head.job_id)?;
         group.serialize_field(CPUS, &self.head.cpus)?;
         group.serialize_field(SPEC, &*self.head.spec)?;
@@ -74,6 +78,9 @@ impl Serialize for Group<'_> {
         // attempts hold the same addresses at once.
         if resources {
             group.serialize_field(RESOURCES, &self.head.resources)?;
+        }
+        if peers {
+            group.serialize_field(GANG_PEERS, &self.head.gang_peers)?;
         }
         group.serialize_field(TASKS, &Attempts(self.run))?;
         group.end()
@@ -93,6 +100,8 @@ pub(super) fn read(c: &mut Cursor<'_>) -> Option<Vec<TaskDescription>> {
         let spec = Arc::new(c.embedded::<TaskSpec>()?);
         let resources: crate::resources::Addresses =
             c.optional(RESOURCES, Cursor::embedded)?.unwrap_or_default();
+        // A gang's tasks are few and rare: a group with peers is left to serde.
+        c.optional(GANG_PEERS, |_| None::<()>)?;
         c.key(TASKS)?;
         // At least one task: serde refuses an empty group.
         c.eat(b"[")?;
@@ -106,6 +115,7 @@ pub(super) fn read(c: &mut Cursor<'_>) -> Option<Vec<TaskDescription>> {
                 cpus,
                 spec: Arc::clone(&spec),
                 resources: resources.clone(),
+                gang_peers: Vec::new(),
             });
             Some(())
         })?;
@@ -157,6 +167,8 @@ struct GroupWire {
     spec: Option<TaskSpec>,
     #[serde(default)]
     resources: crate::resources::Addresses,
+    #[serde(default)]
+    gang_peers: Vec<String>,
     tasks: Option<Vec<Attempt>>,
 }
 
@@ -182,6 +194,7 @@ impl GroupWire {
             cpus,
             spec: Arc::clone(&spec),
             resources: self.resources.clone(),
+            gang_peers: self.gang_peers.clone(),
         }));
         Ok(())
     }

@@ -14,10 +14,22 @@
 //!   are stopped (not counted as failures), and the gang starts again together once all its
 //!   unfinished tasks are waiting. Tasks that finished keep their results.
 //! - No speculative copies: a copy would be a member the others do not know.
+//! - **Peers.** Each task holds one of its executor's gang ports (the resource
+//!   [`GANG_PORT`], which executors register and every gang job asks for one of), and is told
+//!   the `host:port` of every task started with it, in task order.
 
 use super::Core;
 use crate::ids::{ExecutorId, JobId};
 use crate::protocol::{SubmitJob, TaskDescription, WaitReason};
+use crate::resources::{Request, GANG_PORT};
+
+/// A job's request of custom resources per task: a gang's tasks hold a gang port each besides.
+pub(super) fn with_port(mut request: Request, gang: bool) -> Request {
+    if gang {
+        request.insert(GANG_PORT.to_string(), 1);
+    }
+    request
+}
 
 /// Why a gang is refused: it asks for speculation, or no executor set registered now could
 /// hold it all at once.
@@ -60,7 +72,8 @@ impl Core {
             };
             if let Some(most) = most.filter(|most| u64::from(*most) < tasks) {
                 return Some(format!(
-                    "a gang of {} needs them all at once, and its concurrency key {key} lets                      at most {most} start together",
+                    "a gang of {} needs them all at once, and its concurrency key {key} lets \
+                     at most {most} start together",
                     crate::text::count(tasks, "task", "tasks")
                 ));
             }
@@ -68,6 +81,7 @@ impl Core {
         if self.executors.is_empty() {
             return None;
         }
+        let request = with_port(submit.resources.clone(), true);
         let capacity: u64 = self
             .executors
             .values()
@@ -77,7 +91,7 @@ impl Core {
                 u64::from(slots(
                     data.info.total_cores,
                     submit.cpus_per_task,
-                    &submit.resources,
+                    &request,
                     total,
                 ))
             })
@@ -86,12 +100,23 @@ impl Core {
             1 => String::new(),
             n => format!(" of {n} cores"),
         };
+        let ports = self
+            .executors
+            .values()
+            .any(|data| data.resources.total(GANG_PORT) > 0);
         (capacity < tasks).then(|| {
-            format!(
-                "a gang of {}{size} needs them all at once, and the executors registered hold \
-                 at most {capacity} such tasks at once",
-                crate::text::count(tasks, "task", "tasks")
-            )
+            let tasks = crate::text::count(tasks, "task", "tasks");
+            match ports {
+                false => format!(
+                    "a gang of {tasks} needs a gang port for each task, and no executor \
+                     registered reserves any (ember-executor --gang-ports)"
+                ),
+                true => format!(
+                    "a gang of {tasks}{size} needs them all at once, and the executors \
+                     registered hold at most {capacity} such tasks at once (each holds one of \
+                     its executor's gang ports)"
+                ),
+            }
         })
     }
 
@@ -199,7 +224,31 @@ impl Core {
         if let Some(job) = self.jobs.get_mut(&job_id) {
             job.gang_stopping = false;
         }
+        let peers = self.peers(&launches);
+        for (_, description) in &mut launches {
+            description.gang_peers = peers.clone();
+        }
         Some(launches)
+    }
+
+    /// Where the tasks of a gang started together listen: `host:port` of each, in task order
+    /// (the order they were launched in), from its executor's host and its gang port.
+    fn peers(&self, launches: &[(ExecutorId, TaskDescription)]) -> Vec<String> {
+        launches
+            .iter()
+            .map(|(executor, description)| {
+                let host = self
+                    .executors
+                    .get(executor)
+                    .map_or("", |data| data.info.host.as_str());
+                let port = description
+                    .resources
+                    .get(GANG_PORT)
+                    .and_then(|ports| ports.first())
+                    .map_or("", String::as_str);
+                crate::ids::join_host_port(host, port)
+            })
+            .collect()
     }
 
     /// Stops the running attempts of gang `job_id`, which run again with the rest of it: an
@@ -251,7 +300,8 @@ impl Core {
             if room < waiting {
                 return Some(WaitReason::NoFit {
                     message: format!(
-                        "the gang of {} needs them all at once, and its concurrency key {key}                          lets {room} start now",
+                        "the gang of {} needs them all at once, and its concurrency key {key} \
+                         lets {room} start now",
                         crate::text::count(waiting, "task", "tasks")
                     ),
                 });

@@ -118,7 +118,7 @@ impl Job {
             first_task,
             max_failures: submit.max_failures,
             cpus_per_task: submit.cpus_per_task,
-            resources: submit.resources,
+            resources: super::gang::with_port(submit.resources, submit.gang),
             placement: super::placement::JobPlacement::new(submit.placement, now),
             pool: submit.pool,
             priority: submit.priority,
@@ -239,7 +239,7 @@ impl Job {
             repeat: self.len() / self.specs.len() as u32,
             max_failures: self.max_failures,
             cpus_per_task: self.cpus_per_task,
-            resources: self.resources.clone(),
+            resources: self.submitted_resources(),
             placement: self.submitted_placement().unwrap_or_default(),
             after: self.after.clone(),
             after_any: self.after_any.clone(),
@@ -247,6 +247,15 @@ impl Job {
             concurrency_key: self.concurrency_key.clone(),
             gang: self.gang,
         }
+    }
+
+    /// The custom resources the job was submitted with: not the gang port a gang's task holds.
+    fn submitted_resources(&self) -> crate::resources::Request {
+        let mut resources = self.resources.clone();
+        if self.gang {
+            resources.remove(crate::resources::GANG_PORT);
+        }
+        resources
     }
 
     /// The placement the job was submitted with, if any (not one the driver gave it).

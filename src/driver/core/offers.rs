@@ -304,6 +304,7 @@ impl Core {
             cpus,
             spec,
             resources,
+            gang_peers: Vec::new(),
         })
     }
 }

@@ -2,7 +2,7 @@
 //! handshake of `DriverEndpoint.receiveAndReply(RegisterExecutor)`.
 
 use super::{Core, Effect};
-use crate::ids::{validate_host_port, ExecutorId, InstanceId, TaskId};
+use crate::ids::{host_of, validate_host_port, ExecutorId, InstanceId, TaskId};
 use crate::protocol::{
     Event, ExecutorInfo, ExecutorSummary, ExecutorsSnapshot, RegisterExecutor, RegisterReply,
 };
@@ -263,12 +263,4 @@ fn validate_map(what: &str, map: &BTreeMap<String, String>) -> Result<(), String
         )),
         None => Ok(()),
     }
-}
-
-/// The host part of `host:port` (without brackets for IPv6).
-fn host_of(host_port: &str) -> &str {
-    let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
-    host.strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host)
 }

@@ -3,13 +3,30 @@
 //! refused, and when one attempt fails the others stop and all run again together.
 
 use super::*;
-use crate::protocol::WaitReason;
+use crate::protocol::{TaskDescription, WaitReason};
+use crate::resources::GANG_PORT;
 
 fn gang(tasks: u32, cpus: u32, max_failures: u32) -> SubmitJob {
     SubmitJob {
         gang: true,
         ..job(tasks, cpus, max_failures)
     }
+}
+
+/// Registers `id` with `cores` cores and a gang port for each, as `ember-executor` does.
+fn add_ported(core: &mut Core, id: &str, cores: u32, now: u64) {
+    add_with_ports(core, id, cores, cores, now);
+}
+
+/// Registers `id` with `cores` cores and `ports` gang ports, 41000 on.
+fn add_with_ports(core: &mut Core, id: &str, cores: u32, ports: u32, now: u64) {
+    let mut request = registration(id, cores);
+    if ports > 0 {
+        let ports = (0..ports).map(|i| (41_000 + i).to_string()).collect();
+        request.resources = [(GANG_PORT.to_string(), ports)].into();
+    }
+    assert_eq!(core.register(id, request, now), registered(id));
+    core.take_effects();
 }
 
 /// How many tasks `launches` start in all.
@@ -20,9 +37,8 @@ fn launched(launches: &[Launch]) -> usize {
 #[test]
 fn a_gang_starts_whole_or_not_at_all_and_holds_back_the_jobs_behind_it() {
     let mut core = new_core(0);
-    add(&mut core, "a", 2, 0);
-    add(&mut core, "b", 2, 0);
-    core.take_effects();
+    add_ported(&mut core, "a", 2, 0);
+    add_ported(&mut core, "b", 2, 0);
     // Two cores busy: the gang of three does not fit in the two left.
     let (first, started) = start(&mut core, job(2, 1, 1), 0);
     assert_eq!(launched(&started), 2);
@@ -67,9 +83,8 @@ fn a_gang_starts_whole_or_not_at_all_and_holds_back_the_jobs_behind_it() {
 #[test]
 fn a_gang_the_cluster_could_never_hold_is_refused_and_speculation_with_one_too() {
     let mut core = new_core(0);
-    add(&mut core, "a", 4, 0);
-    add(&mut core, "b", 3, 0);
-    core.take_effects();
+    add_ported(&mut core, "a", 4, 0);
+    add_ported(&mut core, "b", 3, 0);
     // Two-core tasks: two fit on a, one on b.
     let error = api_error(unchanged(&mut core, |core| {
         core.api(ApiRequest::SubmitJob(gang(4, 2, 1)), 0)
@@ -77,7 +92,7 @@ fn a_gang_the_cluster_could_never_hold_is_refused_and_speculation_with_one_too()
     assert_eq!(
         error,
         "a gang of 4 tasks of 2 cores needs them all at once, and the executors registered \
-         hold at most 3 such tasks at once"
+         hold at most 3 such tasks at once (each holds one of its executor's gang ports)"
     );
     let speculative = SubmitJob {
         speculation: Some(Default::default()),
@@ -96,8 +111,7 @@ fn a_gang_the_cluster_could_never_hold_is_refused_and_speculation_with_one_too()
 #[test]
 fn when_one_attempt_fails_the_others_stop_and_all_run_again_together() {
     let mut core = new_core(0);
-    add(&mut core, "a", 4, 0);
-    core.take_effects();
+    add_ported(&mut core, "a", 4, 0);
     let (team, started) = start(&mut core, gang(3, 1, 2), 0);
     assert_eq!(launched(&started), 3);
     // Task 0 fails: 1 and 2 are told to stop; nothing starts while they run.
@@ -146,4 +160,86 @@ fn when_one_attempt_fails_the_others_stop_and_all_run_again_together() {
 
 fn killed_update(task_id: TaskId, attempt: u32) -> StatusUpdate {
     killed(task_id, attempt)
+}
+
+/// The `LaunchTasks` descriptions in `effects`, with the executor each goes to.
+fn descriptions(effects: &[Effect]) -> Vec<(String, TaskDescription)> {
+    let mut all = Vec::new();
+    for effect in effects {
+        if let Effect::Send {
+            to,
+            message: ExecutorMessage::LaunchTasks { tasks, .. },
+        } = effect
+        {
+            all.extend(tasks.iter().map(|t| (to.to_string(), t.clone())));
+        }
+    }
+    all.sort_by_key(|(_, t)| t.index);
+    all
+}
+
+#[test]
+fn each_task_of_a_gang_holds_a_port_of_its_executor_and_knows_its_peers_in_task_order() {
+    let mut core = new_core(0);
+    // b has four cores but two gang ports: it holds two gang tasks at most.
+    add_ported(&mut core, "a", 2, 0);
+    add_with_ports(&mut core, "b", 4, 2, 0);
+    let error = api_error(unchanged(&mut core, |core| {
+        core.api(ApiRequest::SubmitJob(gang(5, 1, 1)), 0)
+    }));
+    assert!(error.contains("at most 4 such tasks"), "{error}");
+    let team = submit(&mut core, gang(4, 1, 1), 0);
+    let effects = core.take_effects();
+    let started = descriptions(&effects);
+    assert_eq!(started.len(), 4, "{started:?}");
+    let port = |t: &TaskDescription| t.resources[GANG_PORT].clone();
+    let peers: Vec<String> = started
+        .iter()
+        .map(|(to, t)| format!("{to}.example:{}", port(t)[0]))
+        .collect();
+    for (to, task) in &started {
+        assert_eq!(task.gang_peers, peers, "task {} on {to}", task.index);
+        assert_eq!(port(task).len(), 1);
+    }
+    // No two tasks of one executor share a port.
+    let mut held: Vec<(String, String)> = started
+        .iter()
+        .map(|(to, t)| (to.clone(), port(t)[0].clone()))
+        .collect();
+    held.sort();
+    held.dedup();
+    assert_eq!(held.len(), 4, "{held:?}");
+    // The gang asks for a port per task; a plain job asks for none.
+    assert_eq!(
+        core.jobs[&team].resources,
+        [(GANG_PORT.to_string(), 1)].into()
+    );
+    let plain = submit(&mut core, job(1, 1, 1), 0);
+    assert!(core.jobs[&plain].resources.is_empty());
+    core.take_effects();
+    // A job may not ask for a gang port itself.
+    let asked = SubmitJob {
+        resources: [(GANG_PORT.to_string(), 1)].into(),
+        ..job(1, 1, 1)
+    };
+    let error = api_error(unchanged(&mut core, |core| {
+        core.api(ApiRequest::SubmitJob(asked), 0)
+    }));
+    assert!(error.contains("reserved"), "{error}");
+    check_invariants(&core);
+}
+
+#[test]
+fn a_gang_is_refused_when_no_executor_reserves_gang_ports() {
+    let mut core = new_core(0);
+    add(&mut core, "a", 8, 0);
+    core.take_effects();
+    let error = api_error(unchanged(&mut core, |core| {
+        core.api(ApiRequest::SubmitJob(gang(2, 1, 1)), 0)
+    }));
+    assert_eq!(
+        error,
+        "a gang of 2 tasks needs a gang port for each task, and no executor registered \
+         reserves any (ember-executor --gang-ports)"
+    );
 }

@@ -19,6 +19,7 @@ fn a_job_submitted_with_no_executors_launches_when_one_registers() {
         cpus: 1,
         spec: std::sync::Arc::new(noop()),
         resources: Default::default(),
+        gang_peers: Vec::new(),
     };
     let started = |task_id, index| crate::protocol::TaskStarted {
         task_id,

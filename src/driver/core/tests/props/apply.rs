@@ -54,7 +54,7 @@ impl Sim {
     fn register_again(&mut self, pick: usize, retry: bool) {
         let now = self.now;
         let (name, cores) = self.executors[pick % self.executors.len()].clone();
-        let mut request = registration(&name, cores);
+        let mut request = with_gang_ports(registration(&name, cores));
         if !retry {
             request.instance_id = InstanceId::from_u128(u128::from(now));
         }

@@ -202,12 +202,12 @@ impl Sim {
     /// Registers `name` with `cores` and `gpus` GPUs (addresses 0 to `gpus - 1`).
     fn register_with(&mut self, name: String, cores: u32, gpus: u32) {
         let before = self.core.executors_snapshot();
-        let mut request = registration(&name, cores);
+        let mut request = with_gang_ports(registration(&name, cores));
         let rack = format!("r{}", rack(self.executors.len(), &name));
         request.attributes = [("rack".to_string(), rack)].into();
         if gpus > 0 {
             let addresses = (0..gpus).map(|i| i.to_string()).collect();
-            request.resources = [("gpu".to_string(), addresses)].into();
+            request.resources.insert("gpu".to_string(), addresses);
             self.gpus.insert(name.clone(), gpus);
         }
         let reply = self.core.register(&name, request, self.now);
@@ -312,4 +312,15 @@ proptest! {
         sim.check_final();
         sim.check_replay();
     }
+}
+
+/// `request` with a gang port for each of its cores, as `ember-executor` reserves by default.
+fn with_gang_ports(mut request: RegisterExecutor) -> RegisterExecutor {
+    let ports = (0..request.cores)
+        .map(|i| (41_000 + i).to_string())
+        .collect();
+    request
+        .resources
+        .insert(crate::resources::GANG_PORT.to_string(), ports);
+    request
 }
