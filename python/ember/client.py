@@ -398,7 +398,8 @@ class Client:
         gang=False,
     ):
         """Submits a job of task specs (see `command_task`, `handler_task`, `python_task`),
-        repeated `repeat` times, and returns its `Job`. `resources` asks for custom resources
+        repeated `repeat` times, and returns its `Job` (whose `results` are the calls' values
+        when every spec is a `python_task`). `resources` asks for custom resources
         per task, by name: `{"gpu": 1}`, as `ember submit --resource gpu=1`.
 
         `after` names jobs (`Job`s or ids) this one runs after: it waits (`WAITING`) until all
@@ -424,6 +425,7 @@ class Client:
         again: while the driver answers `Unavailable`, or no driver answers after one did, it is
         sent again for up to 30 s, and a driver that took it already answers with its job."""
         await self._ensure_watch()
+        tasks = list(tasks)
         request = _job_request(
             tasks,
             repeat=repeat,
@@ -442,7 +444,11 @@ class Client:
             gang=gang,
         )
         answer = await self._through_failover(lambda: self._expect(request, "JobAccepted"))
-        return Job(self, answer["job_id"])
+        # A job of python calls alone gives their values back, as `submit` does.
+        calls = tasks and all(
+            isinstance(t, dict) and t.get("kind") == "python" and not t.get("map") for t in tasks
+        )
+        return Job(self, answer["job_id"], python="call" if calls else None)
 
     def _task_room(self, **job):
         """The bytes a SubmitJob with `job`'s options leaves for its task list: the server's
