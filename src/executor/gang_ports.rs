@@ -11,7 +11,7 @@
 //! lent unreserved.
 
 use crate::protocol::TaskDescription;
-use crate::resources::GANG_PORT;
+use crate::resources::{GANG_PORT, MAX_ADDRESSES};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -34,7 +34,8 @@ const REBIND_TRIES: u32 = 120;
 /// Which ports an executor reserves for gang tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GangPortsConfig {
-    /// One for each core, chosen by the kernel among the free ones (the default).
+    /// One for each core (at most 4096), chosen by the kernel among the free ones (the
+    /// default).
     Auto,
     /// None: the executor runs no gang tasks.
     Off,
@@ -90,14 +91,13 @@ impl GangPorts {
     pub fn reserve(config: GangPortsConfig, cores: u32, host_port: &str) -> Result<Self, String> {
         let wanted: Vec<u16> = match config {
             GangPortsConfig::Off => Vec::new(),
-            GangPortsConfig::Auto => vec![0; cores as usize],
+            GangPortsConfig::Auto => vec![0; cores.min(MAX_ADDRESSES) as usize],
             GangPortsConfig::Range(first, last) => (first..=last).collect(),
         };
-        if wanted.len() > crate::resources::MAX_ADDRESSES as usize {
+        if wanted.len() > MAX_ADDRESSES as usize {
             return Err(format!(
-                "--gang-ports names {} ports; at most {} may be reserved",
+                "--gang-ports names {} ports; at most {MAX_ADDRESSES} may be reserved",
                 wanted.len(),
-                crate::resources::MAX_ADDRESSES
             ));
         }
         let mut holds = BTreeMap::new();
