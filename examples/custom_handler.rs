@@ -137,27 +137,15 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(30), registered)
             .await
             .expect("the driver answers with the executor registered");
+        let square = ember::protocol::TaskSpec::Handler {
+            name: "square".into(),
+            arg: json!({"n": 9}),
+        };
         let job = ember::protocol::SubmitJob {
-            pool: None,
-            priority: 0,
-            speculation: None,
-            retry_backoff: None,
-            submission_id: None,
             name: "squares".into(),
-            tasks: vec![ember::protocol::TaskSpec::Handler {
-                name: "square".into(),
-                arg: json!({"n": 9}),
-            }],
             repeat: 4,
             max_failures: 1,
-            cpus_per_task: 1,
-            resources: Default::default(),
-            placement: Default::default(),
-            after: Vec::new(),
-            after_any: Vec::new(),
-            timeouts: Default::default(),
-            concurrency_key: None,
-            gang: false,
+            ..ember::protocol::SubmitJob::new(vec![square])
         };
         let summary = tokio::time::timeout(Duration::from_secs(30), api.run_job(job, |_| {}))
             .await

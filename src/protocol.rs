@@ -380,6 +380,35 @@ pub struct SubmitJob {
     pub after_any: Vec<JobId>,
 }
 
+impl SubmitJob {
+    /// A job of `tasks`, each run once, with every other field as a submission that leaves it
+    /// out gets it: no name, [`crate::DEFAULT_MAX_FAILURES`] attempts, one core per task, no
+    /// custom resources, placement, pool, priority, speculation, retry backoff, timeouts,
+    /// concurrency key, gang, submission id or jobs to run after. Set the rest with struct
+    /// update syntax: `SubmitJob { repeat: 8, ..SubmitJob::new(tasks) }`.
+    pub fn new(tasks: Vec<TaskSpec>) -> Self {
+        SubmitJob {
+            name: String::new(),
+            tasks,
+            repeat: one(),
+            max_failures: default_max_failures(),
+            cpus_per_task: one(),
+            resources: Default::default(),
+            placement: Default::default(),
+            pool: None,
+            priority: 0,
+            speculation: None,
+            retry_backoff: None,
+            timeouts: Default::default(),
+            concurrency_key: None,
+            gang: false,
+            submission_id: None,
+            after: Vec::new(),
+            after_any: Vec::new(),
+        }
+    }
+}
+
 fn is_zero_priority(n: &i32) -> bool {
     *n == 0
 }

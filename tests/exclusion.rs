@@ -30,26 +30,13 @@ fn work(fails: bool) -> Handlers {
 
 fn work_job(tasks: u32) -> SubmitJob {
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "work".into(),
-        tasks: vec![TaskSpec::Handler {
-            name: "work".into(),
-            arg: serde_json::Value::Null,
-        }],
         repeat: tasks,
         max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![TaskSpec::Handler {
+            name: "work".into(),
+            arg: serde_json::Value::Null,
+        }])
     }
 }
 

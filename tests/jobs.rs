@@ -27,23 +27,10 @@ fn handler(name: &str, arg: serde_json::Value) -> TaskSpec {
 
 fn job(tasks: Vec<TaskSpec>, repeat: u32) -> SubmitJob {
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "test".into(),
-        tasks,
         repeat,
         max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(tasks)
     }
 }
 
@@ -578,23 +565,10 @@ async fn a_restarted_driver_restores_ended_jobs_goes_on_with_ids_and_skips_a_cor
     let _executor = cluster.executor("e1", 2, Handlers::builtin()).await;
     let api = cluster.api(cluster.client().await);
     let echo = SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "echo".into(),
-        tasks: vec![handler("echo", json!({"value": "kept"}))],
         repeat: 3,
         max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![handler("echo", json!({"value": "kept"}))])
     };
     let job = within(LIMIT, api.run_job(echo.clone(), |_| {}))
         .await

@@ -25,30 +25,16 @@ fn sleepers(pid_file: &Path, timeout_ms: Option<u64>) -> SubmitJob {
         pid_file.display()
     );
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "group".into(),
-        tasks: vec![TaskSpec::Command {
+        max_failures: 1,
+        ..SubmitJob::new(vec![TaskSpec::Command {
             argv: vec!["sh".into(), "-c".into(), script],
             env: Default::default(),
             cwd: None,
             timeout_ms,
             inputs: Default::default(),
             outputs: Vec::new(),
-        }],
-        repeat: 1,
-        max_failures: 1,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        }])
     }
 }
 

@@ -1203,13 +1203,11 @@ fn task_spec_python() {
 
 fn full_job() -> SubmitJob {
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "nightly".into(),
-        tasks: vec![
+        repeat: 3,
+        max_failures: 2,
+        cpus_per_task: 4,
+        ..SubmitJob::new(vec![
             TaskSpec::Handler {
                 name: "echo".into(),
                 arg: json!({"value": [1, 2]}),
@@ -1222,17 +1220,7 @@ fn full_job() -> SubmitJob {
                 inputs: Default::default(),
                 outputs: Vec::new(),
             },
-        ],
-        repeat: 3,
-        max_failures: 2,
-        cpus_per_task: 4,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ])
     }
 }
 
@@ -1251,26 +1239,11 @@ fn full_job_wire() -> Value {
 
 fn default_job() -> SubmitJob {
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
-        name: String::new(),
-        tasks: vec![TaskSpec::Handler {
+        max_failures: 4,
+        ..SubmitJob::new(vec![TaskSpec::Handler {
             name: "noop".into(),
             arg: Value::Null,
-        }],
-        repeat: 1,
-        max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        }])
     }
 }
 
@@ -2918,26 +2891,13 @@ fn decode_refuses_an_unknown_type() {
 #[test]
 fn journal_records() {
     let job = SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "nightly".into(),
-        tasks: vec![TaskSpec::Handler {
-            name: "noop".into(),
-            arg: Value::Null,
-        }],
         repeat: 50,
         max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![TaskSpec::Handler {
+            name: "noop".into(),
+            arg: Value::Null,
+        }])
     };
     golden(
         &JournalRecord::JobSubmitted {

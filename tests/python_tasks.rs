@@ -76,23 +76,9 @@ fn call(function: &str, args: &str, timeout_ms: Option<u64>) -> TaskSpec {
 
 fn job(tasks: Vec<TaskSpec>) -> SubmitJob {
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "python".into(),
-        tasks,
-        repeat: 1,
         max_failures: 1,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(tasks)
     }
 }
 

@@ -14,23 +14,9 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// A job of these shell commands, one task each.
 fn commands(scripts: &[&str]) -> SubmitJob {
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "commands".into(),
-        tasks: scripts.iter().map(|script| sh(script)).collect(),
-        repeat: 1,
         max_failures: 1,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(scripts.iter().map(|script| sh(script)).collect())
     }
 }
 

@@ -18,26 +18,13 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// A job of `repeat` echo tasks that each return `value`.
 fn echoes(value: serde_json::Value, repeat: u32) -> SubmitJob {
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "echo".into(),
-        tasks: vec![TaskSpec::Handler {
-            name: "echo".into(),
-            arg: json!({ "value": value }),
-        }],
         repeat,
         max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![TaskSpec::Handler {
+            name: "echo".into(),
+            arg: json!({ "value": value }),
+        }])
     }
 }
 
@@ -205,23 +192,9 @@ async fn while_the_journal_cannot_store_executors_work_on_but_no_client_or_liste
     let marker = std::env::temp_dir().join(format!("ember-outage-{}", std::process::id()));
     let _ = std::fs::remove_file(&marker);
     let job = SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "outage".into(),
-        tasks: vec![common::sh(&format!("touch {}", marker.display()))],
-        repeat: 1,
         max_failures: 1,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![common::sh(&format!("touch {}", marker.display()))])
     };
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.unwrap();

@@ -23,22 +23,10 @@ fn job(speculation: Option<Speculation>) -> SubmitJob {
         format!(r#"if [ -n "$EMBER_TEST_SLOW" ]; then sleep {SLOW_SECS}; else sleep 0.3; fi"#);
     SubmitJob {
         speculation,
-        retry_backoff: None,
-        submission_id: None,
         name: "slow-one".into(),
-        tasks: vec![sh(&script)],
         repeat: 6,
         max_failures: 1,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        pool: None,
-        priority: 0,
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![sh(&script)])
     }
 }
 

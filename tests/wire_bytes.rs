@@ -684,37 +684,12 @@ fn tasks_ended() {
 #[test]
 fn job_submitted() {
     let bare = SubmitJob {
-        name: String::new(),
-        tasks: vec![(*noop()).clone()],
-        repeat: 1,
         max_failures: 4,
-        cpus_per_task: 1,
         resources: BTreeMap::new(),
-        placement: Default::default(),
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![(*noop()).clone()])
     };
     let full = SubmitJob {
         name: "nightly".into(),
-        tasks: vec![
-            (*noop()).clone(),
-            TaskSpec::Command {
-                argv: vec!["true".into()],
-                env: BTreeMap::new(),
-                cwd: None,
-                timeout_ms: Some(1000),
-                inputs: Default::default(),
-                outputs: Vec::new(),
-            },
-        ],
         repeat: 1000,
         max_failures: 2,
         cpus_per_task: 2,
@@ -729,13 +704,18 @@ fn job_submitted() {
         pool: Some("etl".into()),
         priority: -5,
         speculation: Some(Speculation::default()),
-        retry_backoff: None,
         submission_id: Some("nightly-2024".into()),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![
+            (*noop()).clone(),
+            TaskSpec::Command {
+                argv: vec!["true".into()],
+                env: BTreeMap::new(),
+                cwd: None,
+                timeout_ms: Some(1000),
+                inputs: Default::default(),
+                outputs: Vec::new(),
+            },
+        ])
     };
     let record = |job: &SubmitJob, term| JournalRecord::JobSubmitted {
         job_id: 7,
@@ -753,4 +733,11 @@ fn job_submitted() {
         &record(&full, Some(12)),
         r#"{"type":"JobSubmitted","job_id":7,"first_task":40,"time_ms":1000,"job":{"name":"nightly","tasks":[{"kind":"handler","name":"noop","arg":null},{"kind":"command","argv":["true"],"env":{},"timeout_ms":1000}],"repeat":1000,"max_failures":2,"cpus_per_task":2,"resources":{"gpu":1},"constraints":["rack=r1"],"prefer_executors":["exec-2"],"prefer_hosts":["worker-3"],"locality_wait_ms":500,"pool":"etl","priority":-5,"speculation":{"quantile":0.75,"multiplier":1.5,"min_runtime_ms":100},"submission_id":"nightly-2024"},"term":12}"#,
     );
+}
+
+#[test]
+fn a_submission_that_names_only_its_tasks_reads_as_submit_job_new() {
+    let read: SubmitJob =
+        serde_json::from_str(r#"{"tasks":[{"kind":"handler","name":"noop","arg":null}]}"#).unwrap();
+    assert_eq!(read, SubmitJob::new(vec![TaskSpec::clone(&noop())]));
 }

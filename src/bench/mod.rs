@@ -374,23 +374,10 @@ fn headline(report: &Report) -> String {
 /// A job of `tasks` no-op tasks.
 fn noops(tasks: u32) -> crate::protocol::SubmitJob {
     crate::protocol::SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "bench".into(),
-        tasks: vec![noop()],
         repeat: tasks,
         max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..crate::protocol::SubmitJob::new(vec![noop()])
     }
 }
 

@@ -46,30 +46,17 @@ pub struct Soak {
 fn printers(tasks: u32) -> SubmitJob {
     let script = format!("head -c {OUTPUT_BYTES} /dev/zero | tr '\\0' x");
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "soak-print".into(),
-        tasks: vec![TaskSpec::Command {
+        repeat: tasks,
+        max_failures: 4,
+        ..SubmitJob::new(vec![TaskSpec::Command {
             argv: vec!["sh".into(), "-c".into(), script],
             env: Default::default(),
             cwd: None,
             timeout_ms: None,
             inputs: Default::default(),
             outputs: Vec::new(),
-        }],
-        repeat: tasks,
-        max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        }])
     }
 }
 

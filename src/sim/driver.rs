@@ -439,23 +439,17 @@ impl World {
                 ..Default::default()
             };
             let job = SubmitJob {
-                pool: None,
-                priority: 0,
                 speculation,
                 retry_backoff,
                 submission_id: Some(name.clone()),
                 name: name.clone(),
-                tasks: vec![super::objects::spec_of(&self.objects, origin)],
                 repeat: tasks.max(1),
                 max_failures: crate::DEFAULT_MAX_FAILURES,
-                cpus_per_task: 1,
-                resources: Default::default(),
-                placement: Default::default(),
                 after,
                 after_any,
                 timeouts,
                 concurrency_key: (origin % 4 == 1).then(|| SIM_KEY.to_string()),
-                gang: false,
+                ..SubmitJob::new(vec![super::objects::spec_of(&self.objects, origin)])
             };
             let reply = leader.core.api(ApiRequest::SubmitJob(job), now);
             match (known.get(&name), reply) {

@@ -379,52 +379,26 @@ impl<T> Drop for Running<T> {
 /// `tasks` tasks of the built-in `noop` handler, failing the job at their first failure.
 pub fn noops(tasks: u32) -> ember::protocol::SubmitJob {
     ember::protocol::SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "noops".into(),
-        tasks: vec![ember::protocol::TaskSpec::Handler {
-            name: "noop".into(),
-            arg: serde_json::Value::Null,
-        }],
         repeat: tasks,
         max_failures: 1,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..ember::protocol::SubmitJob::new(vec![ember::protocol::TaskSpec::Handler {
+            name: "noop".into(),
+            arg: serde_json::Value::Null,
+        }])
     }
 }
 
 /// `tasks` tasks of the built-in `sleep` handler, `ms` each.
 pub fn sleepers(tasks: u32, ms: u64) -> ember::protocol::SubmitJob {
     ember::protocol::SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "sleepers".into(),
-        tasks: vec![ember::protocol::TaskSpec::Handler {
-            name: "sleep".into(),
-            arg: serde_json::json!({ "ms": ms }),
-        }],
         repeat: tasks,
         max_failures: 4,
-        cpus_per_task: 1,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..ember::protocol::SubmitJob::new(vec![ember::protocol::TaskSpec::Handler {
+            name: "sleep".into(),
+            arg: serde_json::json!({ "ms": ms }),
+        }])
     }
 }
 

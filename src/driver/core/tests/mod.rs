@@ -132,23 +132,11 @@ fn noop() -> TaskSpec {
 
 fn job(tasks: u32, cpus_per_task: u32, max_failures: u32) -> SubmitJob {
     SubmitJob {
-        pool: None,
-        priority: 0,
-        speculation: None,
-        retry_backoff: None,
-        submission_id: None,
         name: "test-job".into(),
-        tasks: vec![noop()],
         repeat: tasks,
         max_failures,
         cpus_per_task,
-        resources: Default::default(),
-        placement: Default::default(),
-        after: Vec::new(),
-        after_any: Vec::new(),
-        timeouts: Default::default(),
-        concurrency_key: None,
-        gang: false,
+        ..SubmitJob::new(vec![noop()])
     }
 }
 
