@@ -17,7 +17,6 @@ use crate::protocol::{
     decode, encode, ExecutorMessage, HeartbeatReply, HeartbeatRequest, RegisterExecutor,
     RegisterReply, RegisterRequest, RunningAttempt, StatusReply, StatusUpdate, TaskDescription,
 };
-use crate::resources::GANG_PORT;
 use crate::subjects::Subjects;
 use crate::{PAYLOAD_HEADROOM, REQUEST_TIMEOUT};
 use async_nats::{Client, Message, Subject, Subscriber};
@@ -130,12 +129,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ExecutorError> {
     tokio::pin!(shutdown);
-    let gang_ports = GangPorts::reserve(config.gang_ports, config.cores, &config.host_port)
-        .map_err(ExecutorError::GangPorts)?;
-    let ports = gang_ports.addresses();
-    if !ports.is_empty() {
-        config.resources.insert(GANG_PORT.to_string(), ports);
-    }
+    let gang_ports = GangPorts::register(&mut config).map_err(ExecutorError::GangPorts)?;
     let instance = InstanceId::new_v4();
     let epochs = Arc::new(Newest::new(config.driver_timeout));
     let (inbox, answers, status_replies, driver) = tokio::select! {
@@ -152,7 +146,7 @@ pub async fn run(
         handlers,
         status_replies,
         epochs,
-        Arc::new(gang_ports),
+        gang_ports,
     )
     .serve(inbox, answers, shutdown)
     .await

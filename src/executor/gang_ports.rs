@@ -116,6 +116,17 @@ impl GangPorts {
         })
     }
 
+    /// Reserves the ports `config` asks for and adds them to the resources it registers, as
+    /// the resource [`GANG_PORT`] (none added when it reserves none).
+    pub fn register(config: &mut super::ExecutorConfig) -> Result<Arc<Self>, String> {
+        let ports = Self::reserve(config.gang_ports, config.cores, &config.host_port)?;
+        let addresses = ports.addresses();
+        if !addresses.is_empty() {
+            config.resources.insert(GANG_PORT.to_string(), addresses);
+        }
+        Ok(Arc::new(ports))
+    }
+
     /// The ports, as the addresses of the resource [`GANG_PORT`] the executor registers.
     pub fn addresses(&self) -> Vec<String> {
         self.lock().keys().map(u16::to_string).collect()
