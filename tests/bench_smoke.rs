@@ -8,7 +8,7 @@ async fn ember_bench_quick_reports_every_workload() {
     let output = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(["bench", "--quick", "--runs", "2", "--json"])
+            .args(["bench", "--quick", "--runs", "2", "--json", "--huge-tasks"])
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)
             .output(),
@@ -84,6 +84,25 @@ async fn ember_bench_quick_reports_every_workload() {
         "{broadcast}"
     );
     assert!(broadcast["bare_gets_s"].as_f64().unwrap() > 0.0);
+    // The huge workload at a five-hundredth of its size: both jobs ran whole on drivers of
+    // their own, and each driver's peak is above its idle.
+    let huge = &report["huge"];
+    assert_eq!(
+        (&huge["tasks_1m"], &huge["tasks_10m"]),
+        (&2000.into(), &20000.into()),
+        "{huge}"
+    );
+    for field in [
+        "tasks_per_s_1m",
+        "tasks_per_s_10m",
+        "marginal_ratio",
+        "rate_ratio",
+    ] {
+        assert!(huge[field].as_f64().unwrap() > 0.0, "{field}: {huge}");
+    }
+    let idle = huge["rss_idle_mb"].as_f64().unwrap();
+    assert!(idle > 1.0, "{huge}");
+    assert!(huge["peak_rss_mb_10m"].as_f64().unwrap() >= idle, "{huge}");
     // Two runs, each reported whole; the figures above are the lower of each pair.
     let each = report["runs"].as_array().expect("every run's report");
     assert_eq!(each.len(), 2);

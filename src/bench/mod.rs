@@ -13,12 +13,16 @@
 //!   dependencies.
 //! - **broadcast**: one large object read by many command tasks on 2 executors of 2 cores,
 //!   fetched once per executor, beside two bare concurrent gets of it (`broadcast.rs`).
+//! - **huge** (with `--huge-tasks`): one job of 1,000,000 and one of 10,000,000 no-op tasks,
+//!   each on a driver of its own: the driver's memory per task and its rate at each size
+//!   (`huge.rs`).
 //! - **wide**: many executors of one core (in this process) and many jobs queued at once: the
 //!   scheduler's cost per task and per offer round when it has much to choose from.
 
 mod bare;
 mod broadcast;
 mod broker;
+mod huge;
 mod procs;
 mod python;
 mod soak;
@@ -112,6 +116,11 @@ pub struct BenchArgs {
     /// measure what that costs; by default JetStream syncs every 2 minutes.
     #[arg(long)]
     pub sync_always: bool,
+    /// Add the huge workload: one job of 1,000,000 no-op tasks and one of 10,000,000 (a
+    /// minute or more), each on a driver of its own at --executors x 64 cores, for the
+    /// driver's memory per task and its rate at each size.
+    #[arg(long)]
+    pub huge_tasks: bool,
     /// Small sizes everywhere: a smoke test of the benchmark itself, not a measurement.
     #[arg(long)]
     pub quick: bool,
@@ -211,6 +220,9 @@ pub struct Report {
     /// One large object read by many tasks.
     #[serde(default)]
     pub broadcast: Option<broadcast::Broadcast>,
+    /// One job of 1,000,000 and one of 10,000,000 tasks, with `--huge-tasks`.
+    #[serde(default)]
+    pub huge: Option<huge::Huge>,
     /// Python functions from Python, with `--python`.
     #[serde(default)]
     pub python: Option<Vec<python::PythonRow>>,
@@ -598,6 +610,9 @@ fn print_table(report: &Report) {
     }
     if let Some(b) = &report.broadcast {
         table.add_row(b.row());
+    }
+    if let Some(h) = &report.huge {
+        table.add_row(h.row());
     }
     for p in report.python.iter().flatten() {
         table.add_row([

@@ -106,6 +106,9 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
         );
         report.broadcast = Some(super::broadcast::run(args).await?);
     }
+    if args.huge_tasks {
+        report.huge = Some(super::huge::run(args, report.journal).await?);
+    }
     if let Some(python) = &args.python {
         eprintln!(
             "bench: Python functions from Python, under {}",
