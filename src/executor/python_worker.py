@@ -20,7 +20,8 @@ answers {"error": ..., "type": "ModuleNotFoundError", "unimportable": <module na
 A request may name `retry_on` and `no_retry_on` (exception class names): an exception they say
 is final answers with "no_retry": true, and the error says why. SIGINT while a call runs (the
 executor stopping it) raises KeyboardInterrupt in the call, which answers as a failure; the
-worker then takes the next request.
+worker then takes the next request. SIGINT when no call runs (the call answered as the executor
+asked it to stop) changes nothing.
 
 Objects: a request may carry `function_path` or `args_path` instead of `function` or `args`
 (a file holding the raw pickle, fetched from the cluster's object store by the executor), and
@@ -59,6 +60,8 @@ except ImportError:  # plain pickle still runs functions defined in importable m
 
 # Unpickled functions by their pickle: a map's many tasks share one.
 FUNCTIONS = {}
+# Whether the user's call runs: SIGINT stops it then, and only then.
+CALLING = False
 FUNCTIONS_KEPT = 64
 # Values of objects by reference, loaded once: a broadcast value serves every later call.
 VALUES = {}
@@ -317,6 +320,7 @@ def restore(saved):
 
 
 def run(request):
+    global CALLING
     OBJECT_FILES.clear()
     OBJECT_FILES.update(request.get("objects") or {})
     RESULTS.clear()
@@ -337,11 +341,13 @@ def run(request):
         os.environ[variable] = str(request.get(field, ""))
     saved = set_resources(request.get("resources") or {}, request.get("gang"))
     try:
+        CALLING = True
         if request.get("map"):
             result = [function(item) for item in args]
         else:
             positional, keywords = args
             result = function(*positional, **keywords)
+        CALLING = False
     except KeyboardInterrupt as error:  # the executor asked the call to stop
         return failure(error, "the task was interrupted")
     except BaseException as error:  # SystemExit too: the task failed, the worker goes on
@@ -352,6 +358,7 @@ def run(request):
             answer["error"] += f" (not retried: {why})"
         return answer
     finally:
+        CALLING = False
         restore(saved)
     try:
         return {"ok": base64.b64encode(dumps(result)).decode()}
@@ -359,7 +366,16 @@ def run(request):
         return failure(error, "could not pickle the task's result")
 
 
+def on_interrupt(_signum, _frame):
+    # The executor stops a call with SIGINT. One that comes when no call runs (the call
+    # answered just as the executor asked it to stop, the answer being sent, the next request
+    # awaited) has nothing to stop: raising then would end the worker, or cut an answer.
+    if CALLING:
+        raise KeyboardInterrupt
+
+
 def main():
+    signal.signal(signal.SIGINT, on_interrupt)
     inp, out = take_pipes()
     send(out, {"ready": os.getpid(), "cloudpickle": HAVE_CLOUDPICKLE})
     while True:
@@ -369,14 +385,10 @@ def main():
                 return
             answer = run(request)
         except KeyboardInterrupt:
-            # An interrupt meant for a call that had already answered: nothing runs now.
+            # Raised as the call ended, outside its own handling: the executor, which asked
+            # it to stop, replaces this worker once its grace is over.
             continue
-        # An interrupt must not cut an answer in half: it waits until the answer is out.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            send(out, answer)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        send(out, answer)
 
 
 main()
