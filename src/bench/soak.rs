@@ -4,7 +4,7 @@
 //! retention forgets jobs, and how long a SIGKILLed driver's replacement takes to answer.
 
 use super::procs::{rss_mb, Cluster};
-use super::workloads::{connect, wait_for_executors};
+use super::workloads::with_executors;
 use super::{noops, BenchArgs};
 use crate::client::EmberClient;
 use crate::protocol::{SubmitJob, TaskSpec};
@@ -75,9 +75,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Soak> {
     ];
     let mut cluster = Cluster::start_with("soak", true, &flags)?;
     let cores = args.cores.iter().copied().max().unwrap_or(1);
-    cluster.add_executors(args.executors, cores)?;
-    let api = connect(&cluster).await?;
-    wait_for_executors(&api, u64::from(args.executors)).await?;
+    let api = with_executors(&mut cluster, args.executors, cores).await?;
     let jobs = 2 * args.soak_jobs;
     let (mut retained, mut journal_max) = ((0.0, 0), 0);
     for n in 1..=jobs {

@@ -136,18 +136,10 @@ async fn loop_and_latency(
             if journal { "on" } else { "off" }
         );
         let mut cluster = Cluster::start("throughput", journal)?;
-        cluster.add_executors(args.executors, cores)?;
-        let api = connect(&cluster).await?;
-        wait_for_executors(&api, args.executors as u64).await?;
+        let api = with_executors(&mut cluster, args.executors, cores).await?;
         memory.driver_idle_mb = rss_mb(cluster.driver.id()).0;
         memory.executor_idle_mb = rss_mb(cluster.executors[0].id()).0;
-        let started = Instant::now();
-        let summary = tokio::time::timeout(LIMIT, api.run_job(noops(tasks), |_| {})).await??;
-        let seconds = started.elapsed().as_secs_f64();
-        anyhow::ensure!(
-            summary.succeeded == tasks,
-            "the job did not succeed: {summary:?}"
-        );
+        let seconds = time_noops(&api, tasks, LIMIT).await?;
         throughput.push(Throughput {
             executors: args.executors,
             cores,
@@ -178,6 +170,36 @@ impl Memory {
             many_executors: 0,
         }
     }
+}
+
+/// Starts `executors` executors of `cores` each in `cluster`, and a client of it once all have
+/// registered.
+pub(super) async fn with_executors(
+    cluster: &mut Cluster,
+    executors: u32,
+    cores: u32,
+) -> anyhow::Result<EmberClient> {
+    cluster.add_executors(executors, cores)?;
+    let api = connect(cluster).await?;
+    wait_for_executors(&api, u64::from(executors)).await?;
+    Ok(api)
+}
+
+/// Runs one job of `tasks` no-op tasks to its end, each of which must succeed, within `limit`:
+/// the seconds from its submission to its end.
+pub(super) async fn time_noops(
+    api: &EmberClient,
+    tasks: u32,
+    limit: Duration,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let summary = tokio::time::timeout(limit, api.run_job(noops(tasks), |_| {})).await??;
+    let seconds = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        summary.succeeded == tasks,
+        "the job of {tasks} tasks did not succeed: {summary:?}"
+    );
+    Ok(seconds)
 }
 
 pub(super) async fn connect(cluster: &Cluster) -> anyhow::Result<EmberClient> {

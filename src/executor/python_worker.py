@@ -347,7 +347,6 @@ def run(request):
         else:
             positional, keywords = args
             result = function(*positional, **keywords)
-        CALLING = False
     except KeyboardInterrupt as error:  # the executor asked the call to stop
         return failure(error, "the task was interrupted")
     except BaseException as error:  # SystemExit too: the task failed, the worker goes on
