@@ -73,16 +73,23 @@ async fn ember_bench_quick_reports_every_workload() {
     assert_eq!(report["wide"]["pools"], 0);
     assert!(report["wide"]["tasks_per_s"].as_f64().unwrap() > 0.0);
     assert!(report["wide"]["offer_rounds"].as_u64().unwrap() > 0);
-    // The broadcast workload: each executor fetched the object once, counted from its metrics
-    // endpoint, for the 8 tasks that read it.
+    // The broadcast workload: each executor on the client's host took the object from it
+    // once, and each apart fetched it once, counted from their metrics endpoints, for the 8
+    // tasks that read it.
     let broadcast = &report["broadcast"];
     assert_eq!(broadcast["object_bytes"], 16 << 20);
     assert_eq!(broadcast["tasks"], 8);
-    assert_eq!(
-        (&broadcast["fetches_min"], &broadcast["fetches_max"]),
-        (&serde_json::json!(1), &serde_json::json!(1)),
-        "{broadcast}"
-    );
+    for counted in ["host_takes", "fetches"] {
+        assert_eq!(
+            (
+                &broadcast[format!("{counted}_min")],
+                &broadcast[format!("{counted}_max")]
+            ),
+            (&serde_json::json!(1), &serde_json::json!(1)),
+            "{broadcast}"
+        );
+    }
+    assert!(broadcast["run_apart_s"].as_f64().unwrap() > 0.0);
     assert!(broadcast["bare_gets_s"].as_f64().unwrap() > 0.0);
     // The huge workload at a fiftieth of its size: both jobs ran whole on drivers of their
     // own, and each driver's peak is above its idle.

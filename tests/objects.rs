@@ -65,6 +65,8 @@ async fn executor(
             move |c| {
                 c.metrics = counted;
                 c.data_dir = dir;
+                // As on a host of its own: what it reads comes from the store.
+                c.host_objects = ember::objects::host::HostSetting::Off;
                 if let Some(bytes) = cache_bytes {
                     c.object_cache_bytes = bytes;
                 }
@@ -452,6 +454,92 @@ async fn commands_read_their_inputs_fetched_once_and_their_outputs_come_back_as_
     assert_eq!(tasks, 0);
     assert!(data_dir.join("objects").join(data_ref.as_str()).exists());
     let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+#[tokio::test]
+async fn executors_on_the_host_of_a_put_take_the_object_from_it_and_others_fetch_it() {
+    use ember::objects::host::HostSetting;
+    let cluster = TestCluster::start_with_jetstream("objects-host");
+    let (_driver, objects) = store_of(&cluster, 0).await;
+    let shared = tempdir("objects-host-shared");
+    let objects = objects.with_host(&HostSetting::Dir(shared.clone()), &cluster.subjects);
+    let api = cluster.api(cluster.client().await);
+    let data = content(CHUNK_BYTES * 2 + 5, 21);
+    let put = objects.put_bytes(data.clone()).await.unwrap();
+    assert!(put.sent, "the store did not have it: it went there too");
+    let left = std::fs::read(shared.join(put.object.as_str())).expect("left on the host");
+    assert_eq!(left, data.to_vec());
+    let file = shared.with_extension("file");
+    std::fs::write(&file, b"a file put").unwrap();
+    let from_file = objects.put_file(&file).await.unwrap().object;
+    let left = std::fs::read(shared.join(from_file.as_str())).expect("a file's copy left");
+    assert_eq!(left, b"a file put");
+    let _ = std::fs::remove_file(&file);
+    // Tasks that check the bytes they read.
+    let script = format!(
+        "test \"$(sha256sum < in.bin | cut -c1-64)\" = {}",
+        put.object
+    );
+    let job = || command_job(6, &script, &[("in.bin", &put.object)], &[]);
+
+    // An executor on a host of its own fetches the object from the store.
+    let (far, far_metrics, far_dir) = executor(&cluster, "objects-host-far", 2, None).await;
+    let summary = within(Duration::from_secs(60), api.run_job(job(), |_| {}))
+        .await
+        .expect("the job runs");
+    assert_eq!(
+        summary.state,
+        ember::protocol::JobState::Succeeded,
+        "{summary:?}"
+    );
+    let text = ember::metrics::Scrape::encode(far_metrics.as_ref());
+    assert_eq!(metric(&text, "ember_executor_object_fetches_total"), 1.0);
+    assert_eq!(metric(&text, "ember_executor_object_host_takes_total"), 0.0);
+    far.stop().await.expect("stops");
+
+    // Two on the client's host take it from there, and fetch nothing.
+    let mut near = Vec::new();
+    for id in ["near-1", "near-2"] {
+        let metrics = std::sync::Arc::new(ember::metrics::ExecutorMetrics::new());
+        let (counted, dir, host) = (
+            metrics.clone(),
+            tempdir(&format!("objects-host-{id}")),
+            HostSetting::Dir(shared.clone()),
+        );
+        let running = cluster
+            .executor_configured(id, 1, ember::executor::Handlers::builtin(), move |c| {
+                c.metrics = counted;
+                c.data_dir = dir;
+                c.host_objects = host;
+            })
+            .await;
+        near.push((running, metrics));
+    }
+    let summary = within(Duration::from_secs(60), api.run_job(job(), |_| {}))
+        .await
+        .expect("the job runs");
+    assert_eq!(
+        summary.state,
+        ember::protocol::JobState::Succeeded,
+        "{summary:?}"
+    );
+    let mut took = 0.0;
+    for (_, metrics) in &near {
+        let text = ember::metrics::Scrape::encode(metrics.as_ref());
+        let misses = metric(&text, "ember_executor_object_cache_misses_total");
+        let taken = metric(&text, "ember_executor_object_host_takes_total");
+        assert_eq!(
+            metric(&text, "ember_executor_object_fetches_total"),
+            0.0,
+            "{text}"
+        );
+        assert_eq!(taken, misses, "each object it lacked it took: {text}");
+        took += taken;
+    }
+    assert!(took >= 1.0, "the executors ran the tasks");
+    for dir in [shared, far_dir] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 #[tokio::test]

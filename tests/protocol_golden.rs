@@ -1517,13 +1517,16 @@ fn api_reply_executors() {
     let counts = || ember::protocol::ObjectCounts {
         fetches: 2,
         fetched_bytes: 3_000_000,
+        host_takes: 1,
+        host_taken_bytes: 1_500_000,
         cache_hits: 14,
         cache_misses: 2,
         puts: 1,
         put_bytes: 4096,
     };
-    let objects = json!({"fetches": 2, "fetched_bytes": 3_000_000, "cache_hits": 14,
-        "cache_misses": 2, "puts": 1, "put_bytes": 4096});
+    let objects = json!({"fetches": 2, "fetched_bytes": 3_000_000, "host_takes": 1,
+        "host_taken_bytes": 1_500_000, "cache_hits": 14, "cache_misses": 2, "puts": 1,
+        "put_bytes": 4096});
     golden(
         &ApiReply::Executors(ExecutorsSnapshot {
             executors: vec![ExecutorSummary {

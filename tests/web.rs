@@ -288,8 +288,9 @@ async fn the_page_shows_executors_and_a_job_live_and_an_executor_leaving() {
         assert!(ids.contains(&executor), "task ran on {executor}");
     }
 
-    // The store's figures in the header, from the leader's sweep, and an executor's fetch of a
-    // command's input in its row, from its heartbeats.
+    // The store's figures in the header, from the leader's sweep, and an executor's getting a
+    // command's input in its row, from its heartbeats: it took the copy the put left on this
+    // host.
     let objects = api.objects().await.unwrap();
     let input = objects
         .put_bytes(bytes::Bytes::from(vec![7u8; 1000]))
@@ -316,10 +317,10 @@ async fn the_page_shows_executors_and_a_job_live_and_an_executor_leaving() {
     .await;
     let fetched = "return Array.from(document.querySelectorAll('#executors tbody tr'))\
          .map(r => r.cells[5].textContent);";
-    wait_for(&browser, "an executor's fetch", fetched, |v| {
+    wait_for(&browser, "an executor's take", fetched, |v| {
         let rows = strings(v);
         rows.iter()
-            .any(|r| r.starts_with("fetched 1 (1000 B)"))
+            .any(|r| r.starts_with("fetched 0 (0 B), from the host 1 (1000 B)"))
             .then_some(())
     })
     .await;

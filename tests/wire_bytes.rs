@@ -392,6 +392,9 @@ fn heartbeats() {
             objects: ember::protocol::ObjectCounts {
                 fetches: 1,
                 fetched_bytes: 1 << 20,
+                // Objects taken from the host: omitted while none were.
+                host_takes: 0,
+                host_taken_bytes: 0,
                 cache_hits: 7,
                 cache_misses: 1,
                 puts: 0,

@@ -15,8 +15,10 @@ import hashlib
 import io
 import json
 import math
+import os
 import pickle
 import re
+import stat
 import uuid
 
 import cloudpickle
@@ -155,6 +157,52 @@ def item_pickle(group, position):
     return buffer.getvalue()
 
 
+# How many bytes the host's shared objects keep before the oldest go, as the executors' own.
+HOST_BYTES = 4 * 2**30
+
+
+def _host_dir(cluster):
+    """Where the processes of this host share the cluster's objects (EMBER_HOST_OBJECTS, `off`
+    for nowhere; by default <temp dir>/ember-<cluster>-objects, as the executors'), or None."""
+    setting = os.environ.get("EMBER_HOST_OBJECTS")
+    if setting is not None and setting.strip() in ("off", ""):
+        return None
+    return setting or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"ember-{cluster}-objects")
+
+
+def _leave_on_host(host, ref, data):
+    """Leaves `data`, whose SHA-256 is `ref`, for the executors of this host (see the
+    executor's --host-objects) in `host`, made if missing, and used only if it is a directory of
+    this user's that only it may write: written beside, then renamed into place; the oldest
+    files go past HOST_BYTES. Sharing saves fetches: if it fails, the executors fetch."""
+    if host is None or os.path.exists(os.path.join(host, ref)):
+        return
+    partial = os.path.join(host, f"{ref}.part-{uuid.uuid4().hex}")
+    try:
+        os.makedirs(host, mode=0o700, exist_ok=True)
+        info = os.lstat(host)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return
+        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444), "wb") as file:
+            file.write(data)
+        os.rename(partial, os.path.join(host, ref))
+        files = []
+        for entry in os.scandir(host):
+            if len(entry.name) == 64 and entry.is_file():
+                files.append((entry.stat().st_mtime, entry.stat().st_size, entry.path))
+        used = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if used <= HOST_BYTES:
+                break
+            os.remove(path)
+            used -= size
+    except OSError:
+        try:
+            os.remove(partial)
+        except OSError:
+            pass
+
+
 class Store:
     """The object store of one cluster, over a JetStream context."""
 
@@ -162,6 +210,7 @@ class Store:
         self.js = js
         self.bucket = f"EMBER_{cluster}_OBJECTS"
         self.stream = f"OBJ_{self.bucket}"
+        self.host = _host_dir(cluster)
 
     def _meta_subject(self, ref):
         name = base64.urlsafe_b64encode(ref.encode()).decode()
@@ -195,6 +244,7 @@ class Store:
         """Stores `data` unless the store holds it; its ObjectRef."""
         data = bytes(data)
         ref = hashlib.sha256(data).hexdigest()
+        _leave_on_host(self.host, ref, data)
         found = await self._metadata(ref)
         if found is not None and not found[0].get("deleted"):
             return ObjectRef(ref, len(data))

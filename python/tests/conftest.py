@@ -149,6 +149,9 @@ class Cluster:
                 process.kill()
                 process.wait()
         shutil.rmtree(self.store, ignore_errors=True)
+        # The objects its client and executors shared on this host (their default place).
+        tmp = os.environ.get("TMPDIR") or "/tmp"
+        shutil.rmtree(os.path.join(tmp, f"ember-{self.name}-objects"), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

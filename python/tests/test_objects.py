@@ -131,13 +131,17 @@ def metric(url, name):
     return float(found.group(1))
 
 
-def test_a_closure_over_50_mib_is_fetched_once_per_executor():
+def map_over_50_mib(*executor_args):
+    """Maps a closure over 50 MiB as 64 tasks on two executors started with `executor_args`;
+    the metrics endpoint of each."""
     cluster = Cluster()
     try:
         cluster.driver()
         ports = [free_port(), free_port()]
         for i, port in enumerate(ports):
-            cluster.executor(f"exec-{i + 1}", "--metrics-addr", f"127.0.0.1:{port}")
+            cluster.executor(
+                f"exec-{i + 1}", "--metrics-addr", f"127.0.0.1:{port}", *executor_args
+            )
         cluster.wait_for_executors(2)
         big = bytes(range(256)) * (50 * 4096)  # 50 MiB
         with ember.connect(cluster.url, cluster=cluster.name) as client:
@@ -145,12 +149,29 @@ def test_a_closure_over_50_mib_is_fetched_once_per_executor():
                 timeout=300
             )
         assert results == [len(big) + i for i in range(64)]
-        for port in ports:
-            url = f"http://127.0.0.1:{port}/metrics"
-            assert metric(url, "ember_executor_object_fetches_total") == 1
-            assert metric(url, "ember_executor_object_fetched_bytes_total") > 50 * 2**20
+        return [
+            {
+                name: metric(f"http://127.0.0.1:{port}/metrics", f"ember_executor_object_{name}")
+                for name in ["fetches_total", "fetched_bytes_total", "host_takes_total"]
+            }
+            for port in ports
+        ]
     finally:
         cluster.stop()
+
+
+def test_a_closure_over_50_mib_is_fetched_once_per_executor():
+    # Executors that do not share the client's host fetch from the store.
+    for counts in map_over_50_mib("--host-objects", "off"):
+        assert counts["fetches_total"] == 1, counts
+        assert counts["fetched_bytes_total"] > 50 * 2**20, counts
+        assert counts["host_takes_total"] == 0, counts
+
+
+def test_executors_on_the_clients_host_take_what_it_put_from_there():
+    for counts in map_over_50_mib():
+        assert counts["fetches_total"] == 0, counts
+        assert counts["host_takes_total"] == 1, counts
 
 
 def test_a_command_reads_an_input_put_from_python_and_its_output_comes_back(client):

@@ -1,13 +1,17 @@
 //! The broadcast workload: one large object read by many tasks on 2 executors of 2 cores, as
 //! Spark's broadcast variables, Ray's `ray.put` and Dask's `scatter(broadcast=True)` are used.
-//! Each task is a command that names the object as an input and checks its size; the object is
-//! fetched once per executor and linked into each task's directory from the cache. Beside it,
-//! the limit: two concurrent gets of the same object, over two connections, by a bare async-nats
-//! client, from the first request to the last byte.
+//! Each task is a command that names the object as an input and checks its size; each executor
+//! gets the object once and links it into each task's directory from its cache. It runs twice,
+//! each time on a cluster of its own: with the executors on the client's host, taking the copy
+//! the put left there; and with executors that share nothing with the client, as on other
+//! hosts, each fetching it from the store. Beside the second, the limit: two concurrent gets
+//! of the same object, over two connections, by a bare async-nats client, from the first
+//! request to the last byte.
 
 use super::procs::{metric, Cluster};
 use super::workloads::{connect, wait_for_executors};
 use super::BenchArgs;
+use crate::objects::host::HostSetting;
 use crate::objects::ObjectRef;
 use crate::protocol::{JobState, SubmitJob, TaskSpec};
 use crate::server::free_port;
@@ -23,26 +27,83 @@ const CORES: u32 = 2;
 pub struct Broadcast {
     pub object_bytes: u64,
     pub tasks: u32,
-    /// `ember put` of the object (the client hashes it and sends its chunks).
+    /// The client's put of the object: it names it, leaves a copy on this host for its
+    /// executors and sends its chunks to the store.
     pub put_s: f64,
-    /// From the submission to the job's last result.
+    /// From the submission to the job's last result, the executors on the client's host.
     pub run_s: f64,
     /// The object's bytes times the tasks that read it, over `run_s`, in GB/s.
     pub gbps: f64,
-    /// The fetches of the object by each executor: the fewest and the most (1 and 1).
+    /// The objects each executor took from its host's shared directory: the fewest and the
+    /// most (1 and 1).
+    pub host_takes_min: u64,
+    pub host_takes_max: u64,
+    /// The same job on executors that share nothing with the client, as on other hosts: each
+    /// fetches the object from the store.
+    pub run_apart_s: f64,
+    /// The fetches of the object by each of those executors: the fewest and the most (1 and 1).
     pub fetches_min: u64,
     pub fetches_max: u64,
     /// Two concurrent gets of the object from two connections, bare async-nats.
     pub bare_gets_s: f64,
-    /// `run_s / bare_gets_s`.
+    /// `run_apart_s / bare_gets_s`.
     pub ratio: f64,
+}
+
+/// One cluster's run of the workload.
+struct Sitting {
+    put_s: f64,
+    run_s: f64,
+    /// Each executor's fetches from the store, and objects taken from its host.
+    fetches: Vec<u64>,
+    takes: Vec<u64>,
+    bare_gets_s: f64,
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Broadcast> {
     let bytes = args.broadcast_mib as usize * (1 << 20);
     let tasks = args.broadcast_tasks;
+    let near = on_a_cluster(bytes, tasks, true).await?;
+    let apart = on_a_cluster(bytes, tasks, false).await?;
+    let span = |counts: &[u64]| {
+        let min = counts.iter().copied().min().unwrap_or(0);
+        (min, counts.iter().copied().max().unwrap_or(0))
+    };
+    let ((host_takes_min, host_takes_max), (fetches_min, fetches_max)) =
+        (span(&near.takes), span(&apart.fetches));
+    anyhow::ensure!(
+        near.fetches.iter().all(|f| *f == 0),
+        "executors on the client's host fetched the object: {:?}",
+        near.fetches
+    );
+    Ok(Broadcast {
+        object_bytes: bytes as u64,
+        tasks,
+        put_s: near.put_s,
+        run_s: near.run_s,
+        gbps: bytes as f64 * f64::from(tasks) / near.run_s / 1e9,
+        host_takes_min,
+        host_takes_max,
+        run_apart_s: apart.run_s,
+        fetches_min,
+        fetches_max,
+        bare_gets_s: apart.bare_gets_s,
+        ratio: apart.run_s / apart.bare_gets_s,
+    })
+}
+
+/// The workload on a cluster of its own, whose executors share the client's host if `near`.
+async fn on_a_cluster(bytes: usize, tasks: u32, near: bool) -> anyhow::Result<Sitting> {
     let mut cluster = Cluster::start("broadcast", true)?;
     let data = tempdir()?;
+    let host = match near {
+        true => HostSetting::Dir(data.join("host")),
+        false => HostSetting::Off,
+    };
+    let shown = match &host {
+        HostSetting::Dir(dir) => dir.display().to_string(),
+        _ => "off".to_string(),
+    };
     let mut ports = Vec::new();
     for i in 0..EXECUTORS {
         let port = free_port()?;
@@ -52,11 +113,13 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Broadcast> {
             format!("127.0.0.1:{port}"),
             "--data-dir".into(),
             dir.display().to_string(),
+            "--host-objects".into(),
+            shown.clone(),
         ];
         cluster.add_executor(&format!("bench-{i}"), CORES, &extra)?;
         ports.push(port);
     }
-    let measured = measure(&cluster, bytes, tasks, &ports).await;
+    let measured = measure(&cluster, bytes, tasks, &ports, &host).await;
     drop(cluster);
     let _ = std::fs::remove_dir_all(&data);
     measured
@@ -67,10 +130,12 @@ async fn measure(
     bytes: usize,
     tasks: u32,
     ports: &[u16],
-) -> anyhow::Result<Broadcast> {
+    host: &HostSetting,
+) -> anyhow::Result<Sitting> {
     let api = connect(cluster).await?;
     wait_for_executors(&api, u64::from(EXECUTORS)).await?;
-    let objects = api.objects().await?;
+    let subjects = crate::subjects::Subjects::new(&cluster.cluster).map_err(anyhow::Error::msg)?;
+    let objects = api.objects().await?.with_host(host, &subjects);
     // Content no earlier run stored: the put sends every chunk.
     let mut content = vec![0u8; bytes];
     let seed = uuid::Uuid::new_v4().as_u128();
@@ -94,22 +159,23 @@ async fn measure(
         summary.state == JobState::Succeeded,
         "the broadcast job did not succeed: {summary:?}"
     );
-    let mut fetches = Vec::new();
+    let (mut fetches, mut takes) = (Vec::new(), Vec::new());
     for port in ports {
         fetches.push(metric(*port, "ember_executor_object_fetches_total").await?);
+        takes.push(metric(*port, "ember_executor_object_host_takes_total").await?);
     }
-    let bare_gets_s =
-        bare_gets(&cluster.server.url(), &cluster.cluster, &put.object, bytes).await?;
-    Ok(Broadcast {
-        object_bytes: bytes as u64,
-        tasks,
+    let bare_gets_s = match host {
+        HostSetting::Off => {
+            bare_gets(&cluster.server.url(), &cluster.cluster, &put.object, bytes).await?
+        }
+        _ => 0.0,
+    };
+    Ok(Sitting {
         put_s,
         run_s,
-        gbps: bytes as f64 * f64::from(tasks) / run_s / 1e9,
-        fetches_min: fetches.iter().copied().min().unwrap_or(0),
-        fetches_max: fetches.iter().copied().max().unwrap_or(0),
+        fetches,
+        takes,
         bare_gets_s,
-        ratio: run_s / bare_gets_s,
     })
 }
 
@@ -184,12 +250,20 @@ impl Broadcast {
                 self.tasks
             ),
             format!(
-                "{:.3} s from submit to the last result ({:.1} GB/s read); put {:.3} s; fetches \
-                 per executor {}-{}",
-                self.run_s, self.gbps, self.put_s, self.fetches_min, self.fetches_max
+                "put {:.3} s; {:.3} s from submit to the last result ({:.1} GB/s read), each \
+                 executor taking it from the host {}-{} times; {:.3} s on executors apart, each \
+                 fetching it {}-{} times",
+                self.put_s,
+                self.run_s,
+                self.gbps,
+                self.host_takes_min,
+                self.host_takes_max,
+                self.run_apart_s,
+                self.fetches_min,
+                self.fetches_max
             ),
             format!(
-                "2 bare concurrent gets {:.3} s: {:.2}x",
+                "2 bare concurrent gets {:.3} s: apart {:.2}x",
                 self.bare_gets_s, self.ratio
             ),
         ]

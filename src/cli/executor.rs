@@ -139,6 +139,14 @@ pub struct ExecutorArgs {
           default_value = super::show_bytes(DEFAULT_CACHE_BYTES),
           value_parser = super::parse_bytes)]
     pub object_cache_bytes: u64,
+    /// Where the processes of this host share objects, or `off`: an object put on this host,
+    /// or fetched by another executor here, is linked into this executor's cache from there
+    /// rather than fetched through the server again. The directory must be this user's and
+    /// writable by no one else (it is made with mode 0700); files in it are trusted as the
+    /// cache's own are [default: <temp dir>/ember-<cluster>-objects].
+    #[arg(long, env = "EMBER_HOST_OBJECTS", value_name = "DIR|off",
+          value_parser = |text: &str| Ok::<_, String>(crate::objects::host::HostSetting::parse(text)))]
+    pub host_objects: Option<crate::objects::host::HostSetting>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "EMBER_LOG_JSON")]
     pub log_json: bool,
@@ -214,6 +222,10 @@ impl ExecutorArgs {
                 max_rss: self.python_max_rss,
             }),
             object_cache_bytes: self.object_cache_bytes,
+            host_objects: self
+                .host_objects
+                .clone()
+                .unwrap_or(crate::objects::host::HostSetting::Default),
             data_dir: match &self.data_dir {
                 Some(dir) => dir.clone(),
                 None => crate::executor::default_data_dir(&subjects, &executor_id),

@@ -230,9 +230,16 @@ pub fn render(status: &Status, cluster: &str) -> String {
     if *o != Default::default() {
         let _ = writeln!(
             out,
-            "           executors fetched {} ({} bytes), cache hits {}, misses {}; put {} ({} \
-             bytes sent)",
-            o.fetches, o.fetched_bytes, o.cache_hits, o.cache_misses, o.puts, o.put_bytes
+            "           executors fetched {} ({} bytes), took {} from their hosts ({} bytes), \
+             cache hits {}, misses {}; put {} ({} bytes sent)",
+            o.fetches,
+            o.fetched_bytes,
+            o.host_takes,
+            o.host_taken_bytes,
+            o.cache_hits,
+            o.cache_misses,
+            o.puts,
+            o.put_bytes
         );
     }
     for job in &status.running {

@@ -61,6 +61,8 @@ pub struct ExecutorConfig {
     pub data_dir: std::path::PathBuf,
     /// The most bytes of objects the cache keeps on disk.
     pub object_cache_bytes: u64,
+    /// Where the processes of this host share objects (see [`crate::objects::host`]).
+    pub host_objects: crate::objects::host::HostSetting,
     /// Notified when the executor's NATS connection is made again: it tells the driver its new
     /// connection at once (see [`ConnectionId`]).
     pub connected: Arc<tokio::sync::Notify>,
@@ -88,6 +90,7 @@ impl ExecutorConfig {
             python: Some(PythonConfig::default()),
             data_dir,
             object_cache_bytes: crate::objects::cache::DEFAULT_CACHE_BYTES,
+            host_objects: crate::objects::host::HostSetting::Default,
             connected: Arc::default(),
         }
     }
@@ -375,6 +378,7 @@ impl Backend {
             &config.executor_id,
             config.data_dir.clone(),
             config.object_cache_bytes,
+            config.host_objects.clone(),
             config.metrics.objects.clone(),
         ));
         let (runner, ends) = Runner::new(

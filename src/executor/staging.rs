@@ -29,6 +29,7 @@ pub struct ObjectAccess {
     /// of attempts.
     data_dir: PathBuf,
     cache_bytes: u64,
+    host: crate::objects::host::HostSetting,
     /// What this executor has done with the objects: shared with its metrics.
     pub counts: crate::objects::cache::CacheCounts,
 }
@@ -40,6 +41,7 @@ impl ObjectAccess {
         executor: &crate::ids::ExecutorId,
         data_dir: PathBuf,
         cache_bytes: u64,
+        host: crate::objects::host::HostSetting,
         counts: crate::objects::cache::CacheCounts,
     ) -> Self {
         Self {
@@ -52,6 +54,7 @@ impl ObjectAccess {
             cache: std::sync::OnceLock::new(),
             data_dir,
             cache_bytes,
+            host,
         }
     }
 
@@ -74,7 +77,10 @@ impl ObjectAccess {
     /// The cluster's object store.
     pub async fn store(&self) -> Result<&Objects, String> {
         self.store
-            .get_or_try_init(|| Objects::open(&self.context, &self.subjects))
+            .get_or_try_init(|| async {
+                let store = Objects::open(&self.context, &self.subjects).await?;
+                Ok::<_, crate::objects::ObjectsError>(store.with_host(&self.host, &self.subjects))
+            })
             .await
             .map_err(|e| e.to_string())
     }

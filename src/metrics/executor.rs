@@ -154,6 +154,17 @@ impl ExecutorMetrics {
             objects.fetched_bytes.clone(),
         );
         r.register(
+            "object_host_takes",
+            "Objects this executor took from its host's shared directory (put or fetched on this host) instead of fetching them",
+            objects.host_takes.clone(),
+        );
+        r.register_with_unit(
+            "object_host_taken",
+            "Bytes of the objects this executor took from its host's shared directory",
+            Unit::Bytes,
+            objects.host_taken_bytes.clone(),
+        );
+        r.register(
             "object_cache_hits",
             "Tasks' objects found in the cache, or already being fetched for another task",
             objects.hits.clone(),

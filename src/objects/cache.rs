@@ -20,6 +20,9 @@ pub struct CacheCounts {
     /// Objects fetched from the store, and their bytes.
     pub fetches: Counter,
     pub fetched_bytes: Counter,
+    /// Objects taken from this host's shared directory rather than fetched, and their bytes.
+    pub host_takes: Counter,
+    pub host_taken_bytes: Counter,
     /// Holds served by an object already on disk or being fetched, and holds that started a
     /// fetch.
     pub hits: Counter,
@@ -43,6 +46,8 @@ impl CacheCounts {
         crate::protocol::ObjectCounts {
             fetches: self.fetches.get(),
             fetched_bytes: self.fetched_bytes.get(),
+            host_takes: self.host_takes.get(),
+            host_taken_bytes: self.host_taken_bytes.get(),
             cache_hits: self.hits.get(),
             cache_misses: self.misses.get(),
             puts: self.puts.get(),
@@ -53,8 +58,9 @@ impl CacheCounts {
 
 /// One object the cache has or is fetching.
 struct Slot {
-    /// Its size once fetched, or why it could not be; set once, by the one fetch.
-    fetched: OnceCell<Result<u64, String>>,
+    /// Its size once fetched (and whether from the host's shared objects), or why it could
+    /// not be; set once, by the one fetch.
+    fetched: OnceCell<Result<(u64, bool), String>>,
     /// How many holds are out on it: never evicted while any is.
     holders: AtomicU64,
     /// When it was last held (a counter of holds).
@@ -102,7 +108,7 @@ impl Cache {
             let meta = entry.metadata()?;
             match object {
                 Some(object) if meta.is_file() && name.to_str() == Some(object.as_str()) => {
-                    let fetched = OnceCell::new_with(Some(Ok(meta.len())));
+                    let fetched = OnceCell::new_with(Some(Ok((meta.len(), false))));
                     let slot = Slot {
                         fetched,
                         holders: AtomicU64::new(0),
@@ -155,7 +161,7 @@ impl Cache {
             .get_or_init(|| async {
                 fetched_here = true;
                 objects
-                    .fetch_to(object, &held.path)
+                    .take_or_fetch(object, &held.path)
                     .await
                     .map_err(|e| e.to_string())
             })
@@ -166,10 +172,14 @@ impl Cache {
             true => self.counts.misses.inc(),
         };
         match fetched {
-            Ok(size) => {
+            Ok((size, from_host)) => {
                 if fetched_here {
-                    self.counts.fetches.inc();
-                    self.counts.fetched_bytes.inc_by(size);
+                    let (count, bytes) = match from_host {
+                        false => (&self.counts.fetches, &self.counts.fetched_bytes),
+                        true => (&self.counts.host_takes, &self.counts.host_taken_bytes),
+                    };
+                    count.inc();
+                    bytes.inc_by(size);
                     self.evict();
                 }
                 Ok(held)
@@ -203,7 +213,7 @@ impl Cache {
         std::fs::write(&partial, data)?;
         std::fs::rename(&partial, &path)?;
         let slot = Slot {
-            fetched: OnceCell::new_with(Some(Ok(data.len() as u64))),
+            fetched: OnceCell::new_with(Some(Ok((data.len() as u64, false)))),
             holders: AtomicU64::new(0),
             last_used: AtomicU64::new(self.clock.fetch_add(1, Relaxed)),
         };
@@ -254,7 +264,10 @@ impl Cache {
 
 /// A slot's size once it is fetched.
 fn size_of(slot: &Slot) -> Option<u64> {
-    slot.fetched.get().and_then(|r| r.as_ref().ok()).copied()
+    slot.fetched
+        .get()
+        .and_then(|r| r.as_ref().ok())
+        .map(|(size, _)| *size)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! is there, so two writers racing with the same bytes leave one object).
 
 pub mod cache;
+pub mod host;
 mod store;
 
 pub use store::{ObjectStat, Objects, ObjectsError, Put, Usage, CHUNK_BYTES};

@@ -4,6 +4,7 @@
 //! uploads even what is already there, replaces an object of the same name, and waits for
 //! each chunk's acknowledgement before it sends the next.
 
+use super::host::{HostObjects, HostSetting};
 use super::{Hasher, ObjectRef};
 use crate::streams::Need;
 use crate::subjects::Subjects;
@@ -104,6 +105,8 @@ pub struct Objects {
     /// The bytes of each chunk it puts: [`CHUNK_BYTES`], or less on a server whose messages
     /// cannot hold that much.
     chunk_bytes: usize,
+    /// Where the processes of this host share objects, if they do.
+    host: Option<HostObjects>,
 }
 
 impl Objects {
@@ -176,7 +179,20 @@ impl Objects {
             bucket,
             limit,
             chunk_bytes,
+            host: HostSetting::from_env().open(subjects.prefix()),
         })
+    }
+
+    /// Shares objects with the other processes of this host as `setting` says, rather than as
+    /// the environment does.
+    pub fn with_host(mut self, setting: &HostSetting, subjects: &Subjects) -> Self {
+        self.host = setting.open(subjects.prefix());
+        self
+    }
+
+    /// Where this host's processes share objects, if they do.
+    pub fn host(&self) -> Option<&HostObjects> {
+        self.host.as_ref()
     }
 
     /// How much the store holds now.
@@ -199,22 +215,44 @@ impl Objects {
     }
 
     /// Stores `bytes`, unless the store holds them already.
+    /// A copy is left on this host for its executors, written while the bytes are named.
     pub async fn put_bytes(&self, bytes: Bytes) -> Result<Put, ObjectsError> {
-        let object = ObjectRef::of(&bytes);
-        let size = bytes.len() as u64;
-        if self.stat(&object).await?.is_some() {
-            return Ok(Put {
-                object,
-                size,
-                sent: false,
-            });
+        let hashed = bytes.clone();
+        let naming = tokio::task::spawn_blocking(move || ObjectRef::of(&hashed));
+        let leaving = self.host.clone().map(|host| {
+            let bytes = bytes.clone();
+            tokio::task::spawn_blocking(move || {
+                let partial = host.partial(None)?;
+                let written = super::host::write_read_only(&partial, &bytes);
+                Ok::<_, std::io::Error>((host, partial, written))
+            })
+        });
+        let object = naming
+            .await
+            .map_err(|e| ObjectsError::io("could not name what is put", e))?;
+        if let Some(Ok(Ok((host, partial, written)))) = match leaving {
+            Some(leaving) => Some(leaving.await),
+            None => None,
+        } {
+            let named = object.clone();
+            let left = tokio::task::spawn_blocking(move || host.settle(&named, &partial, written));
+            if let Ok(Err(error)) = left.await {
+                tracing::warn!(%error, %object, "an object put was not left on this host");
+            }
         }
-        let n = self.chunk_bytes;
-        let chunks = (0..bytes.len().div_ceil(n))
-            .map(|i| Ok(bytes.slice(i * n..((i + 1) * n).min(bytes.len()))));
-        let (sent, _) = self
-            .upload(&object, size, futures::stream::iter(chunks))
-            .await?;
+        let size = bytes.len() as u64;
+        let sent = match self.stat(&object).await? {
+            Some(_) => false,
+            None => {
+                // Bytes do not change: what is sent is what was named.
+                let n = self.chunk_bytes;
+                let chunks = (0..bytes.len().div_ceil(n))
+                    .map(|i| Ok(bytes.slice(i * n..((i + 1) * n).min(bytes.len()))));
+                self.upload(&object, size, futures::stream::iter(chunks), false)
+                    .await?
+                    .0
+            }
+        };
         Ok(Put { object, size, sent })
     }
 
@@ -234,6 +272,14 @@ impl Objects {
         let file = tokio::fs::File::open(path)
             .await
             .map_err(|e| ObjectsError::io(&format!("could not open {shown}"), e))?;
+        // What is sent is left on this host too, kept only if it is what was named.
+        let copy = self.host.as_ref().and_then(|host| {
+            let partial = host.partial(Some(&object)).ok()?;
+            let file = std::fs::File::create_new(&partial).ok()?;
+            Some((host.clone(), partial, file))
+        });
+        let mut sink = copy.as_ref().map(|(_, _, file)| file);
+        use futures::StreamExt;
         let n = self.chunk_bytes;
         let chunks = futures::stream::unfold(file, move |mut file| async move {
             let mut buffer = bytes::BytesMut::with_capacity(n);
@@ -245,8 +291,28 @@ impl Objects {
                 }
             }
             (!buffer.is_empty()).then(|| (Ok(buffer.freeze()), file))
+        })
+        .inspect(move |chunk| {
+            use std::io::Write;
+            if let (Some(file), Ok(chunk)) = (&mut sink, chunk) {
+                if file.write_all(chunk).is_err() {
+                    sink = None;
+                }
+            }
         });
-        let (sent, sent_as) = self.upload(&object, size, chunks).await?;
+        let uploaded = self.upload(&object, size, chunks, true).await;
+        if let Some((host, partial, file)) = copy {
+            let whole = matches!(&uploaded, Ok((_, sent_as)) if *sent_as == object)
+                && file.metadata().is_ok_and(|m| m.len() == size);
+            let written = match whole {
+                true => file.set_permissions(read_only()),
+                false => Err(std::io::Error::other("not what was named")),
+            };
+            let named = object.clone();
+            let _ =
+                tokio::task::spawn_blocking(move || host.settle(&named, &partial, written)).await;
+        }
+        let (sent, sent_as) = uploaded?;
         if sent_as != object {
             return Err(ObjectsError::Changed {
                 path: shown,
@@ -259,17 +325,22 @@ impl Objects {
 
     /// Sends the chunks of `object` under a fresh id, then its metadata, if no metadata for
     /// that name is there by then: whether it stored them (false when another writer's
-    /// metadata came first), and the reference of what was sent. Chunks it sent but did not
-    /// make part of an object are purged, or left for the driver's sweep if that fails.
+    /// metadata came first), and the reference of what was sent (`object` itself unless
+    /// `check`, for bytes that cannot change). Chunks it sent but did not make part of an
+    /// object are purged, or left for the driver's sweep if that fails.
     async fn upload(
         &self,
         object: &ObjectRef,
         size: u64,
         chunks: impl futures::Stream<Item = std::io::Result<Bytes>>,
+        check: bool,
     ) -> Result<(bool, ObjectRef), ObjectsError> {
         let nuid = uuid::Uuid::new_v4().simple().to_string();
         let chunk_subject = format!("$O.{}.C.{nuid}", self.bucket);
-        let sent = self.send_chunks(&chunk_subject, chunks).await;
+        let sent = self
+            .send_chunks(&chunk_subject, chunks, check.then(Hasher::default))
+            .await
+            .map(|(count, hash)| (count, hash.unwrap_or_else(|| object.clone())));
         let (count, sent_as) = match sent {
             Ok(sent) => sent,
             Err(error) => {
@@ -296,16 +367,17 @@ impl Objects {
     }
 
     /// Publishes `chunks` on `subject`, with up to [`CHUNKS_IN_FLIGHT`] acknowledgements
-    /// outstanding: how many, and the reference of their bytes.
+    /// outstanding: how many, and the reference of their bytes if given a `hasher`.
     async fn send_chunks(
         &self,
         subject: &str,
         chunks: impl futures::Stream<Item = std::io::Result<Bytes>>,
-    ) -> Result<(u64, ObjectRef), ObjectsError> {
+        mut hasher: Option<Hasher>,
+    ) -> Result<(u64, Option<ObjectRef>), ObjectsError> {
         use futures::StreamExt;
         let mut chunks = std::pin::pin!(chunks);
         let mut acks: VecDeque<PublishAckFuture> = VecDeque::new();
-        let (mut hasher, mut count) = (Hasher::default(), 0u64);
+        let mut count = 0u64;
         let mut outcome = Ok(());
         while let Some(chunk) = chunks.next().await {
             let chunk = match chunk {
@@ -315,7 +387,9 @@ impl Objects {
                     break;
                 }
             };
-            hasher.update(&chunk);
+            if let Some(hasher) = &mut hasher {
+                hasher.update(&chunk);
+            }
             count += 1;
             match self.context.publish(subject.to_string(), chunk).await {
                 Ok(ack) => acks.push_back(ack),
@@ -342,7 +416,7 @@ impl Objects {
                 }
             }
         }
-        outcome.map(|()| (count, hasher.finish()))
+        outcome.map(|()| (count, hasher.map(Hasher::finish)))
     }
 
     /// Writes the metadata of `object`, whose chunks are under `nuid`, if the name has none
@@ -449,6 +523,51 @@ impl Objects {
         renamed
     }
 
+    /// As [`Objects::fetch_to`], but from this host's shared objects if they have it (then
+    /// without checking it again: see [`super::host`]); and a fetched object is shared there.
+    /// Its size, and whether it came from the host.
+    pub async fn take_or_fetch(
+        &self,
+        object: &ObjectRef,
+        path: &Path,
+    ) -> Result<(u64, bool), ObjectsError> {
+        let Some(host) = self.host.clone() else {
+            return Ok((self.fetch_to(object, path).await?, false));
+        };
+        let (found, to) = (object.clone(), path.to_path_buf());
+        let taken = tokio::task::spawn_blocking(move || {
+            if !host.dir().exists() {
+                return Ok(None);
+            }
+            let partial = host.partial(Some(&found))?;
+            let taken = host.take(&found, &partial);
+            let placed = match taken {
+                Ok(Some(size)) => std::fs::rename(&partial, &to).map(|()| Some(size)),
+                other => other,
+            };
+            if !matches!(placed, Ok(Some(_))) {
+                let _ = std::fs::remove_file(&partial);
+            }
+            placed
+        })
+        .await;
+        match taken {
+            Ok(Ok(Some(size))) => return Ok((size, true)),
+            Ok(Ok(None)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, %object, "could not take an object from this host's; \
+                               fetching it")
+            }
+            Err(error) => tracing::warn!(%error, "could not look for an object on this host"),
+        }
+        let size = self.fetch_to(object, path).await?;
+        if let Some(host) = self.host.clone() {
+            let (object, from) = (object.clone(), path.to_path_buf());
+            let _ = tokio::task::spawn_blocking(move || host.leave_link(&object, &from)).await;
+        }
+        Ok((size, false))
+    }
+
     async fn fetch_into(&self, object: &ObjectRef, path: &Path) -> Result<u64, ObjectsError> {
         let mut reader = self.reader(object).await?;
         let shown = path.display().to_string();
@@ -543,6 +662,12 @@ impl Metadata {
             put_ms,
         }
     }
+}
+
+/// Readable by all, writable by none.
+fn read_only() -> std::fs::Permissions {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::Permissions::from_mode(0o444)
 }
 
 /// The reference of the file at `path`, and its size.

@@ -317,6 +317,11 @@ pub struct ObjectCounts {
     /// Objects fetched from the store into its cache, and their bytes.
     pub fetches: u64,
     pub fetched_bytes: u64,
+    /// Objects it took from its host's shared directory instead of fetching, and their bytes.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_takes: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_taken_bytes: u64,
     /// Tasks' objects found in the cache (or being fetched already), and not found.
     pub cache_hits: u64,
     pub cache_misses: u64,
@@ -333,6 +338,8 @@ impl std::ops::AddAssign for ObjectCounts {
         let sums = [
             (&mut self.fetches, other.fetches),
             (&mut self.fetched_bytes, other.fetched_bytes),
+            (&mut self.host_takes, other.host_takes),
+            (&mut self.host_taken_bytes, other.host_taken_bytes),
             (&mut self.cache_hits, other.cache_hits),
             (&mut self.cache_misses, other.cache_misses),
             (&mut self.puts, other.puts),

@@ -36,6 +36,14 @@ pub struct TestCluster {
     pub cluster: String,
 }
 
+/// The objects a test's processes shared on this host go with it.
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let dir = ember::objects::host::default_dir(self.subjects.prefix());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 impl TestCluster {
     /// Who holds the cluster's leader lease, as the key says now.
     pub async fn lease_holder(&self) -> Option<ember::driver::lease::Holder> {

@@ -50,6 +50,7 @@ function bytes(n) {
 function objectCounts(o) {
   if (!o) return "";
   return `fetched ${o.fetches || 0} (${bytes(o.fetched_bytes || 0)}), ` +
+    `from the host ${o.host_takes || 0} (${bytes(o.host_taken_bytes || 0)}), ` +
     `cache ${o.cache_hits || 0} hits / ${o.cache_misses || 0} misses, put ${o.puts || 0}`;
 }
 

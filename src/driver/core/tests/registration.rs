@@ -445,6 +445,8 @@ fn heartbeats_carry_each_executors_object_counts_and_the_registry_sums_them() {
         objects: crate::protocol::ObjectCounts {
             fetches,
             fetched_bytes: fetches.saturating_mul(1 << 20),
+            host_takes: puts,
+            host_taken_bytes: puts,
             cache_hits: fetches.saturating_mul(3),
             cache_misses: fetches,
             puts,
@@ -472,6 +474,7 @@ fn heartbeats_carry_each_executors_object_counts_and_the_registry_sums_them() {
         (12, 4)
     );
     assert_eq!((snapshot.objects.puts, snapshot.objects.put_bytes), (1, 10));
+    assert_eq!(snapshot.objects.host_takes, 1);
     core.remove_executor(&eid("a"), "gone".into(), 40);
     assert_eq!(core.executors_snapshot().objects.fetches, 1);
     // Counts near the top of a u64 from a wrong executor saturate the sum, not wrap it.
