@@ -231,8 +231,15 @@ async fn bare_gets(
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// A directory for the executors' caches and the host's shared objects: in memory
+/// (`/dev/shm`) where the machine has it, as Ray keeps its object store, else the temp dir.
 fn tempdir() -> anyhow::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
+    let shm = std::path::Path::new("/dev/shm");
+    let base = match shm.is_dir() {
+        true => shm.to_path_buf(),
+        false => std::env::temp_dir(),
+    };
+    let dir = base.join(format!(
         "ember-bench-broadcast-{}",
         uuid::Uuid::new_v4().simple()
     ));
