@@ -456,6 +456,18 @@ async fn commands_read_their_inputs_fetched_once_and_their_outputs_come_back_as_
     let _ = std::fs::remove_dir_all(&data_dir);
 }
 
+/// Runs `job`, which must succeed within a minute.
+async fn succeeds(api: &ember::client::EmberClient, job: ember::protocol::SubmitJob) {
+    let summary = within(Duration::from_secs(60), api.run_job(job, |_| {}))
+        .await
+        .expect("the job runs");
+    assert_eq!(
+        summary.state,
+        ember::protocol::JobState::Succeeded,
+        "{summary:?}"
+    );
+}
+
 #[tokio::test]
 async fn executors_on_the_host_of_a_put_take_the_object_from_it_and_others_fetch_it() {
     use ember::objects::host::HostSetting;
@@ -484,14 +496,7 @@ async fn executors_on_the_host_of_a_put_take_the_object_from_it_and_others_fetch
 
     // An executor on a host of its own fetches the object from the store.
     let (far, far_metrics, far_dir) = executor(&cluster, "objects-host-far", 2, None).await;
-    let summary = within(Duration::from_secs(60), api.run_job(job(), |_| {}))
-        .await
-        .expect("the job runs");
-    assert_eq!(
-        summary.state,
-        ember::protocol::JobState::Succeeded,
-        "{summary:?}"
-    );
+    succeeds(&api, job()).await;
     let text = ember::metrics::Scrape::encode(far_metrics.as_ref());
     assert_eq!(metric(&text, "ember_executor_object_fetches_total"), 1.0);
     assert_eq!(metric(&text, "ember_executor_object_host_takes_total"), 0.0);
@@ -515,14 +520,7 @@ async fn executors_on_the_host_of_a_put_take_the_object_from_it_and_others_fetch
             .await;
         near.push((running, metrics));
     }
-    let summary = within(Duration::from_secs(60), api.run_job(job(), |_| {}))
-        .await
-        .expect("the job runs");
-    assert_eq!(
-        summary.state,
-        ember::protocol::JobState::Succeeded,
-        "{summary:?}"
-    );
+    succeeds(&api, job()).await;
     let mut took = 0.0;
     for (_, metrics) in &near {
         let text = ember::metrics::Scrape::encode(metrics.as_ref());
