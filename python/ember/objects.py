@@ -177,7 +177,7 @@ def _leave_on_host(host, ref, data):
     files go past HOST_BYTES. Sharing saves fetches: if it fails, the executors fetch."""
     if host is None or os.path.exists(os.path.join(host, ref)):
         return
-    partial = os.path.join(host, f"{ref}.part-{uuid.uuid4().hex}")
+    partial = os.path.join(host, f".part-{uuid.uuid4().hex}")
     try:
         os.makedirs(host, mode=0o700, exist_ok=True)
         info = os.lstat(host)

@@ -304,11 +304,8 @@ fn place(from: &Path, to: &Path) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(format!("could not replace {shown}: {e}")),
     }
-    if std::fs::hard_link(from, to).is_err() {
-        std::fs::copy(from, to).map_err(|e| format!("could not place input {shown}: {e}"))?;
-        let _ = std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o444));
-    }
-    Ok(())
+    crate::objects::host::link_or_copy(from, to)
+        .map_err(|e| format!("could not place input {shown}: {e}"))
 }
 
 /// Puts every regular file under `dir` that one of `patterns` matches (paths relative to

@@ -58,9 +58,8 @@ impl CacheCounts {
 
 /// One object the cache has or is fetching.
 struct Slot {
-    /// Its size once fetched (and whether from the host's shared objects), or why it could
-    /// not be; set once, by the one fetch.
-    fetched: OnceCell<Result<(u64, bool), String>>,
+    /// Its size once fetched, or why it could not be; set once, by the one fetch.
+    fetched: OnceCell<Result<u64, String>>,
     /// How many holds are out on it: never evicted while any is.
     holders: AtomicU64,
     /// When it was last held (a counter of holds).
@@ -108,7 +107,7 @@ impl Cache {
             let meta = entry.metadata()?;
             match object {
                 Some(object) if meta.is_file() && name.to_str() == Some(object.as_str()) => {
-                    let fetched = OnceCell::new_with(Some(Ok((meta.len(), false))));
+                    let fetched = OnceCell::new_with(Some(Ok(meta.len())));
                     let slot = Slot {
                         fetched,
                         holders: AtomicU64::new(0),
@@ -160,10 +159,17 @@ impl Cache {
             .fetched
             .get_or_init(|| async {
                 fetched_here = true;
-                objects
+                let (size, from_host) = objects
                     .take_or_fetch(object, &held.path)
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())?;
+                let (count, bytes) = match from_host {
+                    false => (&self.counts.fetches, &self.counts.fetched_bytes),
+                    true => (&self.counts.host_takes, &self.counts.host_taken_bytes),
+                };
+                count.inc();
+                bytes.inc_by(size);
+                Ok(size)
             })
             .await
             .clone();
@@ -172,14 +178,8 @@ impl Cache {
             true => self.counts.misses.inc(),
         };
         match fetched {
-            Ok((size, from_host)) => {
+            Ok(_) => {
                 if fetched_here {
-                    let (count, bytes) = match from_host {
-                        false => (&self.counts.fetches, &self.counts.fetched_bytes),
-                        true => (&self.counts.host_takes, &self.counts.host_taken_bytes),
-                    };
-                    count.inc();
-                    bytes.inc_by(size);
                     self.evict();
                 }
                 Ok(held)
@@ -213,7 +213,7 @@ impl Cache {
         std::fs::write(&partial, data)?;
         std::fs::rename(&partial, &path)?;
         let slot = Slot {
-            fetched: OnceCell::new_with(Some(Ok((data.len() as u64, false)))),
+            fetched: OnceCell::new_with(Some(Ok(data.len() as u64))),
             holders: AtomicU64::new(0),
             last_used: AtomicU64::new(self.clock.fetch_add(1, Relaxed)),
         };
@@ -264,10 +264,7 @@ impl Cache {
 
 /// A slot's size once it is fetched.
 fn size_of(slot: &Slot) -> Option<u64> {
-    slot.fetched
-        .get()
-        .and_then(|r| r.as_ref().ok())
-        .map(|(size, _)| *size)
+    slot.fetched.get().and_then(|r| r.as_ref().ok()).copied()
 }
 
 #[cfg(test)]

@@ -130,13 +130,25 @@ impl HostObjects {
         self.dir.join(object.as_str())
     }
 
-    /// A fresh name beside the objects for a file being written (of `object`, if it is known
-    /// yet), the directory made if it is missing.
-    pub fn partial(&self, object: Option<&ObjectRef>) -> std::io::Result<PathBuf> {
+    /// A fresh name beside the objects for a file being written, the directory made if it
+    /// is missing.
+    pub fn partial(&self) -> std::io::Result<PathBuf> {
         self.make()?;
-        let object = object.map_or("", ObjectRef::as_str);
         let id = uuid::Uuid::new_v4().simple();
-        Ok(self.dir.join(format!("{object}.part-{id}")))
+        Ok(self.dir.join(format!(".part-{id}")))
+    }
+
+    /// Writes `bytes` to a fresh file beside the objects, before their reference is known:
+    /// [`HostObjects::settle`] names it.
+    pub fn write_unnamed(&self, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        let partial = self.partial()?;
+        match write_read_only(&partial, bytes) {
+            Ok(()) => Ok(partial),
+            Err(error) => {
+                let _ = std::fs::remove_file(&partial);
+                Err(error)
+            }
+        }
     }
 
     /// Leaves `bytes`, whose reference is `object`, for the other processes of the host.
@@ -144,24 +156,16 @@ impl HostObjects {
         if self.path(object).exists() {
             return Ok(());
         }
-        let partial = self.partial(Some(object))?;
-        let written = write_read_only(&partial, bytes);
-        self.settle(object, &partial, written)
+        self.settle(object, &self.write_unnamed(bytes)?)
     }
 
-    /// Moves `partial`, a file whose bytes were checked to be `object`'s, into place; or
-    /// removes it if `written` failed.
-    pub fn settle(
-        &self,
-        object: &ObjectRef,
-        partial: &Path,
-        written: std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        let placed = written.and_then(|()| std::fs::rename(partial, self.path(object)));
-        if placed.is_err() {
+    /// Moves `partial`, a file beside the objects whose bytes were checked to be `object`'s,
+    /// into place (removing it if it cannot be).
+    pub fn settle(&self, object: &ObjectRef, partial: &Path) -> std::io::Result<()> {
+        if let Err(error) = std::fs::rename(partial, self.path(object)) {
             let _ = std::fs::remove_file(partial);
+            return Err(error);
         }
-        placed?;
         self.trim();
         Ok(())
     }
@@ -169,38 +173,32 @@ impl HostObjects {
     /// Leaves the file at `from` (an executor's checked copy of `object`) by a second link to
     /// it, or not at all where a link cannot be made: nothing is copied for this.
     pub fn leave_link(&self, object: &ObjectRef, from: &Path) {
-        let Ok(partial) = self.partial(Some(object)) else {
+        let Ok(partial) = self.partial() else {
             return;
         };
         if std::fs::hard_link(from, &partial).is_ok() {
-            let _ = self.settle(object, &partial, Ok(()));
+            let _ = self.settle(object, &partial);
         }
     }
 
-    /// Puts `object` at `to` (which must not exist) if the host has it: a link to the host's
-    /// file, or a copy where a link cannot be made. Its size, or none if the host has no such
-    /// object.
+    /// Puts `object` at `to` if the host has it ([`link_or_copy`], into a file beside `to`
+    /// renamed into place): its size, or none if the host has no such object.
     pub fn take(&self, object: &ObjectRef, to: &Path) -> std::io::Result<Option<u64>> {
-        let from = self.path(object);
-        let size = match std::fs::metadata(&from) {
-            Ok(meta) if meta.is_file() => meta.len(),
-            Ok(_) => return Ok(None),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        match std::fs::hard_link(&from, to) {
-            Ok(()) => Ok(Some(size)),
-            // Removed since it was seen: fetched from the store instead.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(_) => match std::fs::copy(&from, to) {
-                Ok(copied) if copied == size => Ok(Some(size)),
-                Ok(_) => {
-                    let _ = std::fs::remove_file(to);
-                    Ok(None)
+        let partial = to.with_extension(format!("take-{}", uuid::Uuid::new_v4().simple()));
+        let taken = link_or_copy(&self.path(object), &partial).and_then(|()| {
+            let size = std::fs::metadata(&partial)?.len();
+            std::fs::rename(&partial, to).map(|()| size)
+        });
+        match taken {
+            Ok(size) => Ok(Some(size)),
+            Err(error) => {
+                let _ = std::fs::remove_file(&partial);
+                match error.kind() {
+                    // Not there, or removed since: fetched from the store instead.
+                    std::io::ErrorKind::NotFound => Ok(None),
+                    _ => Err(error),
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(e),
-            },
+            }
         }
     }
 
@@ -219,7 +217,7 @@ impl HostObjects {
             let name = name.to_str().unwrap_or("");
             if ObjectRef::parse(name).is_ok() {
                 files.push((modified, meta.len(), entry.path()));
-            } else if name.contains(".part-") && modified.elapsed().unwrap_or_default() > STALE {
+            } else if name.starts_with(".part-") && modified.elapsed().unwrap_or_default() > STALE {
                 // A write whose process died.
                 let _ = std::fs::remove_file(entry.path());
             }
@@ -235,6 +233,26 @@ impl HostObjects {
             }
         }
     }
+}
+
+/// Puts the file `from` at `to` (which must not exist), read-only: a hard link, or a copy where
+/// a link cannot be made (another file system).
+pub fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::hard_link(from, to).is_err() {
+        std::fs::copy(from, to)?;
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o444))?;
+    }
+    Ok(())
+}
+
+/// Runs `work` on a thread that may block, started at once: its outcome, a panic included as
+/// an error.
+pub(crate) fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> impl std::future::Future<Output = std::io::Result<T>> {
+    let handle = tokio::task::spawn_blocking(work);
+    async move { handle.await.map_err(std::io::Error::other)? }
 }
 
 /// Writes `bytes` to a new file at `path`, readable and not writable.

@@ -4,7 +4,7 @@
 //! uploads even what is already there, replaces an object of the same name, and waits for
 //! each chunk's acknowledgement before it sends the next.
 
-use super::host::{HostObjects, HostSetting};
+use super::host::{blocking, HostObjects, HostSetting};
 use super::{Hasher, ObjectRef};
 use crate::streams::Need;
 use crate::subjects::Subjects;
@@ -190,11 +190,6 @@ impl Objects {
         self
     }
 
-    /// Where this host's processes share objects, if they do.
-    pub fn host(&self) -> Option<&HostObjects> {
-        self.host.as_ref()
-    }
-
     /// How much the store holds now.
     pub async fn usage(&self) -> Result<Usage, ObjectsError> {
         let mut stream = self
@@ -218,25 +213,21 @@ impl Objects {
     /// A copy is left on this host for its executors, written while the bytes are named.
     pub async fn put_bytes(&self, bytes: Bytes) -> Result<Put, ObjectsError> {
         let hashed = bytes.clone();
-        let naming = tokio::task::spawn_blocking(move || ObjectRef::of(&hashed));
+        let naming = blocking(move || Ok(ObjectRef::of(&hashed)));
         let leaving = self.host.clone().map(|host| {
             let bytes = bytes.clone();
-            tokio::task::spawn_blocking(move || {
-                let partial = host.partial(None)?;
-                let written = super::host::write_read_only(&partial, &bytes);
-                Ok::<_, std::io::Error>((host, partial, written))
-            })
+            blocking(move || host.write_unnamed(&bytes).map(|partial| (host, partial)))
         });
         let object = naming
             .await
             .map_err(|e| ObjectsError::io("could not name what is put", e))?;
-        if let Some(Ok(Ok((host, partial, written)))) = match leaving {
-            Some(leaving) => Some(leaving.await),
-            None => None,
-        } {
+        if let Some(leaving) = leaving {
             let named = object.clone();
-            let left = tokio::task::spawn_blocking(move || host.settle(&named, &partial, written));
-            if let Ok(Err(error)) = left.await {
+            let left = async move {
+                let (host, partial) = leaving.await?;
+                blocking(move || host.settle(&named, &partial)).await
+            };
+            if let Err(error) = left.await {
                 tracing::warn!(%error, %object, "an object put was not left on this host");
             }
         }
@@ -274,7 +265,7 @@ impl Objects {
             .map_err(|e| ObjectsError::io(&format!("could not open {shown}"), e))?;
         // What is sent is left on this host too, kept only if it is what was named.
         let copy = self.host.as_ref().and_then(|host| {
-            let partial = host.partial(Some(&object)).ok()?;
+            let partial = host.partial().ok()?;
             let file = std::fs::File::create_new(&partial).ok()?;
             Some((host.clone(), partial, file))
         });
@@ -303,14 +294,14 @@ impl Objects {
         let uploaded = self.upload(&object, size, chunks, true).await;
         if let Some((host, partial, file)) = copy {
             let whole = matches!(&uploaded, Ok((_, sent_as)) if *sent_as == object)
-                && file.metadata().is_ok_and(|m| m.len() == size);
-            let written = match whole {
-                true => file.set_permissions(read_only()),
-                false => Err(std::io::Error::other("not what was named")),
-            };
+                && file.metadata().is_ok_and(|m| m.len() == size)
+                && file.set_permissions(read_only()).is_ok();
             let named = object.clone();
-            let _ =
-                tokio::task::spawn_blocking(move || host.settle(&named, &partial, written)).await;
+            let _ = blocking(move || match whole {
+                true => host.settle(&named, &partial),
+                false => std::fs::remove_file(&partial),
+            })
+            .await;
         }
         let (sent, sent_as) = uploaded?;
         if sent_as != object {
@@ -531,39 +522,23 @@ impl Objects {
         object: &ObjectRef,
         path: &Path,
     ) -> Result<(u64, bool), ObjectsError> {
-        let Some(host) = self.host.clone() else {
-            return Ok((self.fetch_to(object, path).await?, false));
-        };
-        let (found, to) = (object.clone(), path.to_path_buf());
-        let taken = tokio::task::spawn_blocking(move || {
-            if !host.dir().exists() {
-                return Ok(None);
+        if let Some(host) = self.host.clone() {
+            let (found, to) = (object.clone(), path.to_path_buf());
+            match blocking(move || host.take(&found, &to)).await {
+                Ok(Some(size)) => return Ok((size, true)),
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, %object, "could not take an object from \
+                                             this host's; fetching it"),
             }
-            let partial = host.partial(Some(&found))?;
-            let taken = host.take(&found, &partial);
-            let placed = match taken {
-                Ok(Some(size)) => std::fs::rename(&partial, &to).map(|()| Some(size)),
-                other => other,
-            };
-            if !matches!(placed, Ok(Some(_))) {
-                let _ = std::fs::remove_file(&partial);
-            }
-            placed
-        })
-        .await;
-        match taken {
-            Ok(Ok(Some(size))) => return Ok((size, true)),
-            Ok(Ok(None)) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(%error, %object, "could not take an object from this host's; \
-                               fetching it")
-            }
-            Err(error) => tracing::warn!(%error, "could not look for an object on this host"),
         }
         let size = self.fetch_to(object, path).await?;
         if let Some(host) = self.host.clone() {
             let (object, from) = (object.clone(), path.to_path_buf());
-            let _ = tokio::task::spawn_blocking(move || host.leave_link(&object, &from)).await;
+            let _ = blocking(move || {
+                host.leave_link(&object, &from);
+                Ok(())
+            })
+            .await;
         }
         Ok((size, false))
     }
