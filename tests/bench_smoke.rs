@@ -52,6 +52,16 @@ async fn ember_bench_quick_reports_every_workload() {
     let journaled = &report["bare"]["journaled_chain"];
     assert_eq!(journaled["samples"], report["latency"]["samples"]);
     assert!(journaled["p50_ms"].as_f64().unwrap() > 0.0, "{journaled}");
+    // The floor of storing each status on its way to the driver: its round trip over as many
+    // rounds, and its loop at each core count.
+    let stored = &report["bare"]["stored_status_chain"];
+    assert_eq!(stored["samples"], report["latency"]["samples"]);
+    assert!(stored["p50_ms"].as_f64().unwrap() > 0.0, "{stored}");
+    let stored_loops = report["bare"]["stored_status_loops"].as_array().unwrap();
+    assert_eq!(stored_loops.len(), 2, "{stored_loops:?}");
+    assert!(stored_loops
+        .iter()
+        .all(|l| l["tasks_per_s"].as_f64().unwrap() > 0.0));
     let loops = report["bare"]["loops"].as_array().unwrap();
     assert_eq!(loops.len(), 2, "one bare loop per core count: {loops:?}");
     assert!(loops

@@ -12,6 +12,13 @@
 //!   which stores before it tells adds to a one-task job (the submission, written as the
 //!   launch goes out; the task's and the job's end, written when the status comes, and the end
 //!   told once both are stored): the bound on Ember's round trip with its journal.
+//! - **stored-status chain and loop**: the floor of a design in which the store happens on
+//!   the way to the driver. The executor publishes its status into a JetStream file stream,
+//!   which acknowledges it to the executor and republishes it, stored, to the driver: the
+//!   driver writes nothing when a status comes. In the chain the relay still writes the
+//!   submission as it sends the launch, and tells the end once that write and the status are
+//!   stored; in the loop each executor sends its next batch once it has both the launches the
+//!   driver answered with (on its inbox) and the stream's acknowledgement of the batch before.
 
 use super::{noop, noops, percentiles};
 use crate::ids::ExecutorId;
@@ -23,7 +30,7 @@ use anyhow::Context;
 use async_nats::Client;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -39,6 +46,12 @@ pub struct Bare {
     /// The journaled chain, measured when the journaled workloads run.
     #[serde(default)]
     pub journaled_chain: Option<super::Percentiles>,
+    /// The stored-status chain, measured when the journaled workloads run.
+    #[serde(default)]
+    pub stored_status_chain: Option<super::Percentiles>,
+    /// The stored-status loop at each core count, measured when the journaled workloads run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stored_status_loops: Vec<Loop>,
 }
 
 /// The bare loop at one core count: each status batch reports `cores` tasks, and each answer
@@ -57,6 +70,17 @@ impl Bare {
     pub fn at(&self, cores: u32) -> Option<&Loop> {
         self.loops.iter().find(|l| l.cores == cores)
     }
+}
+
+/// How the chain's parties store what they are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Storing {
+    /// Nothing is stored.
+    Nothing,
+    /// The driver stores the submission and the status before it tells the end.
+    Journal,
+    /// The driver stores the submission; the executor's status is stored on its way.
+    StatusOnTheWay,
 }
 
 /// How long a party waits for any one message before the measurement fails.
@@ -90,6 +114,8 @@ pub async fn measure(
             chain_p50_ms: chain.p50_ms,
             chain_p99_ms: chain.p99_ms,
             journaled_chain: None,
+            stored_status_chain: None,
+            stored_status_loops: Vec::new(),
         })
     })
     .await?
@@ -219,12 +245,14 @@ async fn relay(
     }
 }
 
-/// The chain's driver with a journal: as [`relay`] with the routes of the chain, but each
-/// message it takes is first written to a JetStream stream (`BENCH_CHAIN`, file storage, as
-/// Ember's journal); the launch goes out at once, and the end once both writes are stored.
+/// The chain's driver with a journal: as [`relay`] with the routes of the chain, but the
+/// submission is first written to a JetStream stream (`BENCH_CHAIN`, file storage, as Ember's
+/// journal), and so is the status if `store_status`; the launch goes out at once, and the end
+/// once the writes are stored.
 async fn journaled_relay(
     client: Client,
     routes: Vec<(&'static str, &'static str, bytes::Bytes)>,
+    store_status: bool,
     stop: oneshot::Receiver<()>,
 ) -> anyhow::Result<()> {
     use async_nats::jetstream::{self, stream};
@@ -252,15 +280,185 @@ async fn journaled_relay(
                 submitted = Some(write);
             }
             Some(message) = statuses.next() => {
-                let ended = js.publish("bench.chain.journal", message.payload).await?;
+                let ended = match store_status {
+                    true => Some(js.publish("bench.chain.journal", message.payload).await?),
+                    false => None,
+                };
                 if let Some(write) = submitted.take() {
                     write.await?;
                 }
-                ended.await?;
+                if let Some(ended) = ended {
+                    ended.await?;
+                }
                 client.publish(routes[1].1, routes[1].2.clone()).await?;
             }
         }
     }
+}
+
+/// Makes `name`, a JetStream file stream of the statuses published on `subjects`, which
+/// republishes each once stored: `subjects` with its first `from` token replaced by `to`.
+async fn status_stream(client: &Client, name: &str, from: &str, to: &str) -> anyhow::Result<()> {
+    use async_nats::jetstream::{self, stream};
+    let subjects = format!("{from}.>");
+    jetstream::new(client.clone())
+        .get_or_create_stream(stream::Config {
+            name: name.into(),
+            subjects: vec![subjects.clone()],
+            storage: stream::StorageType::File,
+            republish: Some(stream::Republish {
+                source: subjects,
+                destination: format!("{to}.>"),
+                headers_only: false,
+            }),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the bench's {name} stream: {e}"))?;
+    Ok(())
+}
+
+/// The chain's executor when statuses are stored on their way: for each launch, publishes
+/// `status` into the status stream (on `stored`) and lets the stream tell the driver; each
+/// acknowledgement is awaited beside the next launches.
+async fn storing_relay(
+    client: Client,
+    launches: &'static str,
+    stored: &'static str,
+    status: bytes::Bytes,
+    stop: oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    let js = async_nats::jetstream::new(client.clone());
+    let mut launched = client.subscribe(launches).await?;
+    client.flush().await?;
+    let subject = format!("{stored}.bench-0");
+    let mut acks = futures::stream::FuturesUnordered::new();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            Some(ack) = acks.next(), if !acks.is_empty() => {
+                let _: async_nats::jetstream::publish::PublishAck = ack?;
+            }
+            Some(_) = launched.next() => {
+                acks.push(js.publish(subject.clone(), status.clone()).await?.into_future());
+            }
+        }
+    }
+}
+
+/// Cycles per second of `executors` executors of `cores` cores that store each status batch
+/// on its way to the driver: each publishes a batch into a status stream, which republishes
+/// it, stored, to the driver; the driver answers with the launches on the executor's inbox,
+/// and the executor sends its next batch once it has them and the stream's acknowledgement.
+fn stored_status_loop(url: &str, executors: u32, cores: u32, cycles: usize) -> anyhow::Result<f64> {
+    let (stop, stopped) = oneshot::channel();
+    let launches = launches(cores);
+    // A stream and subjects of each core count's own: streams may not share subjects.
+    let stream = format!("BENCH_LOOP_STATUS_{cores}");
+    let (into, stored) = (
+        format!("bench.loop{cores}.in"),
+        format!("bench.loop{cores}.stored"),
+    );
+    let driver = spawn_party(url, move |client| async move {
+        status_stream(&client, &stream, &into, &stored).await?;
+        let mut statuses = client.subscribe(format!("{stored}.>")).await?;
+        client.flush().await?;
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return anyhow::Ok(()),
+                Some(status) = statuses.next() => {
+                    let executor = status.subject.rsplit('.').next().unwrap_or_default();
+                    let inbox = format!("bench.loop{cores}.launch.{executor}");
+                    client.publish(inbox, launches.clone()).await?;
+                }
+            }
+        }
+    });
+    let start = Arc::new(Barrier::new(executors as usize));
+    let parties: Vec<_> = (0..executors)
+        .map(|i| {
+            let start = start.clone();
+            spawn_party(url, move |client| async move {
+                let js = async_nats::jetstream::new(client.clone());
+                let (status, _) = status_and_answer(i, cores);
+                let subject = format!("bench.loop{cores}.in.bench-{i}");
+                let mut launched = client
+                    .subscribe(format!("bench.loop{cores}.launch.bench-{i}"))
+                    .await?;
+                client.flush().await?;
+                let (js, subject) = (&js, subject.as_str());
+                // Until the driver answers: its subscription and the stream may not be in
+                // place yet.
+                let ready = Instant::now() + PATIENCE;
+                let warm = async {
+                    let short = Duration::from_millis(100);
+                    while let Err(error) =
+                        stored_cycle(js, subject, &status, &mut launched, short).await
+                    {
+                        anyhow::ensure!(
+                            Instant::now() < ready,
+                            "no stored-status answer: {error:#}"
+                        );
+                    }
+                    // A late answer to a cycle that timed out would be taken for the next
+                    // one's.
+                    tokio::time::sleep(short).await;
+                    while let Ok(Some(_)) =
+                        tokio::time::timeout(Duration::ZERO, launched.next()).await
+                    {
+                    }
+                    for _ in 0..200 {
+                        stored_cycle(js, subject, &status, &mut launched, PATIENCE).await?;
+                    }
+                    anyhow::Ok(())
+                }
+                .await;
+                start.wait();
+                warm?;
+                let started = Instant::now();
+                for _ in 0..cycles {
+                    stored_cycle(js, subject, &status, &mut launched, PATIENCE).await?;
+                }
+                Ok(started.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for party in parties {
+        slowest = slowest.max(join(party)?);
+    }
+    let _ = stop.send(());
+    join(driver)?;
+    Ok(f64::from(executors) * cycles as f64 / slowest.as_secs_f64())
+}
+
+/// One cycle of a stored-status executor: publishes `status` into the status stream, then
+/// waits for the driver's launches and the stream's acknowledgement.
+async fn stored_cycle(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    status: &bytes::Bytes,
+    launched: &mut async_nats::Subscriber,
+    patience: Duration,
+) -> anyhow::Result<()> {
+    let ack = js.publish(subject.to_string(), status.clone()).await?;
+    tokio::time::timeout(patience, launched.next())
+        .await?
+        .context("subscription closed")?;
+    tokio::time::timeout(PATIENCE, ack.into_future()).await??;
+    Ok(())
+}
+
+/// The launches of `cores` tasks to one executor, as Ember encodes them.
+fn launches(cores: u32) -> bytes::Bytes {
+    encode(&ExecutorMessage::LaunchTasks {
+        tasks: (0..cores)
+            .map(|i| launch(123_457 + u64::from(i), 123_456 + i))
+            .collect(),
+        driver_instance: Some(uuid::Uuid::new_v4()),
+    })
 }
 
 /// Sends requests until one is answered: a flush only writes the SUB, so the other party's
@@ -329,18 +527,47 @@ fn bare_loop(url: &str, executors: u32, cores: u32, cycles: usize) -> anyhow::Re
 /// driver, which launches on the executor, whose status reaches the driver, which tells the
 /// client the job ended.
 fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
-    chain_through(url, rounds, false)
+    chain_through(url, rounds, Storing::Nothing)
 }
 
 /// `rounds` round trips through the journaled chain, on a server with JetStream.
 pub async fn journaled_chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
     let url = url.to_string();
-    tokio::task::spawn_blocking(move || chain_through(&url, rounds, true)).await?
+    tokio::task::spawn_blocking(move || chain_through(&url, rounds, Storing::Journal)).await?
 }
 
-/// The chain; with `journal`, its driver stores the submission and the end in a JetStream
-/// stream of its own before it tells the end.
-fn chain_through(url: &str, rounds: usize, journal: bool) -> anyhow::Result<super::Percentiles> {
+/// `rounds` round trips through the stored-status chain, on a server with JetStream.
+pub async fn stored_status_chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || chain_through(&url, rounds, Storing::StatusOnTheWay))
+        .await?
+}
+
+/// The stored-status loop at each `(cores, cycles)` given, on a server with JetStream.
+pub async fn stored_status_loops(
+    url: &str,
+    executors: u32,
+    loops: Vec<(u32, usize)>,
+) -> anyhow::Result<Vec<Loop>> {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        loops
+            .into_iter()
+            .map(|(cores, cycles)| {
+                let cycles_per_s = stored_status_loop(&url, executors, cores, cycles)?;
+                anyhow::Ok(Loop {
+                    cores,
+                    cycles_per_s,
+                    tasks_per_s: cycles_per_s * f64::from(cores),
+                })
+            })
+            .collect()
+    })
+    .await?
+}
+
+/// The chain, its parties storing as `storing` says in JetStream streams of their own.
+fn chain_through(url: &str, rounds: usize, storing: Storing) -> anyhow::Result<super::Percentiles> {
     let (stop_driver, driver_stopped) = oneshot::channel();
     let (stop_executor, executor_stopped) = oneshot::channel();
     let (status, _) = status_and_answer(0, 1);
@@ -348,18 +575,41 @@ fn chain_through(url: &str, rounds: usize, journal: bool) -> anyhow::Result<supe
     let driver = spawn_party(url, move |client| {
         let routes = vec![
             ("bench.chain.submit", "bench.chain.launch", launch),
-            ("bench.chain.status", "bench.chain.end", end),
+            // Stored statuses come republished, under the executor's name.
+            match storing {
+                Storing::StatusOnTheWay => ("bench.chain.status.>", "bench.chain.end", end),
+                _ => ("bench.chain.status", "bench.chain.end", end),
+            },
         ];
         async move {
-            match journal {
-                true => journaled_relay(client, routes, driver_stopped).await,
-                false => relay(client, routes, driver_stopped).await,
+            match storing {
+                Storing::Nothing => relay(client, routes, driver_stopped).await,
+                Storing::Journal => journaled_relay(client, routes, true, driver_stopped).await,
+                Storing::StatusOnTheWay => {
+                    journaled_relay(client, routes, false, driver_stopped).await
+                }
             }
         }
     });
-    let executor = spawn_party(url, move |client| {
-        let routes = vec![("bench.chain.launch", "bench.chain.status", status)];
-        relay(client, routes, executor_stopped)
+    let executor = spawn_party(url, move |client| async move {
+        match storing {
+            Storing::StatusOnTheWay => {
+                let stored = "bench.chain.stored";
+                status_stream(&client, "BENCH_CHAIN_STATUS", stored, "bench.chain.status").await?;
+                storing_relay(
+                    client,
+                    "bench.chain.launch",
+                    stored,
+                    status,
+                    executor_stopped,
+                )
+                .await
+            }
+            _ => {
+                let routes = vec![("bench.chain.launch", "bench.chain.status", status)];
+                relay(client, routes, executor_stopped).await
+            }
+        }
     });
     let samples = crate::cli::runtime()?.block_on(async {
         let client = async_nats::connect(url).await?;

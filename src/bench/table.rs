@@ -23,6 +23,33 @@ pub(super) fn headline(report: &Report) -> String {
     parts.join("; ")
 }
 
+/// The stored-status floor of the bare figures, if it was measured: each status stored on
+/// its way to the driver.
+fn stored_status(b: &super::bare::Bare) -> String {
+    let Some(chain) = &b.stored_status_chain else {
+        return String::new();
+    };
+    let loops = b.stored_status_loops.iter().map(|l| {
+        let of_bare = b.at(l.cores).map_or(String::new(), |bare| {
+            format!(
+                " ({:.0}% of the loop)",
+                100.0 * l.tasks_per_s / bare.tasks_per_s
+            )
+        });
+        format!(
+            "{:.0} tasks/s at {}{of_bare}",
+            l.tasks_per_s,
+            cores(l.cores)
+        )
+    });
+    format!(
+        "; statuses stored on their way: round trip p50 {:.3} ms ({:.2} x), loop {}",
+        chain.p50_ms,
+        chain.p50_ms / b.chain_p50_ms,
+        loops.collect::<Vec<_>>().join(", ")
+    )
+}
+
 /// "1 core", "64 cores".
 fn cores(n: u32) -> String {
     match n {
@@ -161,7 +188,7 @@ pub(super) fn print_table(report: &Report) {
                     "; with a journal's two writes: p50 {:.3} ms, p99 {:.3} ms",
                     j.p50_ms, j.p99_ms
                 )
-            }),
+            }) + &stored_status(b),
             String::new(),
         ]);
     }

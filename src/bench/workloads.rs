@@ -46,8 +46,22 @@ pub async fn run_all(args: &BenchArgs) -> anyhow::Result<Report> {
         eprintln!("bench: the bare round trip with a journal");
         let server = super::procs::server(true)?;
         let journaled = super::bare::journaled_chain(&server.url(), args.latency_jobs).await?;
+        eprintln!("bench: the bare round trip and loop with each status stored on its way");
+        let stored_chain =
+            super::bare::stored_status_chain(&server.url(), args.latency_jobs).await?;
+        let stored_loops = super::bare::stored_status_loops(
+            &server.url(),
+            args.executors,
+            args.cores
+                .iter()
+                .map(|&cores| (cores, args.cycles_per_executor(cores)))
+                .collect(),
+        )
+        .await?;
         if let Some(bare) = report.bare.as_mut() {
             bare.journaled_chain = Some(journaled);
+            bare.stored_status_chain = Some(stored_chain);
+            bare.stored_status_loops = stored_loops;
         }
     }
 
