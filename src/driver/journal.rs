@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
-use writes::{joined, store_after, Retry, ACK_PATIENCE};
+use writes::{started, store_after, Retry, ACK_PATIENCE};
 
 mod writes;
 
@@ -609,8 +609,8 @@ impl Journal {
             return (None, write);
         };
         let expected = turns.next.fetch_add(1, SeqCst);
-        let write = tokio::spawn(store_after(self.clone(), turns, expected, payload));
-        (Some(expected + 1), joined(write))
+        let write = started(store_after(self.clone(), turns, expected, payload));
+        (Some(expected + 1), write)
     }
 
     /// The JetStream context the journal uses, for the lease and the results bucket beside it.

@@ -407,8 +407,14 @@ impl Shell {
         };
         let stored: Subject = self.subjects.history(event.kind()).into();
         for payload in self.fit(event, &subject) {
-            self.publish(subject.clone(), payload.clone()).await;
-            history.publish(stored.clone(), payload, stamp).await;
+            // Handed to the writer first, so that the writer's task is woken before the
+            // connection's: it queues its publish before the connection writes what this turn
+            // sent, and both leave in one write to the socket. On the wire the plain event,
+            // queued now, still comes first.
+            history
+                .publish(stored.clone(), payload.clone(), stamp)
+                .await;
+            self.publish(subject.clone(), payload).await;
         }
     }
 

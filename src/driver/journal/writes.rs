@@ -53,9 +53,23 @@ pub fn store(
     payload: bytes::Bytes,
     writes: Option<JournalWrites>,
 ) -> BoxFuture<'static, ()> {
-    joined(tokio::spawn(store_until_stored(
-        context, subject, payload, writes,
-    )))
+    started(store_until_stored(context, subject, payload, writes))
+}
+
+/// Runs `write` as a task of its own, once polled here first: its first send is then queued on
+/// the connection in the caller's turn, and leaves in the same write to the socket as what the
+/// caller sends in that turn (a launch, an answer), rather than in a write of its own once the
+/// task runs. The poll here wakes nothing when the write can go on: the task's first poll,
+/// which always comes, registers the task's waker wherever the write waits.
+pub(super) fn started(
+    write: impl std::future::Future<Output = ()> + Send + 'static,
+) -> BoxFuture<'static, ()> {
+    let mut write = Box::pin(write);
+    let mut here = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    if write.as_mut().poll(&mut here).is_ready() {
+        return Box::pin(std::future::ready(()));
+    }
+    joined(tokio::spawn(write))
 }
 
 /// Waits for a write's task.
@@ -331,5 +345,37 @@ impl Retry {
         );
         tokio::time::sleep(self.delay).await;
         self.delay = (self.delay * 2).min(MAX_RETRY_DELAY);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use tokio::sync::oneshot;
+
+    #[tokio::test]
+    async fn a_write_started_takes_its_first_step_before_the_caller_yields_and_ends_in_its_task() {
+        let (sent, stored) = (Arc::new(AtomicBool::new(false)), oneshot::channel::<()>());
+        let (store, acknowledged) = stored;
+        let step = sent.clone();
+        let write = started(async move {
+            step.store(true, SeqCst);
+            acknowledged.await.expect("acknowledged");
+        });
+        // Taken in the caller's turn: no await has let another task run yet.
+        assert!(sent.load(SeqCst), "the first step waited for the task");
+        store.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), write)
+            .await
+            .expect("the write ends once acknowledged");
+    }
+
+    #[tokio::test]
+    async fn a_write_done_at_its_first_step_is_done_at_once() {
+        let write = started(async {});
+        tokio::time::timeout(Duration::from_millis(100), write)
+            .await
+            .expect("done at once");
     }
 }
