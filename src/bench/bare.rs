@@ -425,13 +425,25 @@ fn stored_status_loop(url: &str, executors: u32, cores: u32, cycles: usize) -> a
             })
         })
         .collect();
+    cycles_per_s(parties, cycles, stop, driver)
+}
+
+/// Cycles per second of the executors `parties`, each giving the time its `cycles` took, once
+/// all have ended; then stops the `driver`.
+fn cycles_per_s(
+    parties: Vec<std::thread::JoinHandle<anyhow::Result<Duration>>>,
+    cycles: usize,
+    stop: oneshot::Sender<()>,
+    driver: std::thread::JoinHandle<anyhow::Result<()>>,
+) -> anyhow::Result<f64> {
+    let executors = parties.len();
     let mut slowest = Duration::ZERO;
     for party in parties {
         slowest = slowest.max(join(party)?);
     }
     let _ = stop.send(());
     join(driver)?;
-    Ok(f64::from(executors) * cycles as f64 / slowest.as_secs_f64())
+    Ok(executors as f64 * cycles as f64 / slowest.as_secs_f64())
 }
 
 /// One cycle of a stored-status executor: publishes `status` into the status stream, then
@@ -514,13 +526,7 @@ fn bare_loop(url: &str, executors: u32, cores: u32, cycles: usize) -> anyhow::Re
             })
         })
         .collect();
-    let mut slowest = Duration::ZERO;
-    for party in parties {
-        slowest = slowest.max(join(party)?);
-    }
-    let _ = stop.send(());
-    join(driver)?;
-    Ok(f64::from(executors) * cycles as f64 / slowest.as_secs_f64())
+    cycles_per_s(parties, cycles, stop, driver)
 }
 
 /// Round trips through two relays, one message at a time: the client's submit reaches the
