@@ -30,10 +30,14 @@ use anyhow::Context;
 use async_nats::Client;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+
+mod stored;
+
+pub use stored::{stored_status_chain, stored_status_loops};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Bare {
@@ -296,136 +300,13 @@ async fn journaled_relay(
     }
 }
 
-/// Makes `name`, a JetStream file stream of the statuses published on `subjects`, which
-/// republishes each once stored: `subjects` with its first `from` token replaced by `to`.
-async fn status_stream(client: &Client, name: &str, from: &str, to: &str) -> anyhow::Result<()> {
-    use async_nats::jetstream::{self, stream};
-    let subjects = format!("{from}.>");
-    jetstream::new(client.clone())
-        .get_or_create_stream(stream::Config {
-            name: name.into(),
-            subjects: vec![subjects.clone()],
-            storage: stream::StorageType::File,
-            republish: Some(stream::Republish {
-                source: subjects,
-                destination: format!("{to}.>"),
-                headers_only: false,
-            }),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("creating the bench's {name} stream: {e}"))?;
-    Ok(())
-}
-
-/// The chain's executor when statuses are stored on their way: for each launch, publishes
-/// `status` into the status stream (on `stored`) and lets the stream tell the driver; each
-/// acknowledgement is awaited beside the next launches.
-async fn storing_relay(
-    client: Client,
-    launches: &'static str,
-    stored: &'static str,
-    status: bytes::Bytes,
-    stop: oneshot::Receiver<()>,
-) -> anyhow::Result<()> {
-    let js = async_nats::jetstream::new(client.clone());
-    let mut launched = client.subscribe(launches).await?;
-    client.flush().await?;
-    let subject = format!("{stored}.bench-0");
-    let mut acks = futures::stream::FuturesUnordered::new();
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            _ = &mut stop => return Ok(()),
-            Some(ack) = acks.next(), if !acks.is_empty() => {
-                let _: async_nats::jetstream::publish::PublishAck = ack?;
-            }
-            Some(_) = launched.next() => {
-                acks.push(js.publish(subject.clone(), status.clone()).await?.into_future());
-            }
-        }
-    }
-}
-
-/// Cycles per second of `executors` executors of `cores` cores that store each status batch
-/// on its way to the driver: each publishes a batch into a status stream, which republishes
-/// it, stored, to the driver; the driver answers with the launches on the executor's inbox,
-/// and the executor sends its next batch once it has them and the stream's acknowledgement.
-fn stored_status_loop(url: &str, executors: u32, cores: u32, cycles: usize) -> anyhow::Result<f64> {
-    let (stop, stopped) = oneshot::channel();
-    let launches = launches(cores);
-    // A stream and subjects of each core count's own: streams may not share subjects.
-    let stream = format!("BENCH_LOOP_STATUS_{cores}");
-    let (into, stored) = (
-        format!("bench.loop{cores}.in"),
-        format!("bench.loop{cores}.stored"),
-    );
-    let driver = spawn_party(url, move |client| async move {
-        status_stream(&client, &stream, &into, &stored).await?;
-        let mut statuses = client.subscribe(format!("{stored}.>")).await?;
-        client.flush().await?;
-        tokio::pin!(stopped);
-        loop {
-            tokio::select! {
-                _ = &mut stopped => return anyhow::Ok(()),
-                Some(status) = statuses.next() => {
-                    let executor = status.subject.rsplit('.').next().unwrap_or_default();
-                    let inbox = format!("bench.loop{cores}.launch.{executor}");
-                    client.publish(inbox, launches.clone()).await?;
-                }
-            }
-        }
-    });
-    let start = Arc::new(Barrier::new(executors as usize));
-    let parties: Vec<_> = (0..executors)
-        .map(|i| {
-            let start = start.clone();
-            spawn_party(url, move |client| async move {
-                let js = async_nats::jetstream::new(client.clone());
-                let (status, _) = status_and_answer(i, cores);
-                let subject = format!("bench.loop{cores}.in.bench-{i}");
-                let mut launched = client
-                    .subscribe(format!("bench.loop{cores}.launch.bench-{i}"))
-                    .await?;
-                client.flush().await?;
-                let (js, subject) = (&js, subject.as_str());
-                // Until the driver answers: its subscription and the stream may not be in
-                // place yet.
-                let ready = Instant::now() + PATIENCE;
-                let warm = async {
-                    let short = Duration::from_millis(100);
-                    while let Err(error) =
-                        stored_cycle(js, subject, &status, &mut launched, short).await
-                    {
-                        anyhow::ensure!(
-                            Instant::now() < ready,
-                            "no stored-status answer: {error:#}"
-                        );
-                    }
-                    // A late answer to a cycle that timed out would be taken for the next
-                    // one's.
-                    tokio::time::sleep(short).await;
-                    while let Ok(Some(_)) =
-                        tokio::time::timeout(Duration::ZERO, launched.next()).await
-                    {
-                    }
-                    for _ in 0..200 {
-                        stored_cycle(js, subject, &status, &mut launched, PATIENCE).await?;
-                    }
-                    anyhow::Ok(())
-                }
-                .await;
-                start.wait();
-                warm?;
-                let started = Instant::now();
-                for _ in 0..cycles {
-                    stored_cycle(js, subject, &status, &mut launched, PATIENCE).await?;
-                }
-                Ok(started.elapsed())
-            })
-        })
-        .collect();
-    cycles_per_s(parties, cycles, stop, driver)
+/// Once every executor party has warmed up (`warm` is this one's outcome), the moment its
+/// timed cycles start. Every party reaches the barrier, warm or not, or the others would wait
+/// forever.
+fn warmed_up(start: &Barrier, warm: anyhow::Result<()>) -> anyhow::Result<Instant> {
+    start.wait();
+    warm?;
+    Ok(Instant::now())
 }
 
 /// Cycles per second of the executors `parties`, each giving the time its `cycles` took, once
@@ -439,38 +320,21 @@ fn cycles_per_s(
     let executors = parties.len();
     let mut slowest = Duration::ZERO;
     for party in parties {
-        slowest = slowest.max(join(party)?);
+        match join(party) {
+            Ok(took) => slowest = slowest.max(took),
+            // An executor that heard nothing may only show that the driver failed first.
+            Err(error) => {
+                let _ = stop.send(());
+                return Err(match join(driver) {
+                    Err(failed) => failed.context("the loop's driver failed"),
+                    Ok(()) => error,
+                });
+            }
+        }
     }
     let _ = stop.send(());
     join(driver)?;
     Ok(executors as f64 * cycles as f64 / slowest.as_secs_f64())
-}
-
-/// One cycle of a stored-status executor: publishes `status` into the status stream, then
-/// waits for the driver's launches and the stream's acknowledgement.
-async fn stored_cycle(
-    js: &async_nats::jetstream::Context,
-    subject: &str,
-    status: &bytes::Bytes,
-    launched: &mut async_nats::Subscriber,
-    patience: Duration,
-) -> anyhow::Result<()> {
-    let ack = js.publish(subject.to_string(), status.clone()).await?;
-    tokio::time::timeout(patience, launched.next())
-        .await?
-        .context("subscription closed")?;
-    tokio::time::timeout(PATIENCE, ack.into_future()).await??;
-    Ok(())
-}
-
-/// The launches of `cores` tasks to one executor, as Ember encodes them.
-fn launches(cores: u32) -> bytes::Bytes {
-    encode(&ExecutorMessage::LaunchTasks {
-        tasks: (0..cores)
-            .map(|i| launch(123_457 + u64::from(i), 123_456 + i))
-            .collect(),
-        driver_instance: Some(uuid::Uuid::new_v4()),
-    })
 }
 
 /// Sends requests until one is answered: a flush only writes the SUB, so the other party's
@@ -513,11 +377,7 @@ fn bare_loop(url: &str, executors: u32, cores: u32, cycles: usize) -> anyhow::Re
                     anyhow::Ok(())
                 }
                 .await;
-                // Every executor reaches the barrier, warm or not, or the others would wait
-                // forever.
-                start.wait();
-                warm?;
-                let started = Instant::now();
+                let started = warmed_up(&start, warm)?;
                 for _ in 0..cycles {
                     let answer = client.request(subject.clone(), status.clone());
                     tokio::time::timeout(PATIENCE, answer).await??;
@@ -540,36 +400,6 @@ fn chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
 pub async fn journaled_chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
     let url = url.to_string();
     tokio::task::spawn_blocking(move || chain_through(&url, rounds, Storing::Journal)).await?
-}
-
-/// `rounds` round trips through the stored-status chain, on a server with JetStream.
-pub async fn stored_status_chain(url: &str, rounds: usize) -> anyhow::Result<super::Percentiles> {
-    let url = url.to_string();
-    tokio::task::spawn_blocking(move || chain_through(&url, rounds, Storing::StatusOnTheWay))
-        .await?
-}
-
-/// The stored-status loop at each `(cores, cycles)` given, on a server with JetStream.
-pub async fn stored_status_loops(
-    url: &str,
-    executors: u32,
-    loops: Vec<(u32, usize)>,
-) -> anyhow::Result<Vec<Loop>> {
-    let url = url.to_string();
-    tokio::task::spawn_blocking(move || {
-        loops
-            .into_iter()
-            .map(|(cores, cycles)| {
-                let cycles_per_s = stored_status_loop(&url, executors, cores, cycles)?;
-                anyhow::Ok(Loop {
-                    cores,
-                    cycles_per_s,
-                    tasks_per_s: cycles_per_s * f64::from(cores),
-                })
-            })
-            .collect()
-    })
-    .await?
 }
 
 /// The chain, its parties storing as `storing` says in JetStream streams of their own.
@@ -600,16 +430,7 @@ fn chain_through(url: &str, rounds: usize, storing: Storing) -> anyhow::Result<s
     let executor = spawn_party(url, move |client| async move {
         match storing {
             Storing::StatusOnTheWay => {
-                let stored = "bench.chain.stored";
-                status_stream(&client, "BENCH_CHAIN_STATUS", stored, "bench.chain.status").await?;
-                storing_relay(
-                    client,
-                    "bench.chain.launch",
-                    stored,
-                    status,
-                    executor_stopped,
-                )
-                .await
+                stored::chain_executor(client, status, executor_stopped).await
             }
             _ => {
                 let routes = vec![("bench.chain.launch", "bench.chain.status", status)];

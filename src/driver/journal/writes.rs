@@ -66,10 +66,16 @@ pub(super) fn started(
 ) -> BoxFuture<'static, ()> {
     let mut write = Box::pin(write);
     let mut here = std::task::Context::from_waker(futures::task::noop_waker_ref());
-    if write.as_mut().poll(&mut here).is_ready() {
-        return Box::pin(std::future::ready(()));
+    let first = std::panic::AssertUnwindSafe(|| write.as_mut().poll(&mut here));
+    match std::panic::catch_unwind(first) {
+        Ok(std::task::Poll::Pending) => joined(tokio::spawn(write)),
+        Ok(std::task::Poll::Ready(())) => Box::pin(std::future::ready(())),
+        Err(_) => {
+            // As `joined` takes a panic in the task: a defect, logged; the caller goes on.
+            tracing::error!("a JetStream write panicked before it was stored");
+            Box::pin(std::future::ready(()))
+        }
     }
-    joined(tokio::spawn(write))
 }
 
 /// Waits for a write's task.
@@ -369,6 +375,14 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), write)
             .await
             .expect("the write ends once acknowledged");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_panics_at_its_first_step_leaves_the_caller_going() {
+        let write = started(async { panic!("a defect in a write") });
+        tokio::time::timeout(Duration::from_millis(100), write)
+            .await
+            .expect("given up at once, not waited for");
     }
 
     #[tokio::test]
