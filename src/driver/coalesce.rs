@@ -13,8 +13,11 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How long a task event may wait for company.
-pub const EVENT_DELAY: Duration = Duration::from_millis(2);
+/// How long a task event may wait for company: at one core per executor, a job's starts and
+/// ends of 8 ms go out as one event of each kind (and, with a journal, one stored copy of
+/// each), a small part of a message per task. A listener hears of a task up to this much
+/// later; what a client waits for (a job's end, an answer) never waits for it.
+pub const EVENT_DELAY: Duration = Duration::from_millis(8);
 /// How many task entries may wait before they go out anyway.
 const MAX_WAITING: usize = 4096;
 

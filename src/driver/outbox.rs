@@ -16,9 +16,10 @@
 //! records one per line, as soon as the write before it is stored (or once it is full). A
 //! group of task ends alone also waits until `GROUP_INTERVAL` after the last write started,
 //! so that a loop of one task at a time does not cost the broker a write per task; what waits
-//! for it then is task events, which wait that long for company anyway. A group with any other
-//! record (a job submitted or ended, which a client waits for) goes at once, even beside a
-//! write in flight (what follows it still waits for both, in order).
+//! for it then is task events, which wait longer for company anyway. A group with any other
+//! record (a job submitted or ended, which a client waits for), or that a client's answer waits
+//! behind, goes at once, even beside a write in flight (what follows it still waits for both,
+//! in order).
 //!
 //! [`Outbox`] is these rules alone: a state machine over numbered writes that does no I/O and
 //! reads no clock. It says which group to write and when, and what may be sent once a write is
@@ -40,8 +41,11 @@ pub const GROUPS_IN_FLIGHT: usize = 1;
 /// (a job's end, say) need not wait for the write before it to be stored.
 pub const URGENT_IN_FLIGHT: usize = 2;
 
-/// How long after the last write started a group of task ends alone waits for more.
-pub const GROUP_INTERVAL: Duration = Duration::from_millis(1);
+/// How long after the last write started a group of task ends alone waits for more: at one
+/// task per status batch, each write then carries the ends of a few milliseconds' work, so the
+/// journal costs the broker and the driver a small part of a message per task. Only task
+/// events wait for it (a client's answer makes the group go at once), and they wait longer.
+pub const GROUP_INTERVAL: Duration = Duration::from_millis(4);
 
 /// How many outputs may wait behind the journal before executors' messages wait too.
 pub const MAX_HELD: usize = 8192;
@@ -122,6 +126,12 @@ pub enum Output {
 pub trait Addressed {
     /// Whether it goes to an executor, and so need not wait for the journal.
     fn to_executor(&self) -> bool;
+
+    /// Whether a client waits for it (an answer), so that the group it waits behind goes
+    /// without waiting for more.
+    fn awaited(&self) -> bool {
+        false
+    }
 }
 
 impl Addressed for Output {
@@ -130,6 +140,10 @@ impl Addressed for Output {
             self,
             Output::ExecutorReply(..) | Output::Effect(Effect::Send { .. })
         )
+    }
+
+    fn awaited(&self) -> bool {
+        matches!(self, Output::Reply(..) | Output::Results { .. })
     }
 }
 
@@ -256,13 +270,17 @@ impl<O, R, T> Outbox<O, R, T> {
 impl<O: Addressed, R, T: Moment> Outbox<O, R, T> {
     /// An output of the step: given back if it may leave now, else held behind the writes
     /// before it. An executor's message leaves at once unless one already waits or too much
-    /// does; anything else only while no write is in flight or gathering.
+    /// does; anything else only while no write is in flight or gathering. An answer held
+    /// behind the group gathering makes that group urgent.
     pub fn send_or_hold(&mut self, output: O) -> Option<O> {
         let to_executor = output.to_executor();
         let passes =
             to_executor && self.held_for_executors == 0 && self.held_outputs < self.limits.max_held;
         if self.is_clear() || passes {
             return Some(output);
+        }
+        if self.group.is_some() && output.awaited() {
+            self.urgent = true;
         }
         self.held_outputs += 1;
         self.held_for_executors += usize::from(to_executor);

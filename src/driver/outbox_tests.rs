@@ -2,16 +2,22 @@ use super::*;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
-/// An output of a test: something told to a client (or a listener), or to an executor.
+/// An output of a test: something told to a client (or a listener), a client's answer, or
+/// something told to an executor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Out {
     Client(u32),
+    Answer(u32),
     Executor(u32),
 }
 
 impl Addressed for Out {
     fn to_executor(&self) -> bool {
         matches!(self, Out::Executor(_))
+    }
+
+    fn awaited(&self) -> bool {
+        matches!(self, Out::Answer(_))
     }
 }
 
@@ -70,8 +76,8 @@ fn records_gather_into_one_group_while_a_write_is_in_flight() {
     assert_eq!(outbox.released_through(), 11, "the first group's sequence");
     // Room again, and its time: the gathered group goes as one write, and both outputs
     // wait for it.
-    assert_eq!(outbox.commit_due(), Some(at(1)));
-    assert_eq!(text(outbox.commit(at(1))), Some((2, "b\nc".into())));
+    assert_eq!(outbox.commit_due(), Some(GROUP_INTERVAL));
+    assert_eq!(text(outbox.commit(GROUP_INTERVAL)), Some((2, "b\nc".into())));
     assert_eq!(outbox.stored(2, Some(12)), [Out::Client(2), Out::Client(3)]);
     assert_eq!(outbox.released_through(), 12);
     assert!(outbox.is_clear());
@@ -202,13 +208,41 @@ fn a_group_of_task_ends_alone_waits_for_company_and_an_urgent_one_does_not() {
     outbox.record("b", 1, false, 100, at(10));
     assert_eq!(outbox.commit(at(10)), None);
     assert_eq!(outbox.commit_due(), Some(at(10) + GROUP_INTERVAL));
-    assert_eq!(text(outbox.commit(at(11))), Some((2, "b".into())));
+    assert_eq!(outbox.commit(at(10) + GROUP_INTERVAL / 2), None);
+    let due = at(10) + GROUP_INTERVAL;
+    assert_eq!(text(outbox.commit(due)), Some((2, "b".into())));
     outbox.stored(2, Some(2));
     // A record a client waits for takes the group with it at once.
-    outbox.record("c", 1, false, 100, at(11));
-    outbox.record("d", 1, true, 100, at(11));
+    outbox.record("c", 1, false, 100, due);
+    outbox.record("d", 1, true, 100, due);
     assert_eq!(outbox.commit_due(), None);
-    assert_eq!(text(outbox.commit(at(11))), Some((3, "c\nd".into())));
+    assert_eq!(text(outbox.commit(due)), Some((3, "c\nd".into())));
+}
+
+#[test]
+fn an_answer_held_behind_a_group_of_task_ends_takes_it_at_once() {
+    let mut outbox = Test::default();
+    outbox.record("a", 1, false, 100, at(10));
+    assert!(outbox.commit(at(10)).is_some());
+    outbox.stored(1, Some(1));
+    outbox.record("b", 1, false, 100, at(10));
+    // An event may wait with the group for company...
+    assert_eq!(outbox.send_or_hold(Out::Client(1)), None);
+    assert_eq!(outbox.commit(at(10)), None);
+    assert_eq!(outbox.commit_due(), Some(at(10) + GROUP_INTERVAL));
+    // ...an answer may not: the group goes now, and the answer follows its storing in order.
+    assert_eq!(outbox.send_or_hold(Out::Answer(2)), None);
+    assert_eq!(outbox.commit_due(), None);
+    assert_eq!(text(outbox.commit(at(10))), Some((2, "b".into())));
+    assert_eq!(outbox.stored(2, Some(2)), [Out::Client(1), Out::Answer(2)]);
+    // An answer held only behind a write in flight hurries no group: there is none.
+    outbox.record("c", 1, true, 100, at(10));
+    assert!(outbox.commit(at(10)).is_some());
+    assert_eq!(outbox.send_or_hold(Out::Answer(3)), None);
+    outbox.record("d", 1, false, 100, at(10));
+    assert_eq!(outbox.commit_due(), None, "one write in flight: the group waits for it");
+    assert_eq!(outbox.stored(3, Some(3)), [Out::Answer(3)]);
+    assert_eq!(outbox.commit_due(), Some(at(10) + GROUP_INTERVAL));
 }
 
 /// One step of a script the property tests run.
@@ -222,6 +256,8 @@ enum Step {
     Output {
         to_executor: bool,
     },
+    /// A client's answer.
+    Answer,
     Commit,
     Seal,
     /// Time passes.
@@ -235,6 +271,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (any::<bool>(), 0..8usize).prop_map(|(urgent, bytes)| Step::Record { urgent, bytes }),
         1 => Just(Step::Result),
         4 => any::<bool>().prop_map(|to_executor| Step::Output { to_executor }),
+        1 => Just(Step::Answer),
         3 => Just(Step::Commit),
         1 => Just(Step::Seal),
         2 => (0..3u64).prop_map(Step::Wait),
@@ -313,6 +350,18 @@ impl Run {
                     self.sent(output, false);
                 }
             }
+            Step::Answer => {
+                let n = self.behind.len() as u32;
+                self.behind.push(self.writes);
+                match self.outbox.send_or_hold(Out::Answer(n)) {
+                    Some(output) => self.sent(output, false),
+                    // Held behind a group gathering: the group waits for room, not for time.
+                    None => assert!(
+                        !self.gathering || self.outbox.commit_due().is_none(),
+                        "a group an answer waits behind waits for company"
+                    ),
+                }
+            }
             Step::Commit => {
                 let in_flight = self.started.len() + self.in_flight_stored();
                 let group = self.outbox.commit(now);
@@ -358,7 +407,7 @@ impl Run {
     }
 
     fn sent(&mut self, output: Out, held: bool) {
-        let (Out::Client(n) | Out::Executor(n)) = output;
+        let (Out::Client(n) | Out::Answer(n) | Out::Executor(n)) = output;
         let behind = self.behind[n as usize];
         if !output.to_executor() || held {
             // Told only once every write before it is stored.
@@ -384,7 +433,7 @@ impl Run {
         assert_eq!(self.outbox.held(), 0);
         assert_eq!(self.sent.len(), self.behind.len(), "everything left");
         let number = |o: &Out| match *o {
-            Out::Client(n) | Out::Executor(n) => n,
+            Out::Client(n) | Out::Answer(n) | Out::Executor(n) => n,
         };
         for (i, (later, later_held)) in self.sent.iter().enumerate() {
             for (earlier, _) in &self.sent[i + 1..] {

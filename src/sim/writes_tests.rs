@@ -217,6 +217,9 @@ impl Both {
     }
 }
 
+/// How long a group of task ends alone waits for company, in the simulator's milliseconds.
+const GROUP_MS: u64 = crate::driver::outbox::GROUP_INTERVAL.as_millis() as u64;
+
 async fn run(steps: Vec<Step>) -> Both {
     let mut both = Both::new();
     for step in steps {
@@ -243,11 +246,11 @@ async fn the_driver_and_the_simulator_run_one_outbox() {
         Store(1),
         Store(0),
         // Task ends alone wait for company, then go.
-        Wait(1),
+        Wait(GROUP_MS),
         Record { urgent: false },
         Event,
         Store(0),
-        Wait(1),
+        Wait(GROUP_MS),
         Store(0),
         Executor,
     ])
@@ -285,7 +288,7 @@ proptest! {
             // Everything stored in the end (a group gathering goes once its time has come):
             // everything has left, on both sides.
             loop {
-                both.step(Step::Wait(1)).await;
+                both.step(Step::Wait(GROUP_MS)).await;
                 let started = both.sim_groups.len();
                 if both.stored.len() == started && both.stored.iter().all(|s| *s) {
                     break;
