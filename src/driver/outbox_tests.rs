@@ -77,7 +77,10 @@ fn records_gather_into_one_group_while_a_write_is_in_flight() {
     // Room again, and its time: the gathered group goes as one write, and both outputs
     // wait for it.
     assert_eq!(outbox.commit_due(), Some(GROUP_INTERVAL));
-    assert_eq!(text(outbox.commit(GROUP_INTERVAL)), Some((2, "b\nc".into())));
+    assert_eq!(
+        text(outbox.commit(GROUP_INTERVAL)),
+        Some((2, "b\nc".into()))
+    );
     assert_eq!(outbox.stored(2, Some(12)), [Out::Client(2), Out::Client(3)]);
     assert_eq!(outbox.released_through(), 12);
     assert!(outbox.is_clear());
@@ -240,7 +243,11 @@ fn an_answer_held_behind_a_group_of_task_ends_takes_it_at_once() {
     assert!(outbox.commit(at(10)).is_some());
     assert_eq!(outbox.send_or_hold(Out::Answer(3)), None);
     outbox.record("d", 1, false, 100, at(10));
-    assert_eq!(outbox.commit_due(), None, "one write in flight: the group waits for it");
+    assert_eq!(
+        outbox.commit_due(),
+        None,
+        "one write in flight: the group waits for it"
+    );
     assert_eq!(outbox.stored(3, Some(3)), [Out::Answer(3)]);
     assert_eq!(outbox.commit_due(), Some(at(10) + GROUP_INTERVAL));
 }
