@@ -28,6 +28,18 @@ async fn ember_bench_quick_reports_every_workload() {
     assert!(runs
         .iter()
         .all(|r| r["tasks_per_s"].as_f64().unwrap() > 0.0));
+    // CPU per task, in clock ticks of 10 ms: a short run may round to none.
+    for field in [
+        "driver_cpu_us_per_task",
+        "executors_cpu_us_per_task",
+        "server_cpu_us_per_task",
+    ] {
+        assert!(
+            runs.iter()
+                .all(|r| r[field].as_f64().is_some_and(|us| us >= 0.0)),
+            "{field}"
+        );
+    }
     assert_eq!(report["latency"]["samples"], 20);
     assert!(report["latency"]["p50_ms"].as_f64().unwrap() > 0.0);
     for field in [

@@ -254,6 +254,15 @@ pub struct Throughput {
     pub tasks: u32,
     pub seconds: f64,
     pub tasks_per_s: f64,
+    /// CPU time per task over the run (user and system), of the driver, of the executors
+    /// together, and of the nats-server: steadier than the rate on a shared machine, so a
+    /// change's cost shows in a few runs.
+    #[serde(default)]
+    pub driver_cpu_us_per_task: f64,
+    #[serde(default)]
+    pub executors_cpu_us_per_task: f64,
+    #[serde(default)]
+    pub server_cpu_us_per_task: f64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -96,7 +96,7 @@ pub(super) fn print_table(report: &Report) {
                     (false, _) => "",
                 }
             ),
-            format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
+            rate_and_cpu(t),
             // An executor waits for one answer at a time: the bare loop at as many cores.
             match report.bare.as_ref().and_then(|b| b.at(t.cores)) {
                 Some(b) => format!(
@@ -130,7 +130,7 @@ pub(super) fn print_table(report: &Report) {
         for t in &off.throughput {
             table.add_row([
                 format!("  --journal off: {} x {}", t.executors, cores(t.cores)),
-                format!("{:.0} tasks/s ({:.2} s)", t.tasks_per_s, t.seconds),
+                rate_and_cpu(t),
                 match report.bare.as_ref().and_then(|b| b.at(t.cores)) {
                     Some(b) => format!(
                         "{:.0}% of the bare loop",
@@ -283,4 +283,17 @@ pub(super) fn print_table(report: &Report) {
     ]);
     println!("{table}");
     println!("{}", report.machine);
+}
+
+/// A throughput run's rate, and the CPU each kind of process spent per task.
+fn rate_and_cpu(t: &super::Throughput) -> String {
+    format!(
+        "{:.0} tasks/s ({:.2} s); CPU per task: driver {:.1} us, executors {:.1} us, \
+         nats-server {:.1} us",
+        t.tasks_per_s,
+        t.seconds,
+        t.driver_cpu_us_per_task,
+        t.executors_cpu_us_per_task,
+        t.server_cpu_us_per_task
+    )
 }

@@ -1,6 +1,6 @@
 //! The Ember workloads of `ember bench`.
 
-use super::procs::{machine, rss_mb, Cluster};
+use super::procs::{cpu_seconds, machine, rss_mb, Cluster};
 use super::{broker, noops, percentiles, BenchArgs, Memory, Register, Report, Throughput};
 use crate::client::EmberClient;
 use crate::ids::ExecutorId;
@@ -153,13 +153,18 @@ async fn loop_and_latency(
         let api = with_executors(&mut cluster, args.executors, cores).await?;
         memory.driver_idle_mb = rss_mb(cluster.driver.id()).0;
         memory.executor_idle_mb = rss_mb(cluster.executors[0].id()).0;
+        let before = CpuTimes::of(&cluster);
         let seconds = time_noops(&api, tasks, LIMIT).await?;
+        let cpu = CpuTimes::of(&cluster).since(&before).per_task_us(tasks);
         throughput.push(Throughput {
             executors: args.executors,
             cores,
             tasks,
             seconds,
             tasks_per_s: f64::from(tasks) / seconds,
+            driver_cpu_us_per_task: cpu.driver,
+            executors_cpu_us_per_task: cpu.executors,
+            server_cpu_us_per_task: cpu.server,
         });
         memory.driver_peak_mb = memory.driver_peak_mb.max(rss_mb(cluster.driver.id()).1);
         memory.executor_peak_mb = memory
@@ -171,6 +176,42 @@ async fn loop_and_latency(
         }
     }
     Ok((throughput, latency_report))
+}
+
+/// The CPU seconds a cluster's processes have used: its driver, its executors together, its
+/// nats-server.
+struct CpuTimes {
+    driver: f64,
+    executors: f64,
+    server: f64,
+}
+
+impl CpuTimes {
+    fn of(cluster: &Cluster) -> Self {
+        Self {
+            driver: cpu_seconds(cluster.driver.id()),
+            executors: cluster.executors.iter().map(|e| cpu_seconds(e.id())).sum(),
+            server: cpu_seconds(cluster.server.pid()),
+        }
+    }
+
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            driver: self.driver - before.driver,
+            executors: self.executors - before.executors,
+            server: self.server - before.server,
+        }
+    }
+
+    /// Microseconds per task of `tasks`.
+    fn per_task_us(&self, tasks: u32) -> Self {
+        let per = |seconds: f64| seconds * 1e6 / f64::from(tasks.max(1));
+        Self {
+            driver: per(self.driver),
+            executors: per(self.executors),
+            server: per(self.server),
+        }
+    }
 }
 
 impl Memory {
