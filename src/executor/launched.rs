@@ -3,18 +3,20 @@
 //! run under the attempt's name.
 
 use crate::ids::TaskId;
-use crate::FixedHasher as Fixed;
+use crate::IdHasher;
 use std::collections::{HashSet, VecDeque};
 
 /// How many launches a machine remembers, to know a repeated one (a message delivered twice, or
 /// held up until after its run ended) from a new attempt.
 pub const REMEMBERED_LAUNCHES: usize = 1024;
 
-/// The last [`REMEMBERED_LAUNCHES`] attempts launched, by task and attempt number.
+/// The last [`REMEMBERED_LAUNCHES`] attempts launched, by task and attempt number: ids the
+/// driver handed out, hashed cheaply; even keys chosen to collide would cost a look through
+/// at most this many.
 #[derive(Default)]
 pub(super) struct Launched {
     order: VecDeque<(TaskId, u32)>,
-    set: HashSet<(TaskId, u32), Fixed>,
+    set: HashSet<(TaskId, u32), IdHasher>,
 }
 
 impl Launched {
