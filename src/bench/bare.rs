@@ -69,6 +69,24 @@ pub struct Loop {
     pub tasks_per_s: f64,
 }
 
+/// Each loop of `loops`, `(cores, cycles)`, at the cycles per second `measure` finds for it.
+fn each_loop(
+    loops: Vec<(u32, usize)>,
+    measure: impl Fn(u32, usize) -> anyhow::Result<f64>,
+) -> anyhow::Result<Vec<Loop>> {
+    loops
+        .into_iter()
+        .map(|(cores, cycles)| {
+            let cycles_per_s = measure(cores, cycles)?;
+            Ok(Loop {
+                cores,
+                cycles_per_s,
+                tasks_per_s: cycles_per_s * f64::from(cores),
+            })
+        })
+        .collect()
+}
+
 impl Bare {
     /// The loop at `cores` cores, if it was measured.
     pub fn at(&self, cores: u32) -> Option<&Loop> {
@@ -100,17 +118,9 @@ pub async fn measure(
 ) -> anyhow::Result<Bare> {
     let url = url.to_string();
     tokio::task::spawn_blocking(move || {
-        let loops = loops
-            .into_iter()
-            .map(|(cores, cycles)| {
-                let cycles_per_s = bare_loop(&url, executors, cores, cycles)?;
-                anyhow::Ok(Loop {
-                    cores,
-                    cycles_per_s,
-                    tasks_per_s: cycles_per_s * f64::from(cores),
-                })
-            })
-            .collect::<anyhow::Result<_>>()?;
+        let loops = each_loop(loops, |cores, cycles| {
+            bare_loop(&url, executors, cores, cycles)
+        })?;
         let chain = chain(&url, rounds)?;
         Ok(Bare {
             executors,

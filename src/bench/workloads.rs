@@ -155,7 +155,7 @@ async fn loop_and_latency(
         memory.executor_idle_mb = rss_mb(cluster.executors[0].id()).0;
         let before = CpuTimes::of(&cluster);
         let seconds = time_noops(&api, tasks, LIMIT).await?;
-        let cpu = CpuTimes::of(&cluster).since(&before).per_task_us(tasks);
+        let cpu = CpuTimes::of(&cluster).per_task_us(&before, tasks);
         throughput.push(Throughput {
             executors: args.executors,
             cores,
@@ -195,21 +195,13 @@ impl CpuTimes {
         }
     }
 
-    fn since(&self, before: &Self) -> Self {
+    /// The microseconds each used per task of `tasks` since `before`.
+    fn per_task_us(&self, before: &Self, tasks: u32) -> Self {
+        let per = |now: f64, then: f64| (now - then) * 1e6 / f64::from(tasks.max(1));
         Self {
-            driver: self.driver - before.driver,
-            executors: self.executors - before.executors,
-            server: self.server - before.server,
-        }
-    }
-
-    /// Microseconds per task of `tasks`.
-    fn per_task_us(&self, tasks: u32) -> Self {
-        let per = |seconds: f64| seconds * 1e6 / f64::from(tasks.max(1));
-        Self {
-            driver: per(self.driver),
-            executors: per(self.executors),
-            server: per(self.server),
+            driver: per(self.driver, before.driver),
+            executors: per(self.executors, before.executors),
+            server: per(self.server, before.server),
         }
     }
 }

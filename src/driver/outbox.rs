@@ -129,9 +129,7 @@ pub trait Addressed {
 
     /// Whether a client waits for it (an answer), so that the group it waits behind goes
     /// without waiting for more.
-    fn awaited(&self) -> bool {
-        false
-    }
+    fn awaited(&self) -> bool;
 }
 
 impl Addressed for Output {

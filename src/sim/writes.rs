@@ -51,6 +51,11 @@ impl Addressed for Output {
     fn to_executor(&self) -> bool {
         matches!(self, Output::Reply { .. } | Output::Inbox { .. })
     }
+
+    /// The client's answer, as the driver's: the group it waits behind goes at once.
+    fn awaited(&self) -> bool {
+        matches!(self, Output::Accepted { .. })
+    }
 }
 
 /// A group write on its way to the journal.

@@ -203,17 +203,9 @@ pub async fn stored_status_loops(
 ) -> anyhow::Result<Vec<Loop>> {
     let url = url.to_string();
     tokio::task::spawn_blocking(move || {
-        loops
-            .into_iter()
-            .map(|(cores, cycles)| {
-                let cycles_per_s = stored_status_loop(&url, executors, cores, cycles)?;
-                anyhow::Ok(Loop {
-                    cores,
-                    cycles_per_s,
-                    tasks_per_s: cycles_per_s * f64::from(cores),
-                })
-            })
-            .collect()
+        super::each_loop(loops, |cores, cycles| {
+            stored_status_loop(&url, executors, cores, cycles)
+        })
     })
     .await?
 }
