@@ -187,18 +187,20 @@ fn launch(task_id: u64, index: u32) -> TaskDescription {
     }
 }
 
-/// Runs `party` on a thread of its own in a current-thread runtime, with its own connection.
+/// Runs `party` on a thread of its own in a current-thread runtime, with its own connection,
+/// as a task of the runtime's as Ember's processes run their loops.
 fn spawn_party<T, F>(
     url: &str,
     party: impl FnOnce(Client) -> F + Send + 'static,
 ) -> std::thread::JoinHandle<anyhow::Result<T>>
 where
-    F: Future<Output = anyhow::Result<T>>,
+    F: Future<Output = anyhow::Result<T>> + Send + 'static,
     T: Send + 'static,
 {
     let url = url.to_string();
     std::thread::spawn(move || {
-        crate::cli::runtime()?.block_on(async move {
+        let runtime = crate::cli::runtime()?;
+        crate::cli::run_as_task(&runtime, async move {
             let client = async_nats::ConnectOptions::new()
                 .subscription_capacity(crate::SUBSCRIPTION_CAPACITY)
                 .connect(url)

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use ember::cli::executor::{serve, ExecutorArgs};
-use ember::cli::{init_tracing, runtime, shutdown_signal, SERVICE_LOG};
+use ember::cli::{init_tracing, run_as_task, runtime, shutdown_signal, SERVICE_LOG};
 use ember::executor::{ExecutorError, EXIT_REGISTRATION_REFUSED};
 use std::process::ExitCode;
 
@@ -19,7 +19,12 @@ fn main() -> ExitCode {
     let result = runtime()
         .map_err(anyhow::Error::from)
         // The signals are awaited on a task of the runtime's: asked for inside it.
-        .and_then(|rt| rt.block_on(async { serve(&args, config, shutdown_signal()).await }));
+        .and_then(|rt| {
+            run_as_task(
+                &rt,
+                async move { serve(&args, config, shutdown_signal()).await },
+            )
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -206,6 +206,25 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// Runs `main` to its end on `runtime` as a task of the runtime's own, not as the future
+/// `block_on` polls. A message that wakes a spawned task puts it on the run queue; one that
+/// wakes the `block_on` future makes the current-thread scheduler poll the sockets once more
+/// (a system call) before it runs: one more per message turn in a process whose loop is
+/// driven by its messages. A panic in `main` goes on as a panic here.
+pub fn run_as_task<F>(runtime: &tokio::runtime::Runtime, main: F) -> F::Output
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    runtime.block_on(async move {
+        match tokio::spawn(main).await {
+            Ok(output) => output,
+            // Not cancelled: the runtime is not shut down while `block_on` runs.
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
+    })
+}
+
 /// The checks every binary's tests make of its command line: clap's own (no flag clashes with
 /// another, global ones included), and that `--help` explains every flag and subcommand.
 pub fn check_command_line(command: clap::Command) {

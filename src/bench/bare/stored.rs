@@ -73,7 +73,8 @@ async fn storing_relay(
                 let _: async_nats::jetstream::publish::PublishAck = ack?;
             }
             Some(_) = launched.next() => {
-                acks.push(js.publish(subject.clone(), status.clone()).await?.into_future());
+                let ack = js.publish(subject.clone(), status.clone()).await?;
+                acks.push(ack.into_future());
             }
         }
     }
