@@ -114,8 +114,18 @@ impl Shell {
 
     /// Sends what the journal's last acknowledgement released, the outbox's writes stored
     /// `through` that one.
+    ///
+    /// A client's answers go after the rest. An answer and its job's events are often
+    /// released together (`JobAccepted` and `JobStart`, once the submission is stored); the
+    /// events' stored copies are then handed to the history writer before anything wakes the
+    /// connection, and the writer's publishes leave in the same write to the socket as the
+    /// events and the answer, not in one of their own.
     pub(super) async fn send_released(&mut self, released: Vec<Output>, through: u64) {
-        self.send_all(released).await;
+        let (answers, rest): (Vec<_>, Vec<_>) = released
+            .into_iter()
+            .partition(|output| matches!(output, Output::Reply(..)));
+        self.send_all(rest).await;
+        self.send_all(answers).await;
         self.stamps.released(through);
     }
 
