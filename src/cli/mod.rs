@@ -274,7 +274,26 @@ fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_bytes, show_bytes};
+    use super::{parse_bytes, run_as_task, runtime, show_bytes};
+
+    #[test]
+    fn a_main_run_as_a_task_is_a_task_of_its_own_and_gives_its_output_or_its_panic() {
+        let runtime = runtime().unwrap();
+        // `block_on`'s own future is no task of the runtime's; a spawned one is.
+        assert!(runtime.block_on(async { tokio::task::try_id().is_none() }));
+        assert!(run_as_task(&runtime, async {
+            tokio::task::try_id().is_some()
+        }));
+        assert_eq!(run_as_task(&runtime, async { 7 }), 7);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_as_task(&runtime, async { panic!("the task's own panic") })
+        }));
+        let payload = panicked.expect_err("the panic goes on past run_as_task");
+        assert_eq!(
+            payload.downcast_ref::<&str>(),
+            Some(&"the task's own panic")
+        );
+    }
 
     #[test]
     fn an_argument_without_help_is_found_at_any_depth() {
