@@ -8,7 +8,7 @@ use super::core::{BucketRead, Core, Effect};
 use super::history::{History, Stamp, Stamps};
 use super::journal::Journal;
 use super::lease::{Guard, Tenure};
-use super::outbox::{Output, ReplyTo, ServiceError};
+use super::outbox::{Addressed, Output, ReplyTo, ServiceError};
 use super::outgoing::Outgoing;
 use super::results::ResultsBucket;
 use super::snapshots::{Encoded, Schedule, Stored};
@@ -114,18 +114,8 @@ impl Shell {
 
     /// Sends what the journal's last acknowledgement released, the outbox's writes stored
     /// `through` that one.
-    ///
-    /// A client's answers go after the rest. An answer and its job's events are often
-    /// released together (`JobAccepted` and `JobStart`, once the submission is stored); the
-    /// events' stored copies are then handed to the history writer before anything wakes the
-    /// connection, and the writer's publishes leave in the same write to the socket as the
-    /// events and the answer, not in one of their own.
     pub(super) async fn send_released(&mut self, released: Vec<Output>, through: u64) {
-        let (answers, rest): (Vec<_>, Vec<_>) = released
-            .into_iter()
-            .partition(|output| matches!(output, Output::Reply(..)));
-        self.send_all(rest).await;
-        self.send_all(answers).await;
+        self.send_all(released).await;
         self.stamps.released(through);
     }
 
@@ -282,9 +272,19 @@ impl Shell {
                 _ => {}
             }
         }
-        for output in reply
+        // A client's answer follows the step's effects, held or not: its job's events
+        // (`JobStart` beside `JobAccepted`) are then handed to the history writer before
+        // anything wakes the connection, and their stored copies leave in the same write to
+        // the socket as the events and the answer rather than in one of their own. An
+        // executor's answer keeps its place before the messages the step sends it.
+        let (first, last) = match reply {
+            Some(answer) if !answer.to_executor() => (None, Some(answer)),
+            reply => (reply, None),
+        };
+        for output in first
             .into_iter()
             .chain(effects.into_iter().map(Output::Effect))
+            .chain(last)
         {
             // Counted as the core decides, so a scrape's counters and gauges agree even while
             // the events wait for the journal.
